@@ -1,0 +1,288 @@
+"""The account tree (programs → projects, any depth) and the budgets YAML that defines it.
+
+A budgets file looks like::
+
+    window: 7d                 # or  half_life: 3d
+    admins: [root]
+    policy:
+      min_runtime_cap: {interactive: 8h, batch: 2d, debug: 1h}
+    accounts:
+      physics:                 # a program
+        grant: 4000            # GPU-hours per window ...
+        managers: [alice]
+        children:
+          lattice: {grant: 2500, members: [bob, carol]}
+          astro:   {share: 30%, members: [dave]}      # ... or a percent of the parent
+      biology:
+        share: 40%
+        children:
+          genomics: {parent: biology, members: [erin]}   # `parent:` works for flat files too
+
+Siblings' grants are their fair-share weights. Every error names the path and line, and
+nothing is loaded when there is one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .model import DAY, Policy
+from .yamlnodes import ConfigError, Node, parse
+
+BudgetError = ConfigError
+
+_TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
+_ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
+_POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption"}
+_KIND_KEYS = {"interactive", "batch", "debug"}
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    name: str
+    parent: str | None
+    grant_hours: float | None = None  # GPU-hours per window
+    share_pct: float | None = None  # percent of the parent's (or the cluster's) grant
+    members: frozenset[str] = frozenset()
+    managers: frozenset[str] = frozenset()
+    children: tuple[str, ...] = ()
+    line: int = 0
+
+
+@dataclass(slots=True)
+class AccountTree:
+    """Programs and projects. Leaf accounts are projects: workloads charge them."""
+
+    accounts: dict[str, Account]
+    roots: tuple[str, ...]
+    _paths: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in self.accounts:
+            path: list[str] = []
+            cur: str | None = name
+            while cur is not None:
+                path.append(cur)
+                cur = self.accounts[cur].parent
+            self._paths[name] = tuple(reversed(path))
+
+    def get(self, name: str) -> Account:
+        return self.accounts[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.accounts
+
+    def is_project(self, name: str) -> bool:
+        return name in self.accounts and not self.accounts[name].children
+
+    def projects(self) -> list[str]:
+        return [n for n, a in self.accounts.items() if not a.children]
+
+    def path(self, name: str) -> tuple[str, ...]:
+        """Account names from the root down to ``name``."""
+        return self._paths[name]
+
+    def projects_of(self, user: str) -> list[str]:
+        """Leaf projects ``user`` may charge: membership of a project or of any ancestor."""
+        return [p for p in self.projects()
+                if any(user in self.accounts[a].members or user in self.accounts[a].managers
+                       for a in self._paths[p])]
+
+    def can_manage(self, user: str, account: str) -> bool:
+        return any(user in self.accounts[a].managers for a in self._paths[account])
+
+    def effective_grants(self, cluster_gpu_hours: float) -> dict[str, float]:
+        """GPU-hours per window for every account; percent shares resolve against the parent
+        (or, at the top, against the cluster's capacity over the window)."""
+        out: dict[str, float] = {}
+
+        def walk(name: str, parent_grant: float) -> None:
+            a = self.accounts[name]
+            if a.grant_hours is not None:
+                g = a.grant_hours
+            elif a.share_pct is not None:
+                g = parent_grant * a.share_pct / 100.0
+            else:  # a grouping without a grant of its own: its children's grants added up
+                g = sum(self.accounts[c].grant_hours or 0.0 for c in a.children)
+            out[name] = g
+            for c in a.children:
+                walk(c, g)
+
+        for r in self.roots:
+            walk(r, cluster_gpu_hours)
+        return out
+
+    def with_grant(self, name: str, grant_hours: float | None,
+                   share_pct: float | None = None) -> AccountTree:
+        """A copy with one account's grant changed (what-if, admin edits)."""
+        accounts = dict(self.accounts)
+        accounts[name] = replace(accounts[name], grant_hours=grant_hours, share_pct=share_pct)
+        return AccountTree(accounts, self.roots)
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    accounts: AccountTree
+    policy: Policy
+    admins: frozenset[str]
+
+
+def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
+    """Parse and validate a budgets YAML document; raise :class:`BudgetError` on any problem."""
+    root = parse(text, source)
+    top = root.mapping(_TOP_KEYS)
+    if "accounts" not in top:
+        raise root.error("missing required key 'accounts'")
+
+    policy = Policy()
+    if "window" in top and "half_life" in top:
+        raise top["half_life"].error("give either 'window' or 'half_life', not both")
+    if "window" in top:
+        w = top["window"].duration()
+        if w <= 0:
+            raise top["window"].error("the window must be longer than zero")
+        policy = replace(policy, window=w)
+    if "half_life" in top:
+        h = top["half_life"].duration()
+        if h <= 0:
+            raise top["half_life"].error("the half-life must be longer than zero")
+        policy = replace(policy, half_life=h, window=max(policy.window, 10 * h))
+    if "policy" in top:
+        policy = _load_policy(top["policy"], policy)
+    admins = frozenset(top["admins"].string_list()) if "admins" in top else frozenset()
+
+    raw: dict[str, tuple[Node, str | None]] = {}
+    declared_parent: dict[str, Node] = {}
+    accounts_node = top["accounts"]
+    if not accounts_node.mapping():
+        raise accounts_node.error("there must be at least one account")
+    _collect(accounts_node, None, raw, declared_parent)
+
+    # resolve `parent:` references (flat files) and detect cycles
+    parent_of: dict[str, str | None] = {}
+    for name, (node, nested_parent) in raw.items():
+        if name in declared_parent:
+            pnode = declared_parent[name]
+            p = pnode.string()
+            if p not in raw:
+                raise pnode.error(f"parent {p!r} is not a defined account")
+            if nested_parent is not None and p != nested_parent:
+                raise pnode.error(f"parent {p!r} contradicts the nesting under {nested_parent!r}")
+            parent_of[name] = p
+        else:
+            parent_of[name] = nested_parent
+    for name in raw:
+        seen = [name]
+        cur = parent_of[name]
+        while cur is not None:
+            if cur in seen:
+                cycle = " -> ".join([*seen[seen.index(cur):], cur])
+                node = declared_parent.get(name, raw[name][0])
+                raise node.error(f"accounts form a cycle: {cycle}")
+            seen.append(cur)
+            cur = parent_of[cur]
+
+    children: dict[str, list[str]] = {n: [] for n in raw}
+    for name, p in parent_of.items():
+        if p is not None:
+            children[p].append(name)
+
+    accounts: dict[str, Account] = {}
+    for name, (node, _) in raw.items():
+        fields = node.mapping()
+        grant = share = None
+        if "grant" in fields and "share" in fields:
+            raise fields["share"].error("give either 'grant' (GPU-hours) or 'share' (percent), not both")
+        if "grant" in fields:
+            grant = fields["grant"].number(minimum=None)
+            if grant < 0:
+                raise fields["grant"].error(f"a grant cannot be negative, got {grant:g}")
+        if "share" in fields:
+            share = _percent(fields["share"])
+        members = frozenset(fields["members"].string_list()) if "members" in fields else frozenset()
+        managers = frozenset(fields["managers"].string_list()) if "managers" in fields else frozenset()
+        accounts[name] = Account(name, parent_of[name], grant, share, members, managers,
+                                 tuple(children[name]), node.line)
+
+    # siblings' percent shares may not exceed 100 %
+    groups: dict[str | None, list[str]] = {}
+    for name, a in accounts.items():
+        groups.setdefault(a.parent, []).append(name)
+    for parent, sibs in groups.items():
+        total = sum(accounts[s].share_pct or 0.0 for s in sibs)
+        if total > 100.0 + 1e-9:
+            last = max((s for s in sibs if accounts[s].share_pct), key=lambda s: accounts[s].line)
+            node = raw[last][0].mapping()["share"]
+            where = f"children of {parent!r}" if parent else "top-level accounts"
+            raise node.error(f"shares of the {where} add up to {total:g}% (over 100%)")
+
+    roots = tuple(n for n, a in accounts.items() if a.parent is None)
+    return Budgets(AccountTree(accounts, roots), policy, admins)
+
+
+def _collect(mapping_node: Node, parent: str | None, raw: dict[str, tuple[Node, str | None]],
+             declared_parent: dict[str, Node]) -> None:
+    for name, node in mapping_node.mapping().items():
+        if not _valid_name(name):
+            raise node.error(f"account name {name!r} must be letters, digits, '-', '_' or '.'")
+        if name in raw:
+            first = raw[name][0]
+            raise node.error(f"duplicate account name {name!r} (also defined at line {first.line})")
+        fields = node.mapping(_ACCOUNT_KEYS)
+        raw[name] = (node, parent)
+        if "parent" in fields:
+            declared_parent[name] = fields["parent"]
+        if "children" in fields:
+            kids = fields["children"]
+            if not isinstance(kids.value, dict):
+                raise kids.error("expected a mapping of child accounts")
+            _collect(kids, name, raw, declared_parent)
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and all(c.isalnum() or c in "-_." for c in name)
+
+
+def _percent(node: Node) -> float:
+    v = node.value
+    if isinstance(v, str) and v.strip().endswith("%"):
+        try:
+            pct = float(v.strip()[:-1])
+        except ValueError:
+            raise node.error(f"expected a percent such as '30%', got {v!r}") from None
+    elif isinstance(v, int | float) and not isinstance(v, bool):
+        pct = float(v)
+    else:
+        raise node.error(f"expected a percent such as '30%', got {v!r}")
+    if not 0.0 <= pct <= 100.0:
+        raise node.error(f"a share must be between 0% and 100%, got {pct:g}%")
+    return pct
+
+
+def _load_policy(node: Node, policy: Policy) -> Policy:
+    fields = node.mapping(_POLICY_KEYS)
+    if "min_runtime_cap" in fields:
+        caps = dict(policy.min_runtime_cap)
+        for kind, v in fields["min_runtime_cap"].mapping(_KIND_KEYS).items():
+            caps[kind] = v.duration()
+        policy = replace(policy, min_runtime_cap=tuple(sorted(caps.items())))
+    if "default_runtime" in fields:
+        d = fields["default_runtime"].duration()
+        if d <= 0:
+            raise fields["default_runtime"].error("must be longer than zero")
+        policy = replace(policy, default_runtime=d)
+    if "max_reservations" in fields:
+        policy = replace(policy, max_reservations=int(
+            fields["max_reservations"].number(minimum=0, integer=True)))
+    if "backfill" in fields:
+        policy = replace(policy, backfill=fields["backfill"].boolean())
+    if "preemption" in fields:
+        policy = replace(policy, preemption=fields["preemption"].boolean())
+    return policy
+
+
+def window_hours(policy: Policy) -> float:
+    return policy.window / 3600.0
+
+
+__all__ = ["Account", "AccountTree", "Budgets", "BudgetError", "load_budgets", "DAY"]

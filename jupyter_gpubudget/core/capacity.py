@@ -1,0 +1,304 @@
+"""The live capacity model: what is free on every GPU, MIG slot map and node, with indexes so
+placement is a few look-ups instead of a scan of the cluster.
+
+Invariant (DESIGN semantics 1): nothing is allocated twice or beyond its size. ``allocate``
+checks every slice against current occupancy and raises :class:`CapacityError` otherwise, so
+a bug elsewhere cannot silently overcommit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import mig as migtab
+from .inventory import Inventory
+from .model import MILLI, Placement, SliceAlloc
+
+INF = float("inf")
+
+
+class CapacityError(RuntimeError):
+    pass
+
+
+class Gpu:
+    __slots__ = ("node", "index", "model", "memory_mib", "mig", "domain", "used_milli",
+                 "mem_used", "whole", "mask", "compute_used", "tenants", "reserved_at", "key")
+
+    def __init__(self, node: NodeCap, index: int, model: str, memory_mib: int, mig: bool,
+                 domain: int) -> None:
+        self.node = node
+        self.index = index
+        self.model = model
+        self.memory_mib = memory_mib
+        self.mig = mig
+        self.domain = domain
+        self.used_milli = 0  # MPS/whole use (non-MIG)
+        self.mem_used = 0
+        self.whole = False  # allocated as a whole GPU
+        self.mask = 0  # MIG memory slots in use
+        self.compute_used = 0  # MIG compute slices in use
+        self.tenants: dict[str, int] = {}  # workload id -> milli held on this GPU
+        self.reserved_at = INF  # a blocked gang will need this GPU from then on
+        self.key = (node.idx, index)
+
+    @property
+    def free(self) -> bool:
+        return not self.mig and self.used_milli == 0 and not self.whole
+
+    def usable_until(self, end: float) -> bool:
+        """May work predicted to end at ``end`` use this GPU without delaying a reservation?"""
+        return end <= self.reserved_at
+
+
+class NodeCap:
+    __slots__ = ("name", "idx", "rack", "gpus", "cpu_total", "mem_total", "cpu_used",
+                 "mem_used", "healthy", "free_whole", "domains")
+
+    def __init__(self, name: str, idx: int, rack: str, cpu: int, mem: int) -> None:
+        self.name = name
+        self.idx = idx
+        self.rack = rack
+        self.gpus: list[Gpu] = []
+        self.cpu_total = cpu
+        self.mem_total = mem
+        self.cpu_used = 0
+        self.mem_used = 0
+        self.healthy = True
+        self.free_whole: dict[int, None] = {}  # indices of wholly free non-MIG GPUs
+        self.domains: list[list[int]] = []
+
+    def host_fits(self, cpu: int, mem: int) -> bool:
+        return ((not self.cpu_total or self.cpu_used + cpu <= self.cpu_total)
+                and (not self.mem_total or self.mem_used + mem <= self.mem_total))
+
+
+class Cluster:
+    """Occupancy of every node and GPU plus look-up indexes, kept in step by allocate/release."""
+
+    def __init__(self, inventory: Inventory, unhealthy: Iterable[str] = ()) -> None:
+        self.nodes: list[NodeCap] = []
+        self.by_name: dict[str, NodeCap] = {}
+        self.max_gpus_per_node = 0
+        # node idx ordered sets keyed by count of wholly free non-MIG GPUs (healthy nodes)
+        self.whole_buckets: list[dict[int, None]] = []
+        # shared (MPS) non-MIG GPUs with 0 < used < 1000: used -> ordered set of gpu keys
+        self.shared: dict[int, dict[tuple[int, int], None]] = {}
+        # MIG GPUs by model and occupancy: model -> (mask, compute) -> ordered set of gpu keys
+        self.mig_index: dict[str, dict[tuple[int, int], dict[tuple[int, int], None]]] = {}
+        self.allocations: dict[str, Placement] = {}
+        self.total_milli = 0
+        self.used_milli = 0
+        for i, spec in enumerate(inventory.nodes):
+            n = NodeCap(spec.name, i, spec.rack, spec.cpu_milli, spec.memory_mib)
+            dom_of = {}
+            for d, group in enumerate(spec.nvlink or (tuple(g.index for g in spec.gpus),)):
+                for gi in group:
+                    dom_of[gi] = d
+            ndom = (max(dom_of.values()) + 1) if dom_of else 1
+            n.domains = [[] for _ in range(ndom)]
+            for g in spec.gpus:
+                gpu = Gpu(n, g.index, g.model, g.memory_mib, g.mig, dom_of.get(g.index, ndom - 1))
+                n.gpus.append(gpu)
+                if not g.mig:
+                    n.domains[gpu.domain].append(g.index)
+            self.nodes.append(n)
+            self.by_name[n.name] = n
+            self.max_gpus_per_node = max(self.max_gpus_per_node, len(spec.gpus))
+            self.total_milli += MILLI * len(spec.gpus)
+        self.whole_buckets = [{} for _ in range(self.max_gpus_per_node + 1)]
+        for n in self.nodes:
+            for g in n.gpus:
+                if not g.mig:
+                    n.free_whole[g.index] = None
+        bad = set(unhealthy)
+        for n in self.nodes:
+            if n.name in bad:
+                n.healthy = False
+            self._index_node(n)
+
+    # ------------------------------------------------------------------ indexes
+    def _index_node(self, n: NodeCap) -> None:
+        if not n.healthy:
+            return
+        self.whole_buckets[len(n.free_whole)][n.idx] = None
+        for g in n.gpus:
+            self._index_gpu(g)
+
+    def _unindex_node(self, n: NodeCap) -> None:
+        if not n.healthy:
+            return
+        self.whole_buckets[len(n.free_whole)].pop(n.idx, None)
+        for g in n.gpus:
+            self._unindex_gpu(g)
+
+    def _index_gpu(self, g: Gpu) -> None:
+        if g.mig:
+            self.mig_index.setdefault(g.model, {}).setdefault(
+                (g.mask, g.compute_used), {})[g.key] = None
+        elif 0 < g.used_milli < MILLI and not g.whole:
+            self.shared.setdefault(g.used_milli, {})[g.key] = None
+
+    def _unindex_gpu(self, g: Gpu) -> None:
+        if g.mig:
+            b = self.mig_index[g.model][(g.mask, g.compute_used)]
+            del b[g.key]
+            if not b:
+                del self.mig_index[g.model][(g.mask, g.compute_used)]
+        elif 0 < g.used_milli < MILLI and not g.whole:
+            b = self.shared[g.used_milli]
+            del b[g.key]
+            if not b:
+                del self.shared[g.used_milli]
+
+    def _unindex_one(self, n: NodeCap, g: Gpu | None) -> None:
+        if n.healthy:
+            self.whole_buckets[len(n.free_whole)].pop(n.idx, None)
+            if g is not None:
+                self._unindex_gpu(g)
+
+    def _index_one(self, n: NodeCap, g: Gpu | None) -> None:
+        if n.healthy:
+            self.whole_buckets[len(n.free_whole)][n.idx] = None
+            if g is not None:
+                self._index_gpu(g)
+
+    def gpu(self, key: tuple[int, int]) -> Gpu:
+        return self.nodes[key[0]].gpus[key[1]]
+
+    def set_healthy(self, name: str, healthy: bool) -> None:
+        n = self.by_name[name]
+        if n.healthy == healthy:
+            return
+        if healthy:
+            n.healthy = True
+            self._index_node(n)
+        else:
+            self._unindex_node(n)
+            n.healthy = False
+
+    # ------------------------------------------------------------------ changes
+    def allocate(self, wid: str, placement: Placement) -> None:
+        if wid in self.allocations:
+            raise CapacityError(f"workload {wid} is already placed")
+        done: list[SliceAlloc] = []
+        try:
+            for s in placement.slices:
+                self._take(wid, s)
+                done.append(s)
+        except CapacityError:
+            for s in reversed(done):
+                self._give(wid, s)
+            raise
+        self.allocations[wid] = placement
+
+    def release(self, wid: str) -> Placement | None:
+        placement = self.allocations.pop(wid, None)
+        if placement is not None:
+            for s in placement.slices:
+                self._give(wid, s)
+        return placement
+
+    def _take(self, wid: str, s: SliceAlloc) -> None:
+        n = self.by_name.get(s.node)
+        if n is None:
+            raise CapacityError(f"unknown node {s.node}")
+        if not n.host_fits(s.cpu_milli, s.memory_mib):
+            raise CapacityError(f"node {s.node} has no room for {s.cpu_milli} CPU milli / "
+                                f"{s.memory_mib} MiB")
+        g = n.gpus[s.gpu] if s.gpu >= 0 else None
+        if s.gpu >= len(n.gpus):
+            raise CapacityError(f"node {s.node} has no GPU {s.gpu}")
+        if g is not None:
+            if wid in g.tenants:
+                raise CapacityError(f"{wid} holds GPU {s.node}/{s.gpu} twice")
+            self._check(g, s)
+        self._unindex_one(n, g)
+        n.cpu_used += s.cpu_milli
+        n.mem_used += s.memory_mib
+        if g is not None:
+            if s.kind == "mig":
+                p = migtab.profiles_for(g.model)[s.profile or ""]
+                g.mask = migtab.occupy(p, s.mig_start, g.mask)
+                g.compute_used += p.compute
+            elif s.kind == "gpu":
+                g.whole = True
+                g.used_milli = MILLI
+            else:
+                g.used_milli += s.milli
+                g.mem_used += s.gpu_memory_mib
+            g.tenants[wid] = s.milli
+            self.used_milli += s.milli
+            if not g.mig and g.index in n.free_whole:
+                del n.free_whole[g.index]
+        self._index_one(n, g)
+
+    def _check(self, g: Gpu, s: SliceAlloc) -> None:
+        where = f"{g.node.name}/GPU{g.index}"
+        if s.kind == "mig":
+            if not g.mig:
+                raise CapacityError(f"{where} is not in MIG mode")
+            profiles = migtab.profiles_for(g.model)
+            if s.profile not in profiles:
+                raise CapacityError(f"{where} ({g.model}) has no MIG profile {s.profile}")
+            if s.mig_start not in migtab.fits(g.model, s.profile, g.mask, g.compute_used):
+                raise CapacityError(f"{where}: {s.profile} does not fit at slot {s.mig_start}")
+        elif g.mig:
+            raise CapacityError(f"{where} is in MIG mode; it takes MIG instances only")
+        elif s.kind == "gpu":
+            if g.whole or g.used_milli:
+                raise CapacityError(f"{where} is not free")
+        else:
+            if g.whole or g.used_milli + s.milli > MILLI or s.milli <= 0:
+                raise CapacityError(f"{where} has {MILLI - g.used_milli} milli free, "
+                                    f"{s.milli} asked")
+            if g.memory_mib and g.mem_used + s.gpu_memory_mib > g.memory_mib:
+                raise CapacityError(f"{where} has too little memory for the MPS share")
+
+    def _give(self, wid: str, s: SliceAlloc) -> None:
+        n = self.by_name[s.node]
+        g = n.gpus[s.gpu] if s.gpu >= 0 else None
+        self._unindex_one(n, g)
+        n.cpu_used -= s.cpu_milli
+        n.mem_used -= s.memory_mib
+        if g is not None:
+            del g.tenants[wid]
+            self.used_milli -= s.milli
+            if s.kind == "mig":
+                p = migtab.profiles_for(g.model)[s.profile or ""]
+                g.mask = migtab.release(p, s.mig_start, g.mask)
+                g.compute_used -= p.compute
+            elif s.kind == "gpu":
+                g.whole = False
+                g.used_milli = 0
+            else:
+                g.used_milli -= s.milli
+                g.mem_used -= s.gpu_memory_mib
+            if not g.mig and not g.whole and g.used_milli == 0:
+                n.free_whole[g.index] = None
+        self._index_one(n, g)
+
+    # ------------------------------------------------------------------ reservations
+    def clear_reservations(self) -> None:
+        for n in self.nodes:
+            for g in n.gpus:
+                g.reserved_at = INF
+
+    def reserve(self, placement: Placement, at: float) -> None:
+        for s in placement.slices:
+            if s.gpu >= 0:
+                g = self.by_name[s.node].gpus[s.gpu]
+                g.reserved_at = min(g.reserved_at, at)
+
+    # ------------------------------------------------------------------ figures
+    def stranded_milli(self) -> int:
+        """Free GPU capacity on GPUs that are partly used (shared or MIG): it can only take
+        small requests. A measure of fragmentation."""
+        total = 0
+        for n in self.nodes:
+            for g in n.gpus:
+                if g.mig and g.compute_used:
+                    total += round((migtab.COMPUTE - g.compute_used) * MILLI / migtab.COMPUTE)
+                elif not g.mig and 0 < g.used_milli < MILLI:
+                    total += MILLI - g.used_milli
+        return total

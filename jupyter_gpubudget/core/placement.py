@@ -1,0 +1,240 @@
+"""Where a request goes: whole GPUs, gangs across nodes, MIG instances, MPS shares.
+
+Packing rules, so that fragments don't strand capacity:
+- whole GPUs go to the node with the *fewest* free GPUs that still fits them (best fit), and
+  inside it to the NVLink domain that fits them most tightly; full nodes stay whole for gangs;
+- gangs that need several nodes take the fewest nodes, in one rack when one rack suffices;
+- MIG instances go to an already partitioned GPU first, at the slot that keeps the most large
+  profiles placeable (see :func:`mig.potential`);
+- MPS shares go to the fullest shared GPU that still fits them, and only then open a free GPU
+  on the fullest node.
+
+``end`` is the predicted end of the workload: a GPU reserved for a blocked gang from time T
+is used only when ``end <= T`` (backfill).
+"""
+
+from __future__ import annotations
+
+from . import mig as migtab
+from .capacity import Cluster, Gpu, NodeCap
+from .model import MILLI, Placement, SliceAlloc, SliceRequest
+
+
+def place(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+    if req.kind == "gpu":
+        return place_whole(cluster, req, end)
+    if req.kind == "mig":
+        return place_mig(cluster, req, end)
+    if req.kind == "mps":
+        return place_mps(cluster, req, end)
+    return place_cpu(cluster, req)
+
+
+def _models(req: SliceRequest) -> frozenset[str] | None:
+    return frozenset(req.gpu_model.split("|")) if req.gpu_model else None
+
+
+# ---------------------------------------------------------------------- whole GPUs
+
+
+def _usable_whole(n: NodeCap, models: frozenset[str] | None, end: float) -> list[int]:
+    out = []
+    for i in n.free_whole:
+        g = n.gpus[i]
+        if end <= g.reserved_at and (models is None or g.model in models):
+            out.append(i)
+    return out
+
+
+def _pick_in_node(n: NodeCap, free: list[int], count: int) -> list[int]:
+    """Choose ``count`` of the node's free GPUs, packed into as few NVLink domains as possible,
+    tightest-fitting domain first."""
+    if len(n.domains) <= 1:
+        return free[:count]
+    by_dom: dict[int, list[int]] = {}
+    for i in free:
+        by_dom.setdefault(n.gpus[i].domain, []).append(i)
+    fitting = [d for d, lst in by_dom.items() if len(lst) >= count]
+    if fitting:
+        best = min(fitting, key=lambda d: (len(by_dom[d]), d))
+        return by_dom[best][:count]
+    chosen: list[int] = []
+    for d in sorted(by_dom, key=lambda d: (-len(by_dom[d]), d)):
+        chosen.extend(by_dom[d][: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def _whole_slices(n: NodeCap, idx: list[int], req: SliceRequest, host: bool) -> list[SliceAlloc]:
+    out = []
+    for k, i in enumerate(idx):
+        first = host and k == 0
+        out.append(SliceAlloc(n.name, i, "gpu", MILLI, -1, None, 0,
+                              req.cpu_milli if first else 0, req.memory_mib if first else 0))
+    return out
+
+
+def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+    need = req.gpus
+    if need <= 0:
+        return place_cpu(cluster, req)
+    models = _models(req)
+    buckets = cluster.whole_buckets
+    # one node, best fit
+    for k in range(need, len(buckets)):
+        for idx in buckets[k]:
+            n = cluster.nodes[idx]
+            if not n.host_fits(req.cpu_milli, req.memory_mib):
+                continue
+            free = _usable_whole(n, models, end) if (models or _any_reserved(n)) else list(n.free_whole)
+            if len(free) >= need:
+                return Placement(tuple(_whole_slices(n, _pick_in_node(n, free, need), req, True)))
+    if req.single_node:
+        return None
+    return _place_gang(cluster, req, end, models)
+
+
+def _any_reserved(n: NodeCap) -> bool:
+    for i in n.free_whole:
+        if n.gpus[i].reserved_at != float("inf"):
+            return True
+    return False
+
+
+def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
+                models: frozenset[str] | None) -> Placement | None:
+    """All-or-nothing across nodes: fewest nodes, one rack if one rack suffices."""
+    need = req.gpus
+    cands: list[tuple[NodeCap, list[int]]] = []
+    for k in range(len(cluster.whole_buckets) - 1, 0, -1):
+        for idx in cluster.whole_buckets[k]:
+            n = cluster.nodes[idx]
+            free = _usable_whole(n, models, end)
+            if free:
+                cands.append((n, free))
+    if sum(len(f) for _, f in cands) < need:
+        return None
+    cands.sort(key=lambda c: (-len(c[1]), c[0].idx))
+
+    def take(group: list[tuple[NodeCap, list[int]]]) -> list[tuple[NodeCap, list[int]]] | None:
+        chosen, got = [], 0
+        for n, free in group:
+            if got >= need:
+                break
+            if not n.host_fits(req.cpu_milli if not chosen else 0, req.memory_mib if not chosen else 0):
+                continue
+            use = _pick_in_node(n, free, min(len(free), need - got))
+            chosen.append((n, use))
+            got += len(use)
+        return chosen if got >= need else None
+
+    best: list[tuple[NodeCap, list[int]]] | None = None
+    racks: dict[str, list[tuple[NodeCap, list[int]]]] = {}
+    for c in cands:
+        racks.setdefault(c[0].rack, []).append(c)
+    for rack in sorted(racks):
+        got = take(racks[rack])
+        if got is not None and (best is None or len(got) < len(best)):
+            best = got
+    if best is None:
+        best = take(cands)
+    if best is None:
+        return None
+    slices: list[SliceAlloc] = []
+    for j, (n, use) in enumerate(best):
+        slices.extend(_whole_slices(n, use, req, j == 0))
+    return Placement(tuple(slices))
+
+
+# ---------------------------------------------------------------------- MIG
+
+
+def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+    models = _models(req)
+    best: tuple[tuple[int, int, int, str], Gpu, int] | None = None
+    profile = req.profile or ""
+    for model, by_occ in cluster.mig_index.items():
+        if models is not None and model not in models:
+            continue
+        table = migtab.profiles_for(model)
+        p = table.get(profile)
+        if p is None:
+            continue
+        # occupancies in order of preference, then the first fitting GPU in each
+        scored: list[tuple[tuple[int, int, int, str], tuple[int, int], int]] = []
+        for (mask, used), gpus in by_occ.items():
+            if not gpus:
+                continue
+            for start in migtab.fits(model, profile, mask, used):
+                new_mask = migtab.occupy(p, start, mask)
+                score = (0 if mask else 1, -migtab.potential(model, new_mask, used + p.compute),
+                         -start, model)
+                scored.append((score, (mask, used), start))
+        scored.sort()
+        for score, occ, start in scored:
+            if best is not None and best[0] <= score:
+                break
+            for key in by_occ[occ]:
+                g = cluster.gpu(key)
+                if end <= g.reserved_at and g.node.host_fits(req.cpu_milli, req.memory_mib):
+                    best = (score, g, start)
+                    break
+            else:
+                continue
+            break
+    if best is None:
+        return None
+    _, g, start = best
+    p = migtab.profiles_for(g.model)[profile]
+    return Placement((SliceAlloc(g.node.name, g.index, "mig", p.milli, start, profile, 0,
+                                 req.cpu_milli, req.memory_mib),))
+
+
+# ---------------------------------------------------------------------- MPS
+
+
+def _mps_ok(g: Gpu, req: SliceRequest, models: frozenset[str] | None, end: float) -> bool:
+    return (end <= g.reserved_at and (models is None or g.model in models)
+            and (not g.memory_mib or g.mem_used + req.gpu_memory_mib <= g.memory_mib)
+            and g.node.host_fits(req.cpu_milli, req.memory_mib))
+
+
+def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+    if not 0 < req.milli <= MILLI:
+        return None
+    models = _models(req)
+    room = MILLI - req.milli
+    for used in sorted((u for u in cluster.shared if u <= room), reverse=True):
+        for key in cluster.shared[used]:
+            g = cluster.gpu(key)
+            if _mps_ok(g, req, models, end):
+                return _mps_alloc(g, req)
+    # open a free GPU on the fullest node that has one
+    for k in range(1, len(cluster.whole_buckets)):
+        for idx in cluster.whole_buckets[k]:
+            n = cluster.nodes[idx]
+            for i in n.free_whole:
+                g = n.gpus[i]
+                if _mps_ok(g, req, models, end):
+                    return _mps_alloc(g, req)
+    return None
+
+
+def _mps_alloc(g: Gpu, req: SliceRequest) -> Placement:
+    return Placement((SliceAlloc(g.node.name, g.index, "mps", req.milli, -1, None,
+                                 req.gpu_memory_mib, req.cpu_milli, req.memory_mib),))
+
+
+# ---------------------------------------------------------------------- CPU only
+
+
+def place_cpu(cluster: Cluster, req: SliceRequest) -> Placement | None:
+    """CPU-only work goes to the nodes with the fewest free GPUs, leaving GPU nodes whole."""
+    for bucket in cluster.whole_buckets:
+        for idx in bucket:
+            n = cluster.nodes[idx]
+            if n.host_fits(req.cpu_milli, req.memory_mib):
+                return Placement((SliceAlloc(n.name, -1, "cpu", 0, -1, None, 0,
+                                             req.cpu_milli, req.memory_mib),))
+    return None

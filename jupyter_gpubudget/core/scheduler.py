@@ -1,0 +1,464 @@
+"""The one entry point: ``schedule(state, now) -> list[Decision]``, and its incremental form.
+
+:class:`Scheduler` holds the capacity model, the queue and the usage meter in memory. Its
+``cycle(now)`` is a full scheduling cycle; ``submit`` and ``finish`` are the incremental path
+for one arrival or departure (they place what fits into free capacity in rank order and leave
+re-ranking, preemption and reservations to the next cycle). ``schedule(state, now)`` builds a
+Scheduler from a :class:`ClusterState` and runs one cycle — the live service and the simulator
+run exactly this code.
+
+A cycle, in order:
+1. usage, grants and standings of every account (window or half-life);
+2. drain: unhealthy nodes get nothing new; once nothing on one is protected, its workloads are
+   preempted and the node is reported drained;
+3. rank pending work (ranking.py); backed work is considered first, in rank order, then
+   unbacked work on whatever capacity is still idle;
+4. each workload is placed if it fits (placement.py); else, if backed, the cheapest eligible
+   set of victims is preempted (preemption.py); else a blocked gang gets a reservation that
+   later, shorter work may backfill around (backfill.py).
+Decisions are applied to the Scheduler's own model as they are made.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from . import mig as migtab
+from .accounts import AccountTree
+from .backfill import plan_reservation, predict_runtime
+from .capacity import Cluster
+from .inventory import Inventory
+from .model import (
+    HOUR,
+    MILLI,
+    ChargeInterval,
+    Decision,
+    Drain,
+    Placement,
+    Policy,
+    Preempt,
+    Reserve,
+    RuntimeHistory,
+    SliceRequest,
+    Start,
+    Workload,
+)
+from .placement import place
+from .preemption import choose_victims
+from .ranking import INF, Standings, compute_standings, rank
+from .usage import UsageMeter
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """Everything one cycle needs, as plain data (what the service reads from its ledger)."""
+
+    accounts: AccountTree
+    inventory: Inventory
+    policy: Policy = field(default_factory=Policy)
+    running: Sequence[Workload] = ()
+    pending: Sequence[Workload] = ()
+    charges: Sequence[ChargeInterval] = ()
+    history: RuntimeHistory | None = None
+    unhealthy: frozenset[str] = frozenset()
+
+
+def request_milli(req: SliceRequest) -> int:
+    """GPU-thousandths a request will be charged."""
+    if req.kind == "gpu":
+        return req.gpus * MILLI
+    if req.kind == "mps":
+        return req.milli
+    if req.kind == "mig":
+        compute = int((req.profile or "0g").split("g", 1)[0] or 0)
+        return round(compute * MILLI / migtab.COMPUTE)
+    return 0
+
+
+class Scheduler:
+    def __init__(self, accounts: AccountTree, inventory: Inventory, policy: Policy | None = None,
+                 history: RuntimeHistory | None = None, unhealthy: Iterable[str] = ()) -> None:
+        self.accounts = accounts
+        self.inventory = inventory
+        self.policy = policy or Policy()
+        self.history = history if history is not None else RuntimeHistory()
+        self.unhealthy: set[str] = set(unhealthy)
+        self.cluster = Cluster(inventory, self.unhealthy)
+        self.meter = UsageMeter(self.policy)
+        self.pending: dict[str, Workload] = {}
+        self.running: dict[str, Workload] = {}
+        self.reservations: dict[str, tuple[float, Placement]] = {}
+        self.drained: set[str] = set()
+        self.mix: dict[tuple[object, ...], float] = {}  # decayed histogram of request shapes
+        self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
+        self._grants: dict[str, float] | None = None
+        self._st: Standings | None = None
+        self._committed: dict[str, float] = {}
+        self._order: list[tuple[float, int, str]] = []  # (rank key, seq, id), ascending
+        self._seq: dict[str, int] = {}
+        self._next_seq = 0
+        self._shape_count: dict[tuple[object, ...], int] = {}
+        self._root_demand: dict[str, float] = {}
+        self._predicted: dict[str, float] = {}
+
+    # ================================================================= building
+    @classmethod
+    def from_state(cls, state: ClusterState) -> Scheduler:
+        s = cls(state.accounts, state.inventory, state.policy, state.history, state.unhealthy)
+        for c in state.charges:
+            s.meter.add(c)
+        for w in state.running:
+            if w.placement is None:
+                raise ValueError(f"running workload {w.id} has no placement")
+            s.cluster.allocate(w.id, w.placement)
+            s.running[w.id] = w
+        for w in state.pending:
+            s._enqueue(w)
+        return s
+
+    # ================================================================= figures
+    def grants(self) -> dict[str, float]:
+        if self._grants is None:
+            self._grants = self.accounts.effective_grants(self.capacity_gpu_hours)
+        return self._grants
+
+    def usage_hours(self, now: float) -> dict[str, float]:
+        """GPU-hours in the window per account (projects and their ancestors)."""
+        return self._standings(now).usage
+
+    def _standings(self, now: float) -> Standings:
+        st = compute_standings(self.accounts, self.meter.usage(now), self.grants())
+        self._st = st
+        committed: dict[str, float] = {}
+        for w in self.running.values():
+            if w.backed and w.protected_until and w.protected_until > now and w.placement:
+                left = w.placement.fraction * (w.protected_until - now) / HOUR
+                if w.project in self.accounts:
+                    for a in self.accounts.path(w.project):
+                        committed[a] = committed.get(a, 0.0) + left
+        self._committed = committed
+        return st
+
+    def predict(self, w: Workload) -> float:
+        p = self._predicted.get(w.id)
+        if p is None:
+            p = predict_runtime(w, self.history, self.policy)
+            self._predicted[w.id] = p
+        return p
+
+    def demand(self, w: Workload) -> float:
+        """Expected GPU-hours of a pending workload, for the projected standing."""
+        return request_milli(w.request) / MILLI * min(self.predict(w), self.policy.window) / HOUR
+
+    def is_backed(self, w: Workload, now: float) -> bool:
+        """Does the project's grant (and every ancestor's) cover its window usage, the protected
+        time already promised, and this workload's protected demand?"""
+        if w.project not in self.accounts or not self.accounts.is_project(w.project):
+            return False
+        st = self._st if self._st is not None else self._standings(now)
+        need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
+        grants = self.grants()
+        for a in self.accounts.path(w.project):
+            g = grants.get(a, 0.0)
+            if g <= 0 or st.usage.get(a, 0.0) + self._committed.get(a, 0.0) + need > g + 1e-9:
+                return False
+        return True
+
+    def queue(self) -> list[str]:
+        """Pending workload ids in the order they will be considered."""
+        return [wid for _, seq, wid in self._order
+                if wid in self.pending and self._seq.get(wid) == seq]
+
+    # ================================================================= queue
+    def _enqueue(self, w: Workload, key: float | None = None) -> None:
+        if w.id in self.pending or w.id in self.running:
+            raise ValueError(f"workload {w.id} is already known")
+        self.pending[w.id] = w
+        shape = w.request.shape
+        self._shape_count[shape] = self._shape_count.get(shape, 0) + 1
+        self.mix[shape] = self.mix.get(shape, 0.0) + 1.0
+        seq = self._next_seq
+        self._next_seq += 1
+        self._seq[w.id] = seq
+        if key is None:
+            key = self._arrival_key(w)
+        bisect.insort(self._order, (key, seq, w.id))
+
+    def _arrival_key(self, w: Workload) -> float:
+        """Where a new arrival stands until the next full cycle ranks it exactly: behind the
+        pending demand already queued under its top-level account."""
+        if not self.accounts.is_project(w.project):
+            return INF
+        root = self.accounts.path(w.project)[0]
+        g = self.grants().get(root, 0.0)
+        st = self._st
+        used = (st.usage.get(root, 0.0) if st else 0.0) + self._root_demand.get(root, 0.0)
+        self._root_demand[root] = self._root_demand.get(root, 0.0) + self.demand(w)
+        return used / g if g > 0 else INF
+
+    def _dequeue(self, wid: str) -> Workload:
+        w = self.pending.pop(wid)
+        shape = w.request.shape
+        n = self._shape_count[shape] - 1
+        if n:
+            self._shape_count[shape] = n
+        else:
+            del self._shape_count[shape]
+        self._seq.pop(wid, None)
+        self.reservations.pop(wid, None)
+        if len(self._order) > 64 and len(self._order) > 2 * len(self.pending):
+            self._order = [e for e in self._order if self._seq.get(e[2]) == e[1]]
+        return w
+
+    # ================================================================= applying decisions
+    def _start(self, w: Workload, placement: Placement, backed: bool, now: float,
+               out: list[Decision]) -> None:
+        self.cluster.allocate(w.id, placement)
+        self._dequeue(w.id)
+        protected = now + self.policy.effective_min_runtime(w) if backed else None
+        started = replace(w, started_at=now, placement=placement, backed=backed,
+                          protected_until=protected)
+        self.running[w.id] = started
+        self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
+        if backed and protected is not None and w.project in self.accounts:
+            promised = placement.fraction * (protected - now) / HOUR
+            for a in self.accounts.path(w.project):
+                self._committed[a] = self._committed.get(a, 0.0) + promised
+        out.append(Start(w.id, placement, backed, protected))
+
+    def _stop(self, wid: str, now: float) -> Workload:
+        w = self.running.pop(wid)
+        self.cluster.release(wid)
+        self.meter.close(wid, now)
+        self._predicted.pop(wid, None)
+        if w.backed and w.protected_until and w.protected_until > now and w.placement:
+            left = w.placement.fraction * (w.protected_until - now) / HOUR
+            for a in self.accounts.path(w.project) if w.project in self.accounts else ():
+                self._committed[a] = max(0.0, self._committed.get(a, 0.0) - left)
+        return w
+
+    def _preempt(self, v: Workload, now: float, reason: str, for_wid: str | None,
+                 out: list[Decision]) -> None:
+        if v.is_protected(now):  # semantics 2: a guard, not a choice
+            raise AssertionError(f"refusing to preempt protected workload {v.id}")
+        self._stop(v.id, now)
+        out.append(Preempt(v.id, reason, for_wid))
+
+    # ================================================================= incremental path
+    def submit(self, w: Workload, now: float) -> list[Decision]:
+        """One arrival: queue it, and start it at once if it fits idle capacity."""
+        if self._st is None:
+            self._standings(now)
+        self._enqueue(w)
+        out: list[Decision] = []
+        backed = self.is_backed(w, now)
+        p = place(self.cluster, w.request, now + self.predict(w))
+        if p is not None:
+            self._start(w, p, backed, now, out)
+        return out
+
+    def finish(self, wid: str, now: float) -> list[Decision]:
+        """One departure (completion or stop by its owner): release, then fill freed capacity."""
+        if wid in self.running:
+            w = self._stop(wid, now)
+            if w.started_at is not None:
+                self.history.add(w.user, w.project, w.kind, now - w.started_at)
+        elif wid in self.pending:
+            self._dequeue(wid)
+            return []
+        else:
+            return []
+        return self._fill(now)
+
+    cancel = finish
+
+    def _fill(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        failed: set[tuple[object, ...]] = set()
+        for _, seq, wid in list(self._order):
+            if len(failed) >= len(self._shape_count):
+                break
+            w = self.pending.get(wid)
+            if w is None or self._seq.get(wid) != seq:
+                continue
+            shape = w.request.shape
+            if shape in failed:
+                continue
+            p = place(self.cluster, w.request, now + self.predict(w))
+            if p is None:
+                failed.add(shape)
+                continue
+            self._start(w, p, self.is_backed(w, now), now, out)
+        return out
+
+    # ================================================================= nodes
+    def set_healthy(self, node: str, healthy: bool) -> None:
+        self.cluster.set_healthy(node, healthy)
+        if healthy:
+            self.unhealthy.discard(node)
+            self.drained.discard(node)
+        else:
+            self.unhealthy.add(node)
+
+    def fail_node(self, node: str, now: float) -> list[str]:
+        """The node died: everything on it stops now, protected or not (DESIGN semantics 2's
+        one exception). Returns the stopped workload ids; the caller decides what requeues."""
+        self.set_healthy(node, False)
+        victims = [wid for wid, w in self.running.items()
+                   if w.placement and node in w.placement.nodes]
+        for wid in victims:
+            self._stop(wid, now)
+        return victims
+
+    def set_accounts(self, accounts: AccountTree) -> None:
+        """A budget change: new grants apply from the next cycle."""
+        self.accounts = accounts
+        self._grants = None
+        self._st = None
+
+    # ================================================================= full cycle
+    def cycle(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        self._predicted.clear()
+        st = self._standings(now)
+        self.cluster.clear_reservations()
+        self.reservations.clear()
+        self._drain(now, out)
+
+        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand)
+        self._order = []
+        self._root_demand = {}
+        for key, w in ranked:
+            self._order.append((key, self._seq[w.id], w.id))
+            if self.accounts.is_project(w.project):
+                root = self.accounts.path(w.project)[0]
+                self._root_demand[root] = self._root_demand.get(root, 0.0) + self.demand(w)
+        self._order.sort()
+        unranked = [w for w in self.pending.values() if not self.accounts.is_project(w.project)]
+        for w in unranked:  # unknown project: stays queued, never started
+            self._order.append((INF, self._seq[w.id], w.id))
+
+        eligible_pool = self._victim_pool(now) if self.policy.preemption else {}
+        res_times: list[float] = []
+        failed: set[tuple[object, ...]] = set()
+        preempt_failed: dict[tuple[object, ...], tuple[float, ...]] = {}
+        unbacked: list[Workload] = []
+        for _, w in ranked:
+            if w.id not in self.pending:
+                continue
+            if not self.is_backed(w, now):
+                unbacked.append(w)
+                continue
+            self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool, out)
+        for w in unbacked:  # idle capacity only: unbacked work never preempts
+            if w.id in self.pending:
+                self._consider(w, False, now, res_times, failed, {}, {}, out)
+        return out
+
+    def _consider(self, w: Workload, backed: bool, now: float, res_times: list[float],
+                  failed: set[tuple[object, ...]],
+                  preempt_failed: dict[tuple[object, ...], tuple[float, ...]],
+                  pool: dict[str, Workload], out: list[Decision]) -> None:
+        end = now + self.predict(w)
+        shape = w.request.shape
+        memo = (shape, bisect.bisect_left(res_times, end))
+        if memo not in failed:
+            p = place(self.cluster, w.request, end)
+            if p is not None:
+                self._start(w, p, backed, now, out)
+                return
+            failed.add(memo)
+        st = self._st
+        assert st is not None
+        if backed and pool and self.policy.preemption and w.project in st.path_standing:
+            mine = st.path_standing[w.project]
+            worst = preempt_failed.get(shape)
+            if worst is None or mine < worst:
+                if self._try_preempt(w, end, now, pool, st, out):
+                    failed.clear()
+                    return
+                preempt_failed[shape] = mine if worst is None else min(worst, mine)
+        if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
+                and len(self.reservations) < self.policy.max_reservations):
+            ends = sorted((wr.started_at + self.predict(wr) if wr.started_at is not None else now,
+                           wid) for wid, wr in self.running.items())
+            plan = plan_reservation(self.cluster, w.request, now, ends)
+            if plan is not None:
+                at, placement = plan
+                self.cluster.reserve(placement, at)
+                self.reservations[w.id] = (at, placement)
+                bisect.insort(res_times, at)
+                failed.clear()  # memo keys depend on reservation times
+                out.append(Reserve(w.id, at, placement))
+
+    def _victim_pool(self, now: float) -> dict[str, Workload]:
+        """Running work that may ever be preempted now: unprotected, on healthy nodes."""
+        return {wid: w for wid, w in self.running.items() if not w.is_protected(now)}
+
+    def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
+                     st: Standings, out: list[Decision]) -> bool:
+        mine = st.path_standing[w.project]
+        eligible = {wid: v for wid, v in pool.items()
+                    if wid in self.running and (not v.backed or (
+                        v.project in st.path_standing and mine < st.path_standing[v.project]))}
+        if not eligible:
+            return False
+        victims = choose_victims(self.cluster, w.request, end, eligible,
+                                 lambda v: st.standing.get(v.project, INF))
+        if not victims:
+            return False
+        # tentatively free their capacity; keep the choice only if the request then fits
+        saved = [(v, self.cluster.release(v.id)) for v in victims]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        if p is None:
+            return False
+        for v in victims:
+            reason = ("unbacked work yields to backed work" if not v.backed else
+                      f"project {v.project} stands above {w.project}")
+            self._preempt(v, now, reason, w.id, out)
+            pool.pop(v.id, None)
+        p = place(self.cluster, w.request, end)
+        assert p is not None
+        self._start(w, p, True, now, out)
+        return True
+
+    def _drain(self, now: float, out: list[Decision]) -> None:
+        for node in sorted(self.unhealthy):
+            if node in self.drained or node not in self.cluster.by_name:
+                continue
+            on_node = [w for w in self.running.values()
+                       if w.placement and node in w.placement.nodes]
+            if any(w.is_protected(now) for w in on_node):
+                continue
+            for w in on_node:
+                self._preempt(w, now, f"node {node} is draining", None, out)
+            self.drained.add(node)
+            out.append(Drain(node))
+
+
+# ===================================================================== pure functions
+
+
+def schedule(state: ClusterState, now: float) -> list[Decision]:
+    """One full scheduling cycle over ``state``; pure and deterministic (inputs untouched)."""
+    return Scheduler.from_state(state).cycle(now)
+
+
+def queue_order(state: ClusterState, now: float) -> list[str]:
+    """Pending workload ids in rank order, as the cycle at ``now`` would consider them."""
+    s = Scheduler.from_state(state)
+    st = s._standings(now)
+    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand)]
+
+
+def standings(state: ClusterState, now: float) -> dict[str, dict[str, float]]:
+    """Usage (GPU-hours in the window), grant and standing of every account."""
+    s = Scheduler.from_state(state)
+    st = s._standings(now)
+    return {a: {"usage_hours": st.usage[a], "grant_hours": st.grant.get(a, 0.0),
+                "standing": st.standing[a]} for a in s.accounts.accounts}

@@ -1,0 +1,93 @@
+"""Usage: GPU-hours charged, weighted by slice size, over a sliding window or a half-life.
+
+usage(project, now) = Σ over charge intervals of (milli / 1000) × hours of the interval that
+fall inside [now - window, now]; with a half-life h instead, each moment t counts
+2^-((now - t) / h). Open intervals count up to ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+from .model import HOUR, MILLI, ChargeInterval, Policy
+
+LN2 = math.log(2.0)
+
+
+def interval_usage(milli: int, start: float, end: float, now: float, policy: Policy) -> float:
+    """GPU-hours one interval contributes at ``now``."""
+    end = min(end, now)
+    if end <= start:
+        return 0.0
+    if policy.half_life:
+        h = policy.half_life
+        # ∫_start^end 2^(-(now - t)/h) dt
+        w = (h / LN2) * (2.0 ** (-(now - end) / h) - 2.0 ** (-(now - start) / h))
+        return milli / MILLI * w / HOUR
+    lo = max(start, now - policy.window)
+    if end <= lo:
+        return 0.0
+    return milli / MILLI * (end - lo) / HOUR
+
+
+def usage_by_project(charges: Iterable[ChargeInterval], now: float, policy: Policy
+                     ) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for c in charges:
+        u = interval_usage(c.milli, c.start, now if c.end is None else c.end, now, policy)
+        if u:
+            out[c.project] = out.get(c.project, 0.0) + u
+    return out
+
+
+class UsageMeter:
+    """Keeps the scheduler's own charges: closed intervals per project (dropped once they
+    leave the window) and the open interval of each running workload."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.closed: dict[str, deque[ChargeInterval]] = {}
+        self.open: dict[str, ChargeInterval] = {}
+        self.horizon = policy.window if not policy.half_life else 20 * policy.half_life
+
+    def add(self, c: ChargeInterval) -> None:
+        if c.end is None:
+            self.open[c.workload] = c
+        elif c.end > c.start:
+            self.closed.setdefault(c.project, deque()).append(c)
+
+    def open_interval(self, workload: str, project: str, user: str, milli: int, start: float
+                      ) -> None:
+        self.open[workload] = ChargeInterval(workload, project, user, milli, start, None)
+
+    def close(self, workload: str, end: float) -> ChargeInterval | None:
+        c = self.open.pop(workload, None)
+        if c is None:
+            return None
+        done = ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, max(end, c.start))
+        self.add(done)
+        return done
+
+    def usage(self, now: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        cutoff = now - self.horizon
+        for project, dq in self.closed.items():
+            while dq and dq[0].end is not None and dq[0].end <= cutoff:
+                dq.popleft()
+            total = 0.0
+            for c in dq:
+                total += interval_usage(c.milli, c.start, c.end or now, now, self.policy)
+            if total:
+                out[project] = total
+        for c in self.open.values():
+            u = interval_usage(c.milli, c.start, now, now, self.policy)
+            if u:
+                out[c.project] = out.get(c.project, 0.0) + u
+        return out
+
+    def charges(self) -> list[ChargeInterval]:
+        out = [c for dq in self.closed.values() for c in dq]
+        out.extend(self.open.values())
+        return out

@@ -1,0 +1,103 @@
+"""The budgets YAML: what loads, and every kind of bad input named by path and line."""
+
+import textwrap
+
+import pytest
+
+from jupyter_gpubudget.core.accounts import BudgetError, load_budgets
+from jupyter_gpubudget.core.model import DAY, HOUR
+
+GOOD = textwrap.dedent("""\
+    window: 14d
+    admins: [root]
+    policy:
+      min_runtime_cap: {interactive: 4h}
+      max_reservations: 3
+    accounts:
+      physics:
+        grant: 1000
+        managers: [alice]
+        children:
+          lattice: {grant: 600, members: [bob, carol]}
+          astro: {share: 40%, members: dave}
+      bio:
+        share: 25%
+        children:
+          genomics: {members: [erin]}
+      proteins:
+        parent: bio
+        grant: 10
+""")
+
+
+def test_good_file_loads_tree_policy_and_people():
+    b = load_budgets(GOOD, "budgets.yaml")
+    t = b.accounts
+    assert t.roots == ("physics", "bio")
+    assert sorted(t.projects()) == ["astro", "genomics", "lattice", "proteins"]
+    assert t.path("lattice") == ("physics", "lattice")
+    assert t.get("proteins").parent == "bio"
+    assert b.policy.window == 14 * DAY
+    assert b.policy.cap_for("interactive") == 4 * HOUR
+    assert b.policy.cap_for("batch") == 2 * DAY  # default kept
+    assert b.policy.max_reservations == 3
+    assert b.admins == {"root"}
+    grants = t.effective_grants(cluster_gpu_hours=8000)
+    assert grants["astro"] == pytest.approx(400)
+    assert grants["bio"] == pytest.approx(2000)  # 25 % of the cluster
+    assert grants["genomics"] == 0
+    assert t.projects_of("alice") == ["lattice", "astro"]  # manager of the program
+    assert t.projects_of("bob") == ["lattice"]
+    assert t.can_manage("alice", "astro") and not t.can_manage("bob", "lattice")
+
+
+def test_half_life_replaces_window():
+    b = load_budgets("half_life: 3d\naccounts: {a: {grant: 1}}\n")
+    assert b.policy.half_life == 3 * DAY
+
+
+BAD = [
+    # (yaml, expected path, expected line, words in the message)
+    ("accounts:\n  a:\n    grant: 10\n    colour: red\n", "accounts.a.colour", 4, "unknown key"),
+    ("accounts:\n  a:\n    grant: -5\n", "accounts.a.grant", 3, "negative"),
+    ("accounts:\n  a:\n    grant: lots\n", "accounts.a.grant", 3, "expected a number"),
+    ("accounts:\n  a:\n    grant: .nan\n", "accounts.a.grant", 3, "finite"),
+    ("accounts:\n  a:\n    children:\n      x: {grant: 1}\n  b:\n    children:\n      x: {grant: 2}\n",
+     "accounts.b.children.x", 7, "duplicate account name"),
+    ("accounts:\n  a: {grant: 1}\n  a: {grant: 2}\n", "accounts.a", 3, "duplicate key"),
+    ("accounts:\n  a: {parent: b}\n  b: {parent: a}\n", "accounts.", None, "cycle"),
+    ("accounts:\n  a:\n    children:\n      x: {share: 60%}\n      y: {share: 50%}\n",
+     "accounts.a.children.y.share", 5, "over 100%"),
+    ("accounts:\n  a: {share: 140%}\n", "accounts.a.share", 2, "between 0% and 100%"),
+    ("accounts:\n  a: {grant: 1, share: 10%}\n", "accounts.a.share", 2, "not both"),
+    ("accounts:\n  a: {parent: nowhere}\n", "accounts.a.parent", 2, "not a defined account"),
+    ("window: soon\naccounts: {a: {grant: 1}}\n", "window", 1, "duration"),
+    ("window: 0\naccounts: {a: {grant: 1}}\n", "window", 1, "longer than zero"),
+    ("grants: 5\naccounts: {a: {grant: 1}}\n", "grants", 1, "unknown key"),
+    ("accounts:\n  a: {grant: 1, members: [bob, 7]}\n", "accounts.a.members[1]", 2, "string"),
+    ("accounts:\n  'bad name!': {grant: 1}\n", "accounts.bad name!", 2, "account name"),
+    ("accounts: {}\n", "accounts", 1, "at least one account"),
+    ("accounts:\n  a: {grant: 1\n", "", None, "not valid YAML"),
+    ("", "", 1, "empty"),
+    ("policy: {min_runtime_cap: {gpu: 4h}}\naccounts: {a: {grant: 1}}\n",
+     "policy.min_runtime_cap.gpu", 1, "unknown key"),
+    ("accounts:\n  a: {grant: true}\n", "accounts.a.grant", 2, "expected a number"),
+    ("a: &x [*x]\n", "", None, "alias"),
+]
+
+
+@pytest.mark.parametrize(("text", "path", "line", "words"), BAD,
+                         ids=[b[3] + "@" + b[1] for b in BAD])
+def test_bad_budgets_name_path_and_line(text, path, line, words):
+    with pytest.raises(BudgetError) as info:
+        load_budgets(text, "budgets.yaml")
+    err = info.value
+    assert words in err.message
+    assert err.path.startswith(path)
+    if line is not None:
+        assert err.line == line
+    assert str(err).startswith("budgets.yaml")
+
+
+def test_bad_kinds_are_at_least_ten():
+    assert len({b[3] for b in BAD}) >= 10

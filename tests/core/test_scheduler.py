@@ -1,0 +1,249 @@
+"""One test per scheduling rule, on hand-built clusters small enough to reason about."""
+
+import copy
+
+from jupyter_gpubudget.core.model import (
+    HOUR,
+    ChargeInterval,
+    Drain,
+    Policy,
+    Preempt,
+    Reserve,
+    SliceRequest,
+    Start,
+)
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, queue_order, schedule, standings
+
+from .helpers import check_capacity, inventory, job, tree
+
+NOW = 100 * HOUR
+
+
+def charge(project, hours, gpus=1, end=NOW):
+    return ChargeInterval(f"old-{project}-{hours}", project, "x", gpus * 1000,
+                          end - hours * HOUR, end)
+
+
+def starts(decisions):
+    return [d.workload for d in decisions if isinstance(d, Start)]
+
+
+def test_lower_standing_starts_first():
+    # b has used more of its (equal) grant, so a's job goes first even though it came later
+    state = ClusterState(tree(), inventory(gpus=1),
+                         pending=[job("b1", "b", at=0), job("a1", "a", at=10)],
+                         charges=[charge("a", 10), charge("b", 50)])
+    assert starts(schedule(state, NOW)) == ["a1"]
+    assert queue_order(state, NOW) == ["a1", "b1"]
+
+
+def test_standing_is_level_by_level():
+    text = """
+accounts:
+  p1: {grant: 100, children: {x: {grant: 30}, y: {grant: 70}}}
+  p2: {grant: 100, children: {z: {grant: 100}}}
+"""
+    # x stands above z (20/30 > 60/100), but its program p1 stands below p2 (20/100)
+    state = ClusterState(tree(text), inventory(gpus=1),
+                         pending=[job("z1", "z", at=0), job("x1", "x", at=1)],
+                         charges=[charge("x", 20), charge("z", 60)])
+    assert starts(schedule(state, NOW)) == ["x1"]
+
+
+def test_projected_standing_interleaves_projects():
+    # a and b start level; a queued many jobs first, but b's first job is not behind all of them
+    pending = [job(f"a{i}", "a", at=i) for i in range(4)] + [job("b0", "b", at=10)]
+    order = queue_order(ClusterState(tree(), inventory(gpus=1), pending=pending), NOW)
+    assert order.index("b0") <= 1
+
+
+def test_equal_standing_falls_back_to_submit_time():
+    state = ClusterState(tree(), inventory(gpus=1),
+                         pending=[job("late", "b", at=5), job("early", "a", at=1)])
+    assert starts(schedule(state, NOW)) == ["early"]
+
+
+def test_backed_work_is_protected_and_unbacked_is_not():
+    # a's grant is 100 GPU-hours; 95 are used, so a 10-hour protected job is unbacked
+    state = ClusterState(tree(), inventory(gpus=2),
+                         pending=[job("a1", "a", min_runtime=10 * HOUR),
+                                  job("b1", "b", min_runtime=10 * HOUR, at=1)],
+                         charges=[charge("a", 95)])
+    ds = {d.workload: d for d in schedule(state, NOW) if isinstance(d, Start)}
+    assert ds["b1"].backed and ds["b1"].protected_until == NOW + 10 * HOUR
+    assert not ds["a1"].backed and ds["a1"].protected_until is None
+
+
+def test_min_runtime_is_capped_by_policy():
+    state = ClusterState(tree(), inventory(gpus=1),
+                         pending=[job("i", "a", kind="interactive", min_runtime=24 * HOUR)])
+    (d,) = schedule(state, NOW)
+    assert d.protected_until == NOW + 8 * HOUR
+
+
+def test_protected_work_is_never_preempted():
+    running = job("b-old", "b", min_runtime=5 * HOUR)
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.submit(running, NOW)
+    assert "b-old" in s.running
+    # b is now far over its grant; a is under; but b's job is still protected
+    s.meter.add(charge("b", 99))
+    s.submit(job("a1", "a", at=NOW), NOW)
+    assert not [d for d in s.cycle(NOW + HOUR) if isinstance(d, Preempt)]
+    ds = s.cycle(NOW + 5 * HOUR + 1)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b-old"]
+    assert starts(ds) == ["a1"]
+
+
+def test_unbacked_is_preempted_before_backed():
+    s = Scheduler(tree(), inventory(gpus=2))
+    s.meter.add(charge("b", 150))  # b is over its grant: its work is unbacked
+    s.submit(job("b-unbacked", "b"), NOW)
+    s.meter.add(charge("a", 20))
+    s.submit(job("a-backed", "a", at=1), NOW)
+    assert not s.running["b-unbacked"].backed and s.running["a-backed"].backed
+    # a newcomer from a barely-used third project needs one GPU
+    t = tree("""
+accounts:
+  lab:
+    grant: 300
+    children:
+      a: {grant: 100}
+      b: {grant: 100}
+      c: {grant: 100}
+""")
+    s.set_accounts(t)
+    s.submit(job("c1", "c", at=2), NOW)
+    ds = s.cycle(NOW + 1)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b-unbacked"]
+    assert starts(ds) == ["c1"]
+
+
+def test_preemption_takes_the_smallest_set_and_prefers_resumable():
+    s = Scheduler(tree(), inventory(gpus=4))
+    s.meter.add(charge("b", 90))
+    for i, (g, res) in enumerate([(1, False), (1, True), (2, False)]):
+        s.submit(job(f"b{i}", "b", gpus=g, resumable=res, at=i), NOW)
+    assert len(s.running) == 3
+    s.submit(job("a1", "a", gpus=1, at=5), NOW)
+    ds = s.cycle(NOW + 1)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b1"]  # resumable one
+    s.submit(job("a2", "a", gpus=2, at=6), NOW + 2)
+    ds = s.cycle(NOW + 3)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b2"]  # one victim, not two
+
+
+def test_same_standing_does_not_preempt():
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.submit(job("a1", "a"), NOW)
+    s.submit(job("a2", "a", at=1), NOW)
+    assert not s.cycle(NOW + 1)
+
+
+def test_gang_is_all_or_nothing_and_spans_nodes_only_when_needed():
+    inv = inventory(nodes=3, gpus=4, racks=1)
+    ds = schedule(ClusterState(tree(), inv, pending=[job("g", "a", gpus=6)]), NOW)
+    (d,) = ds
+    assert len(d.placement.slices) == 6 and len(d.placement.nodes) == 2
+    ds = schedule(ClusterState(tree(), inv, pending=[job("g4", "a", gpus=4)]), NOW)
+    assert len(ds[0].placement.nodes) == 1
+    ds = schedule(ClusterState(tree(), inv, pending=[job("big", "a", gpus=13)]), NOW)
+    assert not starts(ds)
+
+
+def test_gang_prefers_one_rack():
+    inv = inventory(nodes=4, gpus=4, racks=2)  # n0,n2 in r0; n1,n3 in r1
+    s = Scheduler(tree(), inv)
+    s.submit(job("x", "a", gpus=1), NOW)  # lands on one node
+    d = s.submit(job("g", "a", gpus=8, at=1), NOW)[0]
+    racks = {inv.node(n).rack for n in d.placement.nodes}
+    assert len(racks) == 1
+
+
+def test_blocked_gang_gets_reservation_and_backfill_respects_it():
+    s = Scheduler(tree(), inventory(gpus=4), policy=Policy(max_reservations=1))
+    s.submit(job("r1", "b", gpus=2, limit=2 * HOUR), NOW)  # ends at NOW+2h
+    s.submit(job("r2", "b", gpus=1, limit=5 * HOUR, at=1), NOW)
+    s.submit(job("gang", "a", gpus=3, at=2), NOW)  # needs 3, only 1 free
+    s.submit(job("long", "b", gpus=1, limit=4 * HOUR, at=3), NOW)  # the free GPU is now taken?
+    # "long" arrived incrementally and took the idle GPU; run a full cycle from scratch instead
+    state = ClusterState(s.accounts, s.inventory,
+                         running=[s.running["r1"], s.running["r2"]],
+                         pending=[job("gang", "a", gpus=3, at=2),
+                                  job("long", "b", gpus=1, limit=4 * HOUR, at=3),
+                                  job("short", "b", gpus=1, limit=1 * HOUR, at=4)])
+    ds = schedule(state, NOW)
+    res = [d for d in ds if isinstance(d, Reserve)]
+    assert [r.workload for r in res] == ["gang"] and res[0].at == NOW + 2 * HOUR
+    reserved = {(x.node, x.gpu) for x in res[0].placement.slices}
+    started = {d.workload: d for d in ds if isinstance(d, Start)}
+    assert "long" not in started  # would delay the gang
+    assert "short" in started  # ends before the reservation: backfilled
+    assert {(x.node, x.gpu) for x in started["short"].placement.slices} <= reserved
+
+
+def test_mig_and_mps_requests():
+    inv = inventory(gpus=2, mig=(1,))
+    pending = [job("m", "a", req=SliceRequest.mig("3g.40gb")),
+               job("s1", "a", req=SliceRequest.mps(300), at=1),
+               job("s2", "b", req=SliceRequest.mps(500), at=2),
+               job("w", "b", gpus=1, at=3)]
+    ds = schedule(ClusterState(tree(), inv, pending=pending), NOW)
+    placed = {d.workload: d.placement.slices[0] for d in ds if isinstance(d, Start)}
+    assert placed["m"].gpu == 1 and placed["m"].kind == "mig" and placed["m"].milli == 429
+    assert placed["s1"].gpu == placed["s2"].gpu == 0  # packed on one shared GPU
+    assert "w" not in placed  # the only non-MIG GPU is shared now
+
+
+def test_drain_waits_for_protection_then_releases():
+    inv = inventory(nodes=2, gpus=1)
+    s = Scheduler(tree(), inv)
+    d = s.submit(job("p", "a", min_runtime=2 * HOUR), NOW)[0]
+    node = d.placement.nodes[0]
+    s.set_healthy(node, False)
+    assert not [x for x in s.cycle(NOW + HOUR) if isinstance(x, Drain)]
+    ds = s.cycle(NOW + 3 * HOUR)
+    assert Drain(node) in ds and [x.workload for x in ds if isinstance(x, Preempt)] == ["p"]
+    # no new work lands on it
+    d2 = s.submit(job("q", "a", at=NOW), NOW + 3 * HOUR)[0]
+    assert d2.placement.nodes[0] != node
+
+
+def test_node_failure_stops_even_protected_work():
+    s = Scheduler(tree(), inventory(nodes=1, gpus=1))
+    s.submit(job("p", "a", min_runtime=5 * HOUR), NOW)
+    assert s.fail_node("n0", NOW + 1) == ["p"] and not s.running
+
+
+def test_incremental_arrival_and_departure():
+    s = Scheduler(tree(), inventory(gpus=2))
+    assert starts(s.submit(job("a1", "a", gpus=2), NOW)) == ["a1"]
+    assert s.submit(job("b1", "b", gpus=1, at=1), NOW) == []
+    assert s.queue() == ["b1"]
+    assert starts(s.finish("a1", NOW + HOUR)) == ["b1"]
+    # the finished run is charged: 2 GPUs for an hour
+    assert abs(s.usage_hours(NOW + HOUR)["a"] - 2.0) < 1e-9
+    assert s.history.samples[("u", "a", "batch")] == [HOUR]
+
+
+def test_schedule_is_pure_and_deterministic():
+    pending = [job(f"w{i}", "ab"[i % 2], gpus=1 + i % 3, at=i) for i in range(12)]
+    state = ClusterState(tree(), inventory(nodes=2, gpus=4), pending=pending)
+    before = copy.deepcopy(pending)
+    first = schedule(state, NOW)
+    assert pending == before
+    assert schedule(state, NOW) == first
+    s = Scheduler.from_state(state)
+    s.cycle(NOW)
+    check_capacity(state.inventory, s.running.values())
+
+
+def test_unknown_project_never_starts():
+    ds = schedule(ClusterState(tree(), inventory(), pending=[job("x", "nope")]), NOW)
+    assert ds == []
+
+
+def test_standings_report():
+    st = standings(ClusterState(tree(), inventory(), charges=[charge("a", 25)]), NOW)
+    assert st["a"]["usage_hours"] == 25 and st["a"]["standing"] == 0.25
+    assert st["lab"]["usage_hours"] == 25 and st["lab"]["grant_hours"] == 200

@@ -191,3 +191,64 @@ def test_full_cycle_from_state_respects_capacity(inv, ws, g):
     protected = {wid for wid, w in s.running.items() if w.is_protected(11 * HOUR)}
     s2 = Scheduler.from_state(state2)
     _check_cycle(s2, s2.cycle(11 * HOUR), 11 * HOUR, protected, {})
+
+
+@SETTINGS
+@given(inventories(), workloads(n_max=12), workloads(n_max=6), st.integers(0, 30),
+       st.sampled_from([5, 20, 100]))
+def test_contention_preempts_only_unprotected_and_eligible(inv, first, second, hours, gr):
+    """Phase 1 fills the cluster with an over-used project's work; phase 2, some hours later,
+    brings under-used work. Whatever is preempted was unprotected and eligible."""
+    t = tree(THREE.format(g1=1000, g2=1000, gp=500, gq=500, gr=gr))
+    s = Scheduler(t, inv, Policy(max_reservations=2))
+    s.meter.add(ChargeInterval("past", "r", "x", 1000, 0.0, 10 * HOUR))
+    for w in first:
+        w.project = "r"
+    for w in second:
+        w.project = "p"
+        w.id = "new-" + w.id
+    now = 10 * HOUR
+    for w in first:
+        s.submit(w, now)
+    s.cycle(now)
+    later = now + hours * HOUR
+    for w in second:
+        s.submit(Workload(**{**{f: getattr(w, f) for f in w.__dataclass_fields__},
+                             "submitted_at": later}), later)
+    protected = {wid for wid, w in s.running.items() if w.is_protected(later)}
+    backed = {wid: w.backed for wid, w in s.running.items()}
+    projects = {wid: w.project for wid, w in s.running.items()}
+    ds = s.cycle(later)
+    _check_cycle(s, ds, later, protected, backed, projects)
+    preempted = {d.workload for d in ds if isinstance(d, Preempt)}
+    assert not preempted & protected
+
+
+@SETTINGS
+@given(inventories(), workloads(n_max=8), st.integers(1, 40))
+def test_lower_standing_sibling_goes_first_with_mirrored_queues(inv, ws, used_hours):
+    """p and q queue identical work; q has used more. Then for every shape, q never has more
+    of it started than p, and p's first workload starts whenever any q workload of its shape
+    and run time does."""
+    t = tree(THREE.format(g1=1000, g2=1000, gp=1000, gq=1000, gr=1000))
+    pend = []
+    for w in ws:
+        for proj in ("p", "q"):
+            pend.append(Workload(**{**{f: getattr(w, f) for f in w.__dataclass_fields__},
+                                    "id": f"{proj}-{w.id}", "project": proj}))
+    charges = [ChargeInterval("c", "q", "x", 1000, 0.0, used_hours * HOUR)]
+    state = ClusterState(t, inv, Policy(preemption=False, backfill=False), pending=pend,
+                         charges=charges)
+    ds = schedule(state, 50 * HOUR)
+    started = {d.workload for d in ds if isinstance(d, Start)}
+    head = min(ws, key=lambda w: (w.submitted_at, w.id))
+    for w in ws:
+        if f"q-{w.id}" in started and (w.request.shape, w.time_limit) == (
+                head.request.shape, head.time_limit):
+            assert f"p-{head.id}" in started
+    shapes = {}
+    for wid in started:
+        proj, orig = wid.split("-", 1)
+        shapes.setdefault(next(w.request.shape for w in ws if w.id == orig), []).append(proj)
+    for projs in shapes.values():
+        assert projs.count("q") <= projs.count("p") + 1

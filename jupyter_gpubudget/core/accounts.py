@@ -160,7 +160,7 @@ def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
 
     # resolve `parent:` references (flat files) and detect cycles
     parent_of: dict[str, str | None] = {}
-    for name, (node, nested_parent) in raw.items():
+    for name, (_node, nested_parent) in raw.items():
         if name in declared_parent:
             pnode = declared_parent[name]
             p = pnode.string()
@@ -183,9 +183,9 @@ def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
             cur = parent_of[cur]
 
     children: dict[str, list[str]] = {n: [] for n in raw}
-    for name, p in parent_of.items():
-        if p is not None:
-            children[p].append(name)
+    for name, par in parent_of.items():
+        if par is not None:
+            children[par].append(name)
 
     accounts: dict[str, Account] = {}
     for name, (node, _) in raw.items():

@@ -108,9 +108,9 @@ class Cluster:
             self.total_milli += MILLI * len(spec.gpus)
         self.whole_buckets = [{} for _ in range(self.max_gpus_per_node + 1)]
         for n in self.nodes:
-            for g in n.gpus:
-                if not g.mig:
-                    n.free_whole[g.index] = None
+            for gpu in n.gpus:
+                if not gpu.mig:
+                    n.free_whole[gpu.index] = None
         bad = set(unhealthy)
         for n in self.nodes:
             if n.name in bad:
@@ -234,26 +234,9 @@ class Cluster:
         self._index_one(n, g)
 
     def _check(self, g: Gpu, s: SliceAlloc) -> None:
-        where = f"{g.node.name}/GPU{g.index}"
-        if s.kind == "mig":
-            if not g.mig:
-                raise CapacityError(f"{where} is not in MIG mode")
-            profiles = migtab.profiles_for(g.model)
-            if s.profile not in profiles:
-                raise CapacityError(f"{where} ({g.model}) has no MIG profile {s.profile}")
-            if s.mig_start not in migtab.fits(g.model, s.profile, g.mask, g.compute_used):
-                raise CapacityError(f"{where}: {s.profile} does not fit at slot {s.mig_start}")
-        elif g.mig:
-            raise CapacityError(f"{where} is in MIG mode; it takes MIG instances only")
-        elif s.kind == "gpu":
-            if g.whole or g.used_milli:
-                raise CapacityError(f"{where} is not free")
-        else:
-            if g.whole or g.used_milli + s.milli > MILLI or s.milli <= 0:
-                raise CapacityError(f"{where} has {MILLI - g.used_milli} milli free, "
-                                    f"{s.milli} asked")
-            if g.memory_mib and g.mem_used + s.gpu_memory_mib > g.memory_mib:
-                raise CapacityError(f"{where} has too little memory for the MPS share")
+        problem = _problem(g, s)
+        if problem:
+            raise CapacityError(f"{g.node.name}/GPU{g.index}: {problem}")
 
     def _give(self, wid: str, s: SliceAlloc) -> None:
         n = self.by_name[s.node]
@@ -302,3 +285,24 @@ class Cluster:
                 elif not g.mig and 0 < g.used_milli < MILLI:
                     total += MILLI - g.used_milli
         return total
+
+
+def _problem(g: Gpu, s: SliceAlloc) -> str | None:
+    """Why slice ``s`` cannot go on ``g`` now, or None if it can."""
+    if s.kind == "mig":
+        if not g.mig:
+            return "not in MIG mode"
+        if s.profile not in migtab.profiles_for(g.model):
+            return f"{g.model} has no MIG profile {s.profile}"
+        if s.mig_start not in migtab.fits(g.model, s.profile, g.mask, g.compute_used):
+            return f"{s.profile} does not fit at slot {s.mig_start}"
+    elif g.mig:
+        return "in MIG mode; it takes MIG instances only"
+    elif s.kind == "gpu":
+        if g.whole or g.used_milli:
+            return "not free"
+    elif g.whole or g.used_milli + s.milli > MILLI or s.milli <= 0:
+        return f"{MILLI - g.used_milli} milli free, {s.milli} asked"
+    elif g.memory_mib and g.mem_used + s.gpu_memory_mib > g.memory_mib:
+        return "too little memory for the MPS share"
+    return None

@@ -7,7 +7,7 @@ kept as integer *milli-GPUs* (1000 = one whole GPU) so capacity arithmetic is ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Any, Literal
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -38,29 +38,30 @@ class SliceRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     single_node: bool = False
+    #: hashable identity of the request: equal shapes fit in exactly the same places
+    shape: tuple[object, ...] = field(init=False, repr=False, compare=False, hash=False)
 
-    @property
-    def shape(self) -> tuple[object, ...]:
-        """Hashable identity of the request: equal shapes fit in exactly the same places."""
-        return (self.kind, self.gpus, self.profile, self.milli, self.gpu_memory_mib,
-                self.gpu_model, self.cpu_milli, self.memory_mib, self.single_node)
-
-    @staticmethod
-    def whole(gpus: int = 1, **kw: object) -> SliceRequest:
-        return SliceRequest(kind="gpu", gpus=gpus, **kw)  # type: ignore[arg-type]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", (
+            self.kind, self.gpus, self.profile, self.milli, self.gpu_memory_mib,
+            self.gpu_model, self.cpu_milli, self.memory_mib, self.single_node))
 
     @staticmethod
-    def mig(profile: str, **kw: object) -> SliceRequest:
-        return SliceRequest(kind="mig", gpus=1, profile=profile, **kw)  # type: ignore[arg-type]
+    def whole(gpus: int = 1, **kw: Any) -> SliceRequest:
+        return SliceRequest(kind="gpu", gpus=gpus, **kw)
 
     @staticmethod
-    def mps(milli: int, gpu_memory_mib: int = 0, **kw: object) -> SliceRequest:
-        return SliceRequest(kind="mps", gpus=1, milli=milli,  # type: ignore[arg-type]
+    def mig(profile: str, **kw: Any) -> SliceRequest:
+        return SliceRequest(kind="mig", gpus=1, profile=profile, **kw)
+
+    @staticmethod
+    def mps(milli: int, gpu_memory_mib: int = 0, **kw: Any) -> SliceRequest:
+        return SliceRequest(kind="mps", gpus=1, milli=milli,
                             gpu_memory_mib=gpu_memory_mib, **kw)
 
     @staticmethod
-    def cpu_only(**kw: object) -> SliceRequest:
-        return SliceRequest(kind="cpu", gpus=0, **kw)  # type: ignore[arg-type]
+    def cpu_only(**kw: Any) -> SliceRequest:
+        return SliceRequest(kind="cpu", gpus=0, **kw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +174,7 @@ class Reserve:
     placement: Placement
 
 
-Decision = Union[Start, Preempt, Drain, Reserve]
+Decision = Start | Preempt | Drain | Reserve
 
 
 # ---------------------------------------------------------------- policy

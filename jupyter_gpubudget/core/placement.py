@@ -15,6 +15,8 @@ is used only when ``end <= T`` (backfill).
 
 from __future__ import annotations
 
+from functools import cache
+
 from . import mig as migtab
 from .capacity import Cluster, Gpu, NodeCap
 from .model import MILLI, Placement, SliceAlloc, SliceRequest
@@ -118,7 +120,8 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
     cands.sort(key=lambda c: (-len(c[1]), c[0].idx))
 
     def take(group: list[tuple[NodeCap, list[int]]]) -> list[tuple[NodeCap, list[int]]] | None:
-        chosen, got = [], 0
+        chosen: list[tuple[NodeCap, list[int]]] = []
+        got = 0
         for n, free in group:
             if got >= need:
                 break
@@ -157,20 +160,14 @@ def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
     for model, by_occ in cluster.mig_index.items():
         if models is not None and model not in models:
             continue
-        table = migtab.profiles_for(model)
-        p = table.get(profile)
-        if p is None:
+        if profile not in migtab.profiles_for(model):
             continue
-        # occupancies in order of preference, then the first fitting GPU in each
-        scored: list[tuple[tuple[int, int, int, str], tuple[int, int], int]] = []
-        for (mask, used), gpus in by_occ.items():
-            if not gpus:
-                continue
-            for start in migtab.fits(model, profile, mask, used):
-                new_mask = migtab.occupy(p, start, mask)
-                score = (0 if mask else 1, -migtab.potential(model, new_mask, used + p.compute),
-                         -start, model)
-                scored.append((score, (mask, used), start))
+        # occupancies in order of preference, then the first usable GPU in each
+        scored = []
+        for occ in by_occ:
+            choice = _mig_choice(model, profile, occ[0], occ[1])
+            if choice is not None:
+                scored.append((choice[0], occ, choice[1]))
         scored.sort()
         for score, occ, start in scored:
             if best is not None and best[0] <= score:
@@ -189,6 +186,23 @@ def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
     p = migtab.profiles_for(g.model)[profile]
     return Placement((SliceAlloc(g.node.name, g.index, "mig", p.milli, start, profile, 0,
                                  req.cpu_milli, req.memory_mib),))
+
+
+@cache
+def _mig_choice(model: str, profile: str, mask: int, used: int
+                ) -> tuple[tuple[int, int, int, str], int] | None:
+    """Best start slot for ``profile`` on a GPU in this occupancy, with its score (lower is
+    better): partitioned GPUs first, then the most placement potential left, then the
+    highest slot (small instances fill from the end, as nvidia-smi does)."""
+    p = migtab.profiles_for(model)[profile]
+    best = None
+    for start in migtab.fits(model, profile, mask, used):
+        new_mask = migtab.occupy(p, start, mask)
+        score = (0 if mask else 1, -migtab.potential(model, new_mask, used + p.compute),
+                 -start, model)
+        if best is None or score < best[0]:
+            best = (score, start)
+    return best
 
 
 # ---------------------------------------------------------------------- MPS

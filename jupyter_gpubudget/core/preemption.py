@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import combinations
+from typing import Any
 
 from . import mig as migtab
 from .capacity import Cluster, Gpu
@@ -92,7 +93,7 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
             pool.sort(key=lambda t: t[0])
             vs: dict[str, Workload] = {}
             freed: set[tuple[int, int]] = set()
-            for _, occ, g in pool:
+            for _, occ, _g in pool:
                 if have + len(freed) >= req.gpus:
                     break
                 for v in occ:
@@ -155,10 +156,10 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
                 for wid in tenants:
                     if free >= req.milli and (mem_free is None or mem_free >= req.gpu_memory_mib):
                         break
-                    v = eligible.get(wid)
-                    if v is None:
+                    cand = eligible.get(wid)
+                    if cand is None:
                         break
-                    chosen.append(v)
+                    chosen.append(cand)
                     free += g.tenants[wid]
                     if mem_free is not None:
                         for s in cluster.allocations[wid].slices:
@@ -171,7 +172,7 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
 
 
 def _smallest_freeing_set(held: list[tuple[Gpu, frozenset[str]]], need: int,
-                          eligible: dict[str, Workload], key: Callable[[Workload], object]
+                          eligible: dict[str, Workload], key: Callable[[Workload], Any]
                           ) -> list[Workload] | None:
     """Fewest victims on one node whose removal frees ``need`` GPUs (a GPU is freed when all
     its holders go): exhaustive up to three victims, cheapest first; greedy beyond."""

@@ -12,7 +12,6 @@ fair queueing. Ties go to the earlier submission, then the workload id.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -64,59 +63,38 @@ def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
     """Pending workloads in the order to consider them, each with its root-level key
     (non-decreasing along the list). Workloads of unknown projects are left out."""
     by_project: dict[str, list[Workload]] = {}
+    need: dict[str, float] = {}
     for w in pending:
         if tree.is_project(w.project):
             by_project.setdefault(w.project, []).append(w)
-    for lst in by_project.values():
-        lst.sort(key=lambda w: (w.submitted_at, w.id))
+            need[w.id] = demand(w)
 
-    def order(name: str) -> list[tuple[float, Workload]]:
-        """Items of the subtree in order, each keyed by *this* account's projected standing."""
+    Item = tuple[float, float, str, Workload]
+
+    def order(name: str) -> list[Item]:
+        """The subtree's items in order, each keyed by *this* account's projected standing.
+        Children's streams are each sorted by their own key, so merging them is a sort of
+        their union by (child key, submit time, id)."""
         acc = tree.accounts[name]
         g = st.grant.get(name, 0.0)
-        u = st.usage.get(name, 0.0)
-        if not acc.children:
+        cum = st.usage.get(name, 0.0)
+        if acc.children:
+            merged: list[Item] = []
+            for c in acc.children:
+                merged.extend(order(c))
+            merged.sort()
+            items = [t[3] for t in merged]
+        else:
             items = by_project.get(name, [])
-            out, cum = [], u
-            for w in items:
-                out.append((_vt(cum, g), w))
-                cum += demand(w)
-            return out
-        streams = [order(c) for c in acc.children]
-        heap: list[tuple[float, float, str, int, int]] = []
-        for ci, s in enumerate(streams):
-            if s:
-                k, w = s[0]
-                heapq.heappush(heap, (k, w.submitted_at, w.id, ci, 0))
-        out, cum = [], u
-        while heap:
-            _, _, _, ci, pos = heapq.heappop(heap)
-            w = streams[ci][pos][1]
-            out.append((_vt(cum, g), w))
-            cum += demand(w)
-            if pos + 1 < len(streams[ci]):
-                k, nw = streams[ci][pos + 1]
-                heapq.heappush(heap, (k, nw.submitted_at, nw.id, ci, pos + 1))
+            items.sort(key=lambda w: (w.submitted_at, w.id))
+        out: list[Item] = []
+        for w in items:
+            out.append((cum / g if g > 0 else INF, w.submitted_at, w.id, w))
+            cum += need[w.id]
         return out
 
-    # the top level is merged like any other level
-    streams = [order(r) for r in tree.roots]
-    heap: list[tuple[float, float, str, int, int]] = []
-    for ci, s in enumerate(streams):
-        if s:
-            k, w = s[0]
-            heapq.heappush(heap, (k, w.submitted_at, w.id, ci, 0))
-    out: list[tuple[float, Workload]] = []
-    while heap:
-        k, _, _, ci, pos = heapq.heappop(heap)
-        out.append((k, streams[ci][pos][1]))
-        if pos + 1 < len(streams[ci]):
-            nk, nw = streams[ci][pos + 1]
-            heapq.heappush(heap, (nk, nw.submitted_at, nw.id, ci, pos + 1))
-    return out
-
-
-def _vt(used: float, grant: float) -> float:
-    if grant > 0:
-        return used / grant
-    return INF
+    merged: list[Item] = []
+    for r in tree.roots:
+        merged.extend(order(r))
+    merged.sort()
+    return [(t[0], t[3]) for t in merged]

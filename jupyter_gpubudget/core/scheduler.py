@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import mig as migtab
 from .accounts import AccountTree
@@ -102,6 +102,8 @@ class Scheduler:
         self._shape_count: dict[tuple[object, ...], int] = {}
         self._root_demand: dict[str, float] = {}
         self._predicted: dict[str, float] = {}
+        self._demand: dict[str, float] = {}
+        self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
 
     # ================================================================= building
     @classmethod
@@ -115,7 +117,8 @@ class Scheduler:
             s.cluster.allocate(w.id, w.placement)
             s.running[w.id] = w
         for w in state.pending:
-            s._enqueue(w)
+            s._enqueue(w, key=INF, bulk=True)
+        s._order.sort()
         return s
 
     # ================================================================= figures
@@ -150,19 +153,27 @@ class Scheduler:
 
     def demand(self, w: Workload) -> float:
         """Expected GPU-hours of a pending workload, for the projected standing."""
-        return request_milli(w.request) / MILLI * min(self.predict(w), self.policy.window) / HOUR
+        d = self._demand.get(w.id)
+        if d is None:
+            d = request_milli(w.request) / MILLI * min(self.predict(w), self.policy.window) / HOUR
+            self._demand[w.id] = d
+        return d
 
     def is_backed(self, w: Workload, now: float) -> bool:
         """Does the project's grant (and every ancestor's) cover its window usage, the protected
         time already promised, and this workload's protected demand?"""
-        if w.project not in self.accounts or not self.accounts.is_project(w.project):
-            return False
+        path = self._grant_paths.get(w.project)
+        if path is None:
+            if not self.accounts.is_project(w.project):
+                return False
+            grants = self.grants()
+            path = tuple((a, grants.get(a, 0.0)) for a in self.accounts.path(w.project))
+            self._grant_paths[w.project] = path
         st = self._st if self._st is not None else self._standings(now)
         need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
-        grants = self.grants()
-        for a in self.accounts.path(w.project):
-            g = grants.get(a, 0.0)
-            if g <= 0 or st.usage.get(a, 0.0) + self._committed.get(a, 0.0) + need > g + 1e-9:
+        usage, committed = st.usage, self._committed
+        for a, g in path:
+            if g <= 0 or usage[a] + committed.get(a, 0.0) + need > g + 1e-9:
                 return False
         return True
 
@@ -172,7 +183,7 @@ class Scheduler:
                 if wid in self.pending and self._seq.get(wid) == seq]
 
     # ================================================================= queue
-    def _enqueue(self, w: Workload, key: float | None = None) -> None:
+    def _enqueue(self, w: Workload, key: float | None = None, bulk: bool = False) -> None:
         if w.id in self.pending or w.id in self.running:
             raise ValueError(f"workload {w.id} is already known")
         self.pending[w.id] = w
@@ -184,7 +195,10 @@ class Scheduler:
         self._seq[w.id] = seq
         if key is None:
             key = self._arrival_key(w)
-        bisect.insort(self._order, (key, seq, w.id))
+        if bulk:  # the caller sorts once
+            self._order.append((key, seq, w.id))
+        else:
+            bisect.insort(self._order, (key, seq, w.id))
 
     def _arrival_key(self, w: Workload) -> float:
         """Where a new arrival stands until the next full cycle ranks it exactly: behind the
@@ -207,10 +221,28 @@ class Scheduler:
         else:
             del self._shape_count[shape]
         self._seq.pop(wid, None)
-        self.reservations.pop(wid, None)
+        own = self.reservations.pop(wid, None)
+        if own is not None:  # its reserved GPUs are no longer held back
+            for sl in own[1].slices:
+                self.cluster.by_name[sl.node].gpus[sl.gpu].reserved_at = float("inf")
         if len(self._order) > 64 and len(self._order) > 2 * len(self.pending):
             self._order = [e for e in self._order if self._seq.get(e[2]) == e[1]]
         return w
+
+    def _place(self, w: Workload, end: float) -> Placement | None:
+        """Place ``w``; a workload may always use the GPUs reserved for itself."""
+        own = self.reservations.get(w.id)
+        if own is None:
+            return place(self.cluster, w.request, end)
+        at, reserved = own
+        gpus = [self.cluster.by_name[s.node].gpus[s.gpu] for s in reserved.slices]
+        for g in gpus:
+            g.reserved_at = float("inf")
+        p = place(self.cluster, w.request, end)
+        if p is None:
+            for g in gpus:
+                g.reserved_at = at
+        return p
 
     # ================================================================= applying decisions
     def _start(self, w: Workload, placement: Placement, backed: bool, now: float,
@@ -218,8 +250,9 @@ class Scheduler:
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
         protected = now + self.policy.effective_min_runtime(w) if backed else None
-        started = replace(w, started_at=now, placement=placement, backed=backed,
-                          protected_until=protected)
+        started = Workload(w.id, w.project, w.user, w.request, w.submitted_at, w.kind,
+                           w.min_runtime, w.resumable, w.time_limit, w.snapshot_cost,
+                           now, placement, backed, protected)
         self.running[w.id] = started
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None and w.project in self.accounts:
@@ -233,6 +266,7 @@ class Scheduler:
         self.cluster.release(wid)
         self.meter.close(wid, now)
         self._predicted.pop(wid, None)
+        self._demand.pop(wid, None)
         if w.backed and w.protected_until and w.protected_until > now and w.placement:
             left = w.placement.fraction * (w.protected_until - now) / HOUR
             for a in self.accounts.path(w.project) if w.project in self.accounts else ():
@@ -284,9 +318,9 @@ class Scheduler:
             if w is None or self._seq.get(wid) != seq:
                 continue
             shape = w.request.shape
-            if shape in failed:
+            if shape in failed and wid not in self.reservations:
                 continue
-            p = place(self.cluster, w.request, now + self.predict(w))
+            p = self._place(w, now + self.predict(w))
             if p is None:
                 failed.add(shape)
                 continue
@@ -316,12 +350,14 @@ class Scheduler:
         """A budget change: new grants apply from the next cycle."""
         self.accounts = accounts
         self._grants = None
+        self._grant_paths = {}
         self._st = None
 
     # ================================================================= full cycle
     def cycle(self, now: float) -> list[Decision]:
         out: list[Decision] = []
         self._predicted.clear()
+        self._demand.clear()
         st = self._standings(now)
         self.cluster.clear_reservations()
         self.reservations.clear()
@@ -364,8 +400,8 @@ class Scheduler:
         end = now + self.predict(w)
         shape = w.request.shape
         memo = (shape, bisect.bisect_left(res_times, end))
-        if memo not in failed:
-            p = place(self.cluster, w.request, end)
+        if memo not in failed or w.id in self.reservations:
+            p = self._place(w, end)
             if p is not None:
                 self._start(w, p, backed, now, out)
                 return

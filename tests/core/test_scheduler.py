@@ -12,7 +12,13 @@ from jupyter_gpubudget.core.model import (
     SliceRequest,
     Start,
 )
-from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, queue_order, schedule, standings
+from jupyter_gpubudget.core.scheduler import (
+    ClusterState,
+    Scheduler,
+    queue_order,
+    schedule,
+    standings,
+)
 
 from .helpers import check_capacity, inventory, job, tree
 
@@ -247,3 +253,13 @@ def test_standings_report():
     st = standings(ClusterState(tree(), inventory(), charges=[charge("a", 25)]), NOW)
     assert st["a"]["usage_hours"] == 25 and st["a"]["standing"] == 0.25
     assert st["lab"]["usage_hours"] == 25 and st["lab"]["grant_hours"] == 200
+
+
+def test_reserved_gang_starts_as_soon_as_capacity_frees():
+    s = Scheduler(tree(), inventory(gpus=4))
+    s.submit(job("r1", "b", gpus=3, limit=2 * HOUR), NOW)
+    s.submit(job("gang", "a", gpus=4, at=1, limit=8 * HOUR), NOW)
+    ds = s.cycle(NOW)
+    assert [d.workload for d in ds if isinstance(d, Reserve)] == ["gang"]
+    # r1 ends early: the gang takes its own reserved GPUs at once, before the next cycle
+    assert starts(s.finish("r1", NOW + HOUR)) == ["gang"]

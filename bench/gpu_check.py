@@ -1,0 +1,65 @@
+"""Device check: run the project's NVML discovery against the real library on a GPU machine.
+
+Prints the discovered inventory (GPUs, memory, MIG mode and instances with UUIDs, NVLink
+domains) and schedules one whole-GPU and one MIG request on it through the core. Without an
+NVIDIA driver it says so plainly and exits 0 — nothing is faked here.
+
+    python bench/gpu_check.py [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jupyter_gpubudget.core.accounts import load_budgets  # noqa: E402
+from jupyter_gpubudget.core.mig import profiles_for  # noqa: E402
+from jupyter_gpubudget.core.model import SliceRequest, Start, Workload  # noqa: E402
+from jupyter_gpubudget.core.scheduler import Scheduler  # noqa: E402
+from jupyter_gpubudget.inventory.nvml import NoNvidiaDriver, discover  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="also write the discovery as JSON here")
+    args = ap.parse_args()
+    try:
+        found = discover()
+    except NoNvidiaDriver as e:
+        print(f"SKIP: {e} — this check needs a machine with an NVIDIA GPU")
+        return 0
+    (node,) = found.inventory.nodes
+    print(f"driver {found.driver}; node {node.name}; {len(node.gpus)} GPUs; NVLink {node.nvlink}")
+    for g in node.gpus:
+        print(f"  GPU{g.index}: {g.model} {g.memory_mib} MiB {g.uuid} MIG={'on' if g.mig else 'off'}")
+    for m in found.mig_instances:
+        print(f"    MIG {m.profile} @slot {m.start} on GPU{m.gpu}: {m.uuid}")
+    accounts = load_budgets("accounts: {check: {grant: 100, members: [me]}}").accounts
+    sched = Scheduler(accounts, found.inventory)
+    reqs = [SliceRequest.whole(1)]
+    mig_gpu = next((g for g in node.gpus if g.mig), None)
+    if mig_gpu is not None:
+        smallest = min(profiles_for(mig_gpu.model).values(), key=lambda p: p.size)
+        reqs.append(SliceRequest.mig(smallest.name))
+    for i, r in enumerate(reqs):
+        ds = sched.submit(Workload(f"check{i}", "check", "me", r, 0.0), 0.0)
+        print(f"  place {r.kind} {r.profile or r.gpus}: "
+              + (str([(s.node, s.gpu, s.profile, s.mig_start) for s in ds[0].placement.slices])
+                 if ds and isinstance(ds[0], Start) else "does not fit"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "driver": found.driver, "node": node.name, "nvlink": node.nvlink,
+            "gpus": [{"index": g.index, "model": g.model, "memory_mib": g.memory_mib,
+                      "uuid": g.uuid, "mig": g.mig} for g in node.gpus],
+            "mig_instances": [m.__dict__ if hasattr(m, "__dict__") else
+                              {"gpu": m.gpu, "uuid": m.uuid, "profile": m.profile,
+                               "start": m.start} for m in found.mig_instances]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

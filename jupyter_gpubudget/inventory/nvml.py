@@ -1,0 +1,182 @@
+"""GPU discovery through NVML (``nvidia-ml-py``, imported as ``pynvml``).
+
+Reads what the core needs to place work: GPUs with model and memory, MIG mode and the MIG
+instances that exist (UUID, profile, start slot), and which GPUs share NVLink. Without an
+NVIDIA driver, :func:`load_inventory` falls back to a declared YAML inventory and says so —
+never a crash. The ``nvml`` argument lets tests pass a recorded fake of the module.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..core import mig as migtab
+from ..core.inventory import GpuSpec, Inventory, NodeSpec
+from ..core.inventory import load_inventory as load_declared
+
+log = logging.getLogger(__name__)
+
+
+class NoNvidiaDriver(RuntimeError):
+    """NVML is not usable here (no library, no driver, or no GPU)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    gpu: int
+    uuid: str
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    inventory: Inventory
+    driver: str = ""
+    mig_instances: tuple[MigInstance, ...] = ()
+    gpu_uuids: dict[int, str] = field(default_factory=dict)
+
+    def mig_uuid(self, gpu: int, profile: str, start: int) -> str | None:
+        """UUID of the MIG instance a placement refers to (for CUDA_VISIBLE_DEVICES)."""
+        for m in self.mig_instances:
+            if m.gpu == gpu and m.profile == profile and m.start == start:
+                return m.uuid
+        return None
+
+
+_MODELS = [  # (regex on the NVML name, memory floor in GiB, core model name)
+    (r"H200", 0, "H200-141GB"),
+    (r"H100", 0, "H100-80GB"),
+    (r"A100.*80\s?GB|A100", 70, "A100-80GB"),
+    (r"A100", 0, "A100-40GB"),
+]
+
+
+def model_name(nvml_name: str, memory_bytes: int) -> str:
+    """Map an NVML product name to the core's model name (MIG tables key on it)."""
+    gib = memory_bytes / 2**30
+    for pattern, floor, model in _MODELS:
+        if re.search(pattern, nvml_name) and gib >= floor:
+            return model
+    return re.sub(r"^NVIDIA\s+", "", nvml_name).strip().replace(" ", "-")
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _import_nvml() -> ModuleType:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError as e:  # pragma: no cover - dependency of the hub extra
+        raise NoNvidiaDriver("nvidia-ml-py is not installed") from e
+    return pynvml
+
+
+def discover(nvml: Any = None, node_name: str | None = None) -> Discovery:
+    """Inventory of this node from NVML; raises :class:`NoNvidiaDriver` when there is none."""
+    nv = nvml or _import_nvml()
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as e:
+        raise NoNvidiaDriver(f"no NVIDIA driver ({e})") from e
+    try:
+        count = nv.nvmlDeviceGetCount()
+        if count == 0:
+            raise NoNvidiaDriver("the NVIDIA driver reports no GPUs")
+        driver = _text(nv.nvmlSystemGetDriverVersion())
+        gpus, migs, uuids, linked = [], [], {}, set()
+        for i in range(count):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            name = _text(nv.nvmlDeviceGetName(h))
+            mem = nv.nvmlDeviceGetMemoryInfo(h).total
+            uuid = _text(nv.nvmlDeviceGetUUID(h))
+            model = model_name(name, mem)
+            try:
+                current, _pending = nv.nvmlDeviceGetMigMode(h)
+            except nv.NVMLError:  # not supported on this GPU
+                current = 0
+            mig_on = bool(current) and model in migtab.MIG_TABLES
+            gpus.append(GpuSpec(i, model, mem // 2**20, mig_on, uuid))
+            uuids[i] = uuid
+            if mig_on:
+                migs.extend(_mig_instances(nv, h, i, model))
+            if _nvlink_active(nv, h):
+                linked.add(i)
+        domains = (tuple(sorted(linked)),) if linked else ()
+        rest = tuple((i,) for i in range(count) if i not in linked) if linked else ()
+        node = NodeSpec(node_name or socket.gethostname(), tuple(gpus), "default", 0, 0,
+                        domains + rest)
+        return Discovery(Inventory((node,), "nvml"), driver, tuple(migs), uuids)
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except nv.NVMLError:  # pragma: no cover
+            pass
+
+
+def _mig_instances(nv: Any, h: Any, gpu: int, model: str) -> list[MigInstance]:
+    out = []
+    table = migtab.profiles_for(model)
+    for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+        except nv.NVMLError:  # an empty MIG slot
+            continue
+        uuid = _text(nv.nvmlDeviceGetUUID(mh))
+        gi = nv.nvmlDeviceGetGpuInstanceId(mh)
+        info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(h, gi))
+        size = info.placement.size
+        slices = nv.nvmlDeviceGetAttributes(mh).gpuInstanceSliceCount
+        profile = next((p.name for p in table.values()
+                        if p.size == size and p.compute == slices), None)
+        if profile is None:
+            log.warning("GPU %d: MIG instance %s (%d slices, %d memory slots) matches no "
+                        "%s profile; ignored", gpu, uuid, slices, size, model)
+            continue
+        out.append(MigInstance(gpu, uuid, profile, info.placement.start))
+    return out
+
+
+def _nvlink_active(nv: Any, h: Any) -> bool:
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if nv.nvmlDeviceGetNvLinkState(h, link):
+                return True
+        except nv.NVMLError:
+            return False
+    return False
+
+
+def load_inventory(declared: str | Path | None, nvml: Any = None,
+                   prefer_declared: bool = False) -> tuple[Inventory, str]:
+    """The inventory to schedule on, and one line saying where it came from.
+
+    NVML first (unless ``prefer_declared``); without a driver, the declared YAML file.
+    """
+    if not prefer_declared:
+        try:
+            found = discover(nvml)
+            msg = (f"inventory from NVML (driver {found.driver}): "
+                   f"{found.inventory.gpu_count} GPUs")
+            log.info(msg)
+            return found.inventory, msg
+        except NoNvidiaDriver as e:
+            if declared is None:
+                raise
+            reason = str(e)
+    else:
+        reason = "declared inventory requested"
+    if declared is None:
+        raise NoNvidiaDriver("no inventory: no NVIDIA driver and no declared inventory file")
+    path = Path(declared)
+    inv = load_declared(path.read_text(), str(path))
+    msg = f"{reason}: using the declared inventory {path} ({inv.gpu_count} GPUs)"
+    log.warning(msg)
+    return inv, msg

@@ -1,0 +1,61 @@
+"""NVML discovery against a fake of the library (this machine has no GPU; the real library is
+exercised by bench/gpu_check.py on a GPU machine), and the declared fallback."""
+
+import pytest
+
+from jupyter_gpubudget.core.model import SliceRequest
+from jupyter_gpubudget.core.scheduler import Scheduler
+from jupyter_gpubudget.inventory.nvml import NoNvidiaDriver, discover, load_inventory, model_name
+
+from ..core.helpers import job, tree
+from .fake_nvml import FakeNvml, hgx_h200
+
+
+def test_model_names():
+    assert model_name("NVIDIA H200", 141 * 2**30) == "H200-141GB"
+    assert model_name("NVIDIA H100 80GB HBM3", 80 * 2**30) == "H100-80GB"
+    assert model_name("NVIDIA A100-SXM4-40GB", 40 * 2**30) == "A100-40GB"
+    assert model_name("NVIDIA A100 80GB PCIe", 80 * 2**30) == "A100-80GB"
+    assert model_name("Tesla T4", 16 * 2**30) == "Tesla-T4"
+
+
+def test_discovers_gpus_mig_instances_and_nvlink():
+    found = discover(FakeNvml(hgx_h200()), node_name="hgx-1")
+    (node,) = found.inventory.nodes
+    assert found.inventory.source == "nvml" and node.name == "hgx-1"
+    assert [g.mig for g in node.gpus] == [False] * 6 + [True, True]
+    assert node.gpus[0].model == "H200-141GB" and node.gpus[0].uuid == "GPU-fake-00"
+    assert node.nvlink == ((0, 1, 2, 3, 4, 5, 6, 7),)
+    assert found.mig_uuid(6, "2g.35gb", 4) == "MIG-fake-6-b"
+    assert {m.profile for m in found.mig_instances} == {"3g.71gb", "2g.35gb", "1g.18gb"}
+    # the discovered inventory schedules: a 1g.18gb MIG request lands on a MIG GPU
+    s = Scheduler(tree(), found.inventory)
+    (d,) = s.submit(job("m", "a", req=SliceRequest.mig("1g.18gb")), 0.0)
+    assert d.placement.slices[0].gpu in (6, 7)
+
+
+def test_no_driver_falls_back_to_declared(tmp_path):
+    f = tmp_path / "inv.yaml"
+    f.write_text("nodes: [{name: n, model: H100-80GB, gpus: 2}]\n")
+    inv, msg = load_inventory(f, nvml=FakeNvml(None))
+    assert inv.source == "declared" and inv.gpu_count == 2
+    assert "no NVIDIA driver" in msg and str(f) in msg
+    with pytest.raises(NoNvidiaDriver):
+        load_inventory(None, nvml=FakeNvml(None))
+
+
+def test_real_library_without_driver_is_reported_not_crashed(tmp_path):
+    import pynvml  # nvidia-ml-py, a dependency
+    f = tmp_path / "inv.yaml"
+    f.write_text("nodes: [{name: n, gpus: 1}]\n")
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        has_gpu = True
+    except pynvml.NVMLError:
+        has_gpu = False
+    inv, msg = load_inventory(f)
+    if has_gpu:
+        assert inv.source == "nvml"
+    else:
+        assert inv.source == "declared" and "no NVIDIA driver" in msg

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,9 +56,7 @@ def main() -> int:
             "driver": found.driver, "node": node.name, "nvlink": node.nvlink,
             "gpus": [{"index": g.index, "model": g.model, "memory_mib": g.memory_mib,
                       "uuid": g.uuid, "mig": g.mig} for g in node.gpus],
-            "mig_instances": [m.__dict__ if hasattr(m, "__dict__") else
-                              {"gpu": m.gpu, "uuid": m.uuid, "profile": m.profile,
-                               "start": m.start} for m in found.mig_instances]}, indent=2))
+            "mig_instances": [asdict(m) for m in found.mig_instances]}, indent=2))
     return 0
 
 

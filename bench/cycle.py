@@ -2,8 +2,10 @@
 
 Cluster: 1,024 nodes × 8 H100 GPUs in racks of 32; GPUs 6 and 7 of every node (a quarter of
 all GPUs) are MIG-partitioned. 40 projects in a 3-level tree (4 programs × 2 groups × 5
-projects), 150 users. 6,000 running workloads (whole GPUs, gangs of 2–16, MIG instances, MPS
-shares), 10,000 pending, two weeks of charge history.
+projects), 150 users. About 6,000 running workloads (whole GPUs, gangs of 2–16, MIG instances,
+MPS shares) and 10,000 pending, built the way the live service builds its queue: arrivals go
+through the incremental path (starting at once when they fit) with a full cycle every 500
+arrivals, until 10,000 wait. Two weeks of charge history.
 
 Prints the median full-cycle time (``schedule(state, now)``, the pure entry point, state built
 from scratch each time as the service does), the median time for one arrival on the
@@ -61,14 +63,15 @@ def inventory() -> Inventory:
 
 def random_request(rng: random.Random) -> SliceRequest:
     r = rng.random()
-    if r < 0.40:
+    if r < 0.25:
         return SliceRequest.whole(1)
-    if r < 0.52:
+    if r < 0.40:
         return SliceRequest.whole(rng.choice([2, 4]))
-    if r < 0.55:
+    if r < 0.45:
         return SliceRequest.whole(rng.choice([8, 16]))
     if r < 0.85:
-        return SliceRequest.mig(rng.choice(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb"]))
+        return SliceRequest.mig(rng.choices(["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+                                            [10, 20, 35, 20, 15])[0])
     return SliceRequest.mps(rng.choice([250, 500]))
 
 
@@ -88,20 +91,19 @@ def build_state(seed: int) -> ClusterState:
     inv = inventory()
     sched = Scheduler(budgets.accounts, inv, budgets.policy)
     i = 0
-    # fill the cluster through the real scheduler: arrivals until 6,000 run; a cycle now and
-    # then (as the live service does) packs what the arrivals left
-    while len(sched.running) < 6000:
-        w = random_workload(rng, i, NOW - rng.uniform(0, 20 * HOUR), projects)
+    # the queue as the live service holds it: every workload arrived through the incremental
+    # path (starting at once if it fitted), with a full cycle every 500 arrivals; stop when
+    # 10,000 are waiting
+    i = 0
+    t = NOW - 20 * HOUR
+    while len(sched.pending) < 10000:
+        t += 7.0
+        w = random_workload(rng, i, t, projects)
         i += 1
-        sched.submit(w, w.submitted_at)
+        sched.submit(w, t)
         if i % 500 == 0:
-            sched.cycle(NOW - 20 * HOUR)
-        if len(sched.pending) > 10000:
-            raise SystemExit("could not place 6,000 workloads")
+            sched.cycle(t)
     pending = list(sched.pending.values())
-    while len(pending) < 10000:
-        pending.append(random_workload(rng, i, NOW - rng.uniform(0, 10 * HOUR), projects))
-        i += 1
     charges = list(sched.meter.charges())
     for k in range(4000):  # two weeks of finished work
         end = NOW - rng.uniform(0, 14 * 24 * HOUR)

@@ -87,6 +87,9 @@ class Cluster:
         # MIG GPUs by model and occupancy: model -> (mask, compute) -> ordered set of gpu keys
         self.mig_index: dict[str, dict[tuple[int, int], dict[tuple[int, int], None]]] = {}
         self.allocations: dict[str, Placement] = {}
+        # bumped whenever an occupancy key appears in or leaves mig_index[model]
+        self.mig_version: dict[str, int] = {}
+        self.mig_scored: dict[tuple[str, str], tuple[int, list]] = {}  # placement's cache
         self.total_milli = 0
         self.used_milli = 0
         for i, spec in enumerate(inventory.nodes):
@@ -134,8 +137,13 @@ class Cluster:
 
     def _index_gpu(self, g: Gpu) -> None:
         if g.mig:
-            self.mig_index.setdefault(g.model, {}).setdefault(
-                (g.mask, g.compute_used), {})[g.key] = None
+            by_occ = self.mig_index.setdefault(g.model, {})
+            occ = (g.mask, g.compute_used)
+            bucket = by_occ.get(occ)
+            if bucket is None:
+                bucket = by_occ[occ] = {}
+                self.mig_version[g.model] = self.mig_version.get(g.model, 0) + 1
+            bucket[g.key] = None
         elif 0 < g.used_milli < MILLI and not g.whole:
             self.shared.setdefault(g.used_milli, {})[g.key] = None
 
@@ -145,6 +153,7 @@ class Cluster:
             del b[g.key]
             if not b:
                 del self.mig_index[g.model][(g.mask, g.compute_used)]
+                self.mig_version[g.model] += 1
         elif 0 < g.used_milli < MILLI and not g.whole:
             b = self.shared[g.used_milli]
             del b[g.key]
@@ -192,6 +201,23 @@ class Cluster:
             raise
         self.allocations[wid] = placement
 
+    def load(self, running: Iterable[tuple[str, Placement]]) -> None:
+        """Allocate many placements at once (a state read from the ledger): every slice is
+        checked as in :meth:`allocate`, and the look-up indexes are rebuilt once at the end."""
+        self.whole_buckets = [{} for _ in self.whole_buckets]
+        self.shared.clear()
+        self.mig_index.clear()
+        try:
+            for wid, placement in running:
+                if wid in self.allocations:
+                    raise CapacityError(f"workload {wid} is already placed")
+                for s in placement.slices:
+                    self._take(wid, s, index=False)
+                self.allocations[wid] = placement
+        finally:
+            for n in self.nodes:
+                self._index_node(n)
+
     def release(self, wid: str) -> Placement | None:
         placement = self.allocations.pop(wid, None)
         if placement is not None:
@@ -199,7 +225,7 @@ class Cluster:
                 self._give(wid, s)
         return placement
 
-    def _take(self, wid: str, s: SliceAlloc) -> None:
+    def _take(self, wid: str, s: SliceAlloc, index: bool = True) -> None:
         n = self.by_name.get(s.node)
         if n is None:
             raise CapacityError(f"unknown node {s.node}")
@@ -213,7 +239,8 @@ class Cluster:
             if wid in g.tenants:
                 raise CapacityError(f"{wid} holds GPU {s.node}/{s.gpu} twice")
             self._check(g, s)
-        self._unindex_one(n, g)
+        if index:
+            self._unindex_one(n, g)
         n.cpu_used += s.cpu_milli
         n.mem_used += s.memory_mib
         if g is not None:
@@ -231,7 +258,8 @@ class Cluster:
             self.used_milli += s.milli
             if not g.mig and g.index in n.free_whole:
                 del n.free_whole[g.index]
-        self._index_one(n, g)
+        if index:
+            self._index_one(n, g)
 
     def _check(self, g: Gpu, s: SliceAlloc) -> None:
         problem = _problem(g, s)

@@ -162,13 +162,20 @@ def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
             continue
         if profile not in migtab.profiles_for(model):
             continue
-        # occupancies in order of preference, then the first usable GPU in each
-        scored = []
-        for occ in by_occ:
-            choice = _mig_choice(model, profile, occ[0], occ[1])
-            if choice is not None:
-                scored.append((choice[0], occ, choice[1]))
-        scored.sort()
+        # occupancies in order of preference (kept until the set of occupancies changes),
+        # then the first usable GPU in each
+        version = cluster.mig_version.get(model, 0)
+        cached = cluster.mig_scored.get((model, profile))
+        if cached is not None and cached[0] == version:
+            scored = cached[1]
+        else:
+            scored = []
+            for occ in by_occ:
+                choice = _mig_choice(model, profile, occ[0], occ[1])
+                if choice is not None:
+                    scored.append((choice[0], occ, choice[1]))
+            scored.sort()
+            cluster.mig_scored[(model, profile)] = (version, scored)
         for score, occ, start in scored:
             if best is not None and best[0] <= score:
                 break

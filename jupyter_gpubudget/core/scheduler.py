@@ -100,7 +100,7 @@ class Scheduler:
         self._seq: dict[str, int] = {}
         self._next_seq = 0
         self._shape_count: dict[tuple[object, ...], int] = {}
-        self._root_demand: dict[str, float] = {}
+        self._root_demand: dict[str, float] | None = {}
         self._predicted: dict[str, float] = {}
         self._demand: dict[str, float] = {}
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
@@ -114,8 +114,8 @@ class Scheduler:
         for w in state.running:
             if w.placement is None:
                 raise ValueError(f"running workload {w.id} has no placement")
-            s.cluster.allocate(w.id, w.placement)
             s.running[w.id] = w
+        s.cluster.load((w.id, w.placement) for w in state.running if w.placement)
         for w in state.pending:
             s._enqueue(w, key=INF, bulk=True)
         s._order.sort()
@@ -205,6 +205,12 @@ class Scheduler:
         pending demand already queued under its top-level account."""
         if not self.accounts.is_project(w.project):
             return INF
+        if self._root_demand is None:
+            self._root_demand = {}
+            for p in self.pending.values():
+                if p.id != w.id and self.accounts.is_project(p.project):
+                    r = self.accounts.path(p.project)[0]
+                    self._root_demand[r] = self._root_demand.get(r, 0.0) + self.demand(p)
         root = self.accounts.path(w.project)[0]
         g = self.grants().get(root, 0.0)
         st = self._st
@@ -364,14 +370,10 @@ class Scheduler:
         self._drain(now, out)
 
         ranked = rank(list(self.pending.values()), self.accounts, st, self.demand)
-        self._order = []
-        self._root_demand = {}
-        for key, w in ranked:
-            self._order.append((key, self._seq[w.id], w.id))
-            if self.accounts.is_project(w.project):
-                root = self.accounts.path(w.project)[0]
-                self._root_demand[root] = self._root_demand.get(root, 0.0) + self.demand(w)
+        seq = self._seq
+        self._order = [(key, seq[w.id], w.id) for key, w in ranked]
         self._order.sort()
+        self._root_demand = None  # summed on the next arrival, if any
         unranked = [w for w in self.pending.values() if not self.accounts.is_project(w.project)]
         for w in unranked:  # unknown project: stays queued, never started
             self._order.append((INF, self._seq[w.id], w.id))
@@ -380,17 +382,38 @@ class Scheduler:
         res_times: list[float] = []
         failed: set[tuple[object, ...]] = set()
         preempt_failed: dict[tuple[object, ...], tuple[float, ...]] = {}
-        unbacked: list[Workload] = []
+        pending, paths = self.pending, st.path_standing
+        later: list[Workload] = []  # unbacked work, and work that cannot start in this pass
         for _, w in ranked:
-            if w.id not in self.pending:
+            if w.id not in pending:
                 continue
+            req = w.request
+            if (req.shape, bisect.bisect_left(res_times, now + self.predict(w))) in failed and not (
+                    req.kind == "gpu" and req.gpus >= 2
+                    and len(self.reservations) < self.policy.max_reservations):
+                # its shape no longer fits; skip the backing check unless preemption may help
+                worst = preempt_failed.get(req.shape)
+                if not eligible_pool or (worst is not None and paths[w.project] >= worst):
+                    later.append(w)
+                    continue
             if not self.is_backed(w, now):
-                unbacked.append(w)
+                later.append(w)
                 continue
             self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool, out)
-        for w in unbacked:  # idle capacity only: unbacked work never preempts
-            if w.id in self.pending:
-                self._consider(w, False, now, res_times, failed, {}, {}, out)
+        # then unbacked work on whatever is idle (it never preempts), and anything whose shape
+        # may fit again after a preemption freed capacity
+        for w in later:
+            if w.id not in pending:
+                continue
+            end = now + self.predict(w)
+            memo = (w.request.shape, bisect.bisect_left(res_times, end))
+            if memo in failed:
+                continue
+            p = self._place(w, end)
+            if p is None:
+                failed.add(memo)
+                continue
+            self._start(w, p, self.is_backed(w, now), now, out)
         return out
 
     def _consider(self, w: Workload, backed: bool, now: float, res_times: list[float],

@@ -88,3 +88,18 @@ def test_bad_inventory(text, path, line, words):
     with pytest.raises(InventoryError) as info:
         load_inventory(text, "inv.yaml")
     assert words in info.value.message and info.value.path == path and info.value.line == line
+
+
+def test_bulk_load_checks_like_allocate_and_indexes_the_same():
+    inv = load_inventory("nodes: [{name: n, model: H100-80GB, gpus: 4, mig: [3]}]")
+    placements = [("a", Placement((SliceAlloc("n", 0, "gpu"),))),
+                  ("b", Placement((SliceAlloc("n", 1, "mps", 400),))),
+                  ("c", Placement((SliceAlloc("n", 3, "mig", 143, 6, "1g.10gb"),)))]
+    one_by_one, bulk = Cluster(inv), Cluster(inv)
+    for wid, p in placements:
+        one_by_one.allocate(wid, p)
+    bulk.load(placements)
+    assert bulk.whole_buckets == one_by_one.whole_buckets
+    assert bulk.shared == one_by_one.shared and bulk.mig_index == one_by_one.mig_index
+    with pytest.raises(CapacityError):
+        Cluster(inv).load([*placements, ("d", Placement((SliceAlloc("n", 0, "gpu"),)))])

@@ -4,7 +4,7 @@ Cluster: 1,024 nodes × 8 H100 GPUs in racks of 32; GPUs 6 and 7 of every node (
 all GPUs) are MIG-partitioned. 40 projects in a 3-level tree (4 programs × 2 groups × 5
 projects), 150 users. About 6,000 running workloads (whole GPUs, gangs of 2–16, MIG instances,
 MPS shares) and 10,000 pending, built the way the live service builds its queue: arrivals go
-through the incremental path (starting at once when they fit) with a full cycle every 500
+through the incremental path (starting at once when they fit) with a full cycle every 2,000
 arrivals, until 10,000 wait. Two weeks of charge history.
 
 Prints the median full-cycle time (``schedule(state, now)``, the pure entry point, state built
@@ -63,9 +63,9 @@ def inventory() -> Inventory:
 
 def random_request(rng: random.Random) -> SliceRequest:
     r = rng.random()
-    if r < 0.25:
+    if r < 0.15:
         return SliceRequest.whole(1)
-    if r < 0.40:
+    if r < 0.33:
         return SliceRequest.whole(rng.choice([2, 4]))
     if r < 0.45:
         return SliceRequest.whole(rng.choice([8, 16]))
@@ -92,7 +92,7 @@ def build_state(seed: int) -> ClusterState:
     sched = Scheduler(budgets.accounts, inv, budgets.policy)
     i = 0
     # the queue as the live service holds it: every workload arrived through the incremental
-    # path (starting at once if it fitted), with a full cycle every 500 arrivals; stop when
+    # path (starting at once if it fitted), with a full cycle every 2,000 arrivals; stop when
     # 10,000 are waiting
     i = 0
     t = NOW - 20 * HOUR
@@ -101,7 +101,7 @@ def build_state(seed: int) -> ClusterState:
         w = random_workload(rng, i, t, projects)
         i += 1
         sched.submit(w, t)
-        if i % 500 == 0:
+        if i % 2000 == 0:
             sched.cycle(t)
     pending = list(sched.pending.values())
     charges = list(sched.meter.charges())

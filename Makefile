@@ -3,23 +3,34 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SYSSTAMP := $(VENV)/.sysdeps
+export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 
-.PHONY: run test install lint typecheck bench demo clean
+.PHONY: run test install sysdeps lint typecheck bench demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,postgres]'
+	$(BIN)/pip install -q -e '.[test,postgres,hub]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-## run: install and run the main job (scheduling demo on a declared inventory until the hub lands)
+## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy
+$(SYSSTAMP): | $(STAMP)
+	@command -v initdb >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql; }
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy
+	touch $(SYSSTAMP)
+
+sysdeps: $(SYSSTAMP)
+
+## run: install and run the main job
 run: install
 	$(BIN)/gpubudget demo
 
 ## test: install everything the tests need and run every suite
-test: install
+test: install sysdeps
 	$(BIN)/ruff check jupyter_gpubudget tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q

@@ -312,7 +312,17 @@ class Scheduler:
             return []
         return self._fill(now)
 
-    cancel = finish
+    def cancel(self, wid: str, now: float) -> list[Decision]:
+        """Stopped by its owner or an admin: like a departure, but its run time says nothing
+        about how long such work takes, so it is not learnt for prediction."""
+        if wid in self.running:
+            self._stop(wid, now)
+        elif wid in self.pending:
+            self._dequeue(wid)
+            return []
+        else:
+            return []
+        return self._fill(now)
 
     def _fill(self, now: float) -> list[Decision]:
         out: list[Decision] = []

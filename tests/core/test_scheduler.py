@@ -263,3 +263,12 @@ def test_reserved_gang_starts_as_soon_as_capacity_frees():
     assert [d.workload for d in ds if isinstance(d, Reserve)] == ["gang"]
     # r1 ends early: the gang takes its own reserved GPUs at once, before the next cycle
     assert starts(s.finish("r1", NOW + HOUR)) == ["gang"]
+
+
+def test_cancel_frees_capacity_without_teaching_prediction():
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.submit(job("a1", "a"), NOW)
+    s.submit(job("b1", "b", at=1), NOW)
+    assert starts(s.cancel("a1", NOW + 60)) == ["b1"]
+    assert s.history.samples == {}
+    assert s.cancel("nope", NOW) == [] and s.cancel("b1", NOW + 120) == []

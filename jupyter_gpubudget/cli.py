@@ -1,4 +1,4 @@
-"""`gpubudget` — the command line: demo, budgets, and (as they land) hub, simulate, submit."""
+"""`gpubudget` — the command line: demo, budgets, simulate, submit/jobs/cancel, service."""
 
 from __future__ import annotations
 
@@ -50,11 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     c = bsub.add_parser("check", help="validate a budgets file; errors name the path and line")
     c.add_argument("file")
     c.set_defaults(func=_cmd_budgets_check)
+
+    from . import cli_service, cli_sim
+
+    cli_sim.add_simulate_parser(sub)
+    cli_service.register(sub)  # submit, jobs, cancel, service
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from . import cli_service
+
+    args = cli_service.parse(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

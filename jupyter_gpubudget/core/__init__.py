@@ -21,7 +21,14 @@ from .model import (
     Start,
     Workload,
 )
-from .scheduler import ClusterState, Scheduler, queue_order, schedule, standings
+from .scheduler import (
+    ClusterState,
+    Scheduler,
+    predicted_starts,
+    queue_order,
+    schedule,
+    standings,
+)
 from .yamlnodes import ConfigError
 
 __all__ = [
@@ -29,5 +36,6 @@ __all__ = [
     "GpuSpec", "Inventory", "NodeSpec", "load_inventory", "make_node",
     "ChargeInterval", "Decision", "Drain", "Placement", "Policy", "Preempt", "Reserve",
     "RuntimeHistory", "SliceAlloc", "SliceRequest", "Start", "Workload",
-    "ClusterState", "Scheduler", "queue_order", "schedule", "standings", "ConfigError",
+    "ClusterState", "Scheduler", "predicted_starts", "queue_order", "schedule", "standings",
+    "ConfigError",
 ]

@@ -272,3 +272,19 @@ def test_cancel_frees_capacity_without_teaching_prediction():
     assert starts(s.cancel("a1", NOW + 60)) == ["b1"]
     assert s.history.samples == {}
     assert s.cancel("nope", NOW) == [] and s.cancel("b1", NOW + 120) == []
+
+
+def test_predicted_starts_replay_the_queue():
+    from jupyter_gpubudget.core.scheduler import predicted_starts
+
+    s = Scheduler(tree(), inventory(gpus=2))
+    s.submit(job("r1", "a", gpus=1, limit=2 * HOUR), NOW)
+    s.submit(job("r2", "a", gpus=1, limit=5 * HOUR, at=1), NOW)
+    state = ClusterState(s.accounts, s.inventory, running=list(s.running.values()),
+                         pending=[job("p1", "b", gpus=1, at=2, limit=HOUR),
+                                  job("p2", "b", gpus=2, at=3, limit=HOUR),
+                                  job("big", "b", gpus=3, at=4)])
+    got = predicted_starts(state, NOW)
+    assert got["p1"] == NOW + 2 * HOUR  # when r1 is predicted to end
+    assert got["p2"] == NOW + 5 * HOUR  # both GPUs free once r2 ends
+    assert "big" not in got  # never fits on two GPUs

@@ -1,0 +1,224 @@
+"""`gpubudget submit | jobs | cancel | service`: the batch-job client and the service.
+
+Wire into the main CLI with ``register(subparsers)`` (adds all four), or the single
+``add_submit_parser`` / ``add_jobs_parser`` / ``add_cancel_parser`` / ``add_service_parser``.
+Each sub-command sets ``func`` to a ``cmd_*(args) -> int`` function.
+
+The client finds the service at ``--url`` / ``$GPUBUDGET_URL`` (default
+``$JUPYTERHUB_URL/services/gpubudget``, else ``http://127.0.0.1:8000/services/gpubudget``) and
+authenticates with ``--token`` / ``$GPUBUDGET_TOKEN`` / ``$JUPYTERHUB_API_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def _default_url() -> str:
+    if os.environ.get("GPUBUDGET_URL"):
+        return os.environ["GPUBUDGET_URL"]
+    hub = os.environ.get("JUPYTERHUB_URL", "http://127.0.0.1:8000")
+    return hub.rstrip("/") + "/services/gpubudget"
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help="service URL (default: $GPUBUDGET_URL or "
+                   "$JUPYTERHUB_URL/services/gpubudget)")
+    p.add_argument("--token", default=None, help="JupyterHub API token (default: "
+                   "$GPUBUDGET_TOKEN or $JUPYTERHUB_API_TOKEN)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON answer")
+
+
+class ServiceError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        msg = body.get("message") if isinstance(body, dict) else str(body)
+        super().__init__(f"{status}: {msg}")
+        self.status, self.body = status, body
+
+
+def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
+         headers: dict | None = None) -> Any:
+    url = (args.url or _default_url()).rstrip("/") + "/api/v1" + path
+    token = args.token or os.environ.get("GPUBUDGET_TOKEN") or os.environ.get(
+        "JUPYTERHUB_API_TOKEN")
+    req = urllib.request.Request(url, method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"token {token}")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            raise ServiceError(e.code, json.loads(raw)) from None
+        except ValueError:
+            raise ServiceError(e.code, raw.decode(errors="replace")) from None
+
+
+def load_job_file(path: str) -> dict:
+    """Read a job YAML and check it locally; errors name the file, line and field."""
+    from jupyter_gpubudget.core.yamlnodes import ConfigError, parse
+    from jupyter_gpubudget.service.validate import Invalid, parse_job
+
+    text = Path(path).read_text()
+    root = parse(text, path)
+    fields = root.mapping()
+
+    def plain(node: Any) -> Any:
+        v = node.value
+        if isinstance(v, dict):
+            return {k: plain(n) for k, n in v.items()}
+        if isinstance(v, list):
+            return [plain(n) for n in v]
+        return v
+
+    body = {k: plain(n) for k, n in fields.items()}
+    try:
+        parse_job(body)
+    except Invalid as e:
+        node = fields.get(e.field, root)
+        raise ConfigError(e.message, e.field, node.line, path) from None
+    return body
+
+
+def _row(w: dict) -> str:
+    where = ",".join(f"{s['node']}:{s['gpu']}" for s in (w.get("placement") or [])) or "-"
+    extra = ""
+    if w["state"] == "pending" and w.get("queue_position"):
+        extra = f"queue #{w['queue_position']}"
+    elif w["state"] == "running" and w.get("protected_left_s") is not None:
+        extra = f"protected {w['protected_left_s'] / 60:.0f} min"
+    elif w.get("exit_code") is not None:
+        extra = f"exit {w['exit_code']}"
+    return f"{w['id']:<17} {w['state']:<10} {w['project']:<14} {where:<14} {w['name']:<16} {extra}"
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from jupyter_gpubudget.core.yamlnodes import ConfigError
+
+    try:
+        body = load_job_file(args.job)
+    except (OSError, ConfigError) as e:
+        print(f"gpubudget submit: {e}", file=sys.stderr)
+        return 2
+    if args.project:
+        body["project"] = args.project
+    try:
+        out = call(args, "POST", "/jobs", body,
+                   headers={"Idempotency-Key": args.key or uuid.uuid4().hex})
+    except (ServiceError, OSError) as e:
+        print(f"gpubudget submit: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2) if args.json else f"submitted {out['id']} ({out['state']})")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    try:
+        path = "/jobs" + (f"?state={args.state}" if args.state else "")
+        out = call(args, "GET", path)
+    except (ServiceError, OSError) as e:
+        print(f"gpubudget jobs: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{'ID':<17} {'STATE':<10} {'PROJECT':<14} {'WHERE':<14} {'NAME':<16}")
+        for w in out["jobs"]:
+            print(_row(w))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    rc = 0
+    for wid in args.ids:
+        try:
+            out = call(args, "DELETE", f"/jobs/{wid}")
+            print(json.dumps(out, indent=2) if args.json else f"cancelled {wid}")
+        except (ServiceError, OSError) as e:
+            print(f"gpubudget cancel {wid}: {e}", file=sys.stderr)
+            rc = 1
+    return rc
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from jupyter_gpubudget.service.app import main
+
+    main(args.service_args)
+    return 0
+
+
+def add_submit_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("submit", help="submit a batch job (job YAML: command, project, gpus "
+                       "or slice, min_runtime, resumable, time_limit, name, env)")
+    p.add_argument("job", help="job YAML file")
+    p.add_argument("--project", help="charge this project (overrides the file)")
+    p.add_argument("--key", help="idempotency key (default: random; reuse it to retry safely)")
+    _client_args(p)
+    p.set_defaults(func=cmd_submit)
+    return p
+
+
+def add_jobs_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("jobs", help="list my batch jobs")
+    p.add_argument("--state", help="comma-separated states (pending,running,done,...)")
+    _client_args(p)
+    p.set_defaults(func=cmd_jobs)
+    return p
+
+
+def add_cancel_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("cancel", help="cancel batch jobs")
+    p.add_argument("ids", nargs="+", help="job ids")
+    _client_args(p)
+    p.set_defaults(func=cmd_cancel)
+    return p
+
+
+def add_service_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("service", help="run the gpubudget hub service (usually started by "
+                       "JupyterHub); options: --budgets, --inventory, --db, --port, ...",
+                       add_help=False)
+    p.add_argument("service_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_service)
+    return p
+
+
+def register(sub: Any) -> None:
+    for add in (add_submit_parser, add_jobs_parser, add_cancel_parser, add_service_parser):
+        add(sub)
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``ap.parse_args``, except that ``service`` passes every option on to the service
+    (its options are traitlets ones: ``--budgets=...``, ``--Class.trait=...``)."""
+    args, extra = ap.parse_known_args(argv)
+    if getattr(args, "func", None) is cmd_service:
+        args.service_args = extra + list(args.service_args)
+    elif extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (until wired into `gpubudget`)."""
+    ap = argparse.ArgumentParser(prog="gpubudget")
+    register(ap.add_subparsers(dest="command", required=True))
+    args = parse(ap, argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""SQLAlchemy 2 models of the ledger. Times are UNIX seconds (float); slices in milli-GPUs."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AccountRow(Base):
+    """An account of the tree, mirrored from the budgets file (the file owns tree and members)."""
+
+    __tablename__ = "accounts"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    parent: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    members: Mapped[list] = mapped_column(JSON, default=list)
+    managers: Mapped[list] = mapped_column(JSON, default=list)
+    is_project: Mapped[bool] = mapped_column(Boolean, default=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class GrantRow(Base):
+    """One version of an account's grant. The current grant is the highest version."""
+
+    __tablename__ = "grants"
+    __table_args__ = (UniqueConstraint("account", "version", name="uq_grant_version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    account: Mapped[str] = mapped_column(ForeignKey("accounts.name"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    grant_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
+    share_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    changed_by: Mapped[str] = mapped_column(String(200))
+    changed_at: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(20))  # "budgets" (file) or "api"
+    note: Mapped[str] = mapped_column(Text, default="")
+
+
+class WorkloadRow(Base):
+    """A notebook session or batch job. ``state``: pending, running, done, failed, cancelled,
+    preempted (terminal, not resumable)."""
+
+    __tablename__ = "workloads"
+    __table_args__ = (Index("ix_workloads_state", "state"), Index("ix_workloads_user", "user"))
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    project: Mapped[str] = mapped_column(String(200))
+    user: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20))
+    state: Mapped[str] = mapped_column(String(20))
+    request: Mapped[dict] = mapped_column(JSON)
+    command: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    env: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    min_runtime: Mapped[float] = mapped_column(Float, default=0.0)
+    resumable: Mapped[bool] = mapped_column(Boolean, default=False)
+    time_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    backend: Mapped[str] = mapped_column(String(40), default="local")
+    backend_ref: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    placement: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    backed: Mapped[bool] = mapped_column(Boolean, default=False)
+    protected_until: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class ChargeRow(Base):
+    """GPU time charged: ``milli`` GPUs from ``start`` to ``end`` (NULL while open).
+
+    ``(workload, seq)`` is unique: a workload's n-th interval can be written only once, and an
+    interval is closed by ``UPDATE ... WHERE end IS NULL``, so nothing is ever counted twice.
+    ``checkpoint`` is the last time the workload was known to be running."""
+
+    __tablename__ = "charge_intervals"
+    __table_args__ = (UniqueConstraint("workload", "seq", name="uq_charge_seq"),
+                      Index("ix_charge_open", "end"), Index("ix_charge_project", "project"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload: Mapped[str] = mapped_column(ForeignKey("workloads.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    project: Mapped[str] = mapped_column(String(200))
+    user: Mapped[str] = mapped_column(String(200))
+    milli: Mapped[int] = mapped_column(Integer)
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checkpoint: Mapped[float] = mapped_column(Float)
+    closed_by: Mapped[str] = mapped_column(String(20), default="")
+
+
+class SnapshotRow(Base):
+    """A saved state of an interactive session (written by the snapshot issue)."""
+
+    __tablename__ = "snapshots"
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    workload: Mapped[str] = mapped_column(ForeignKey("workloads.id"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    method: Mapped[str] = mapped_column(String(20))
+    location: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(Integer, default=0)
+    verified: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class DecisionRow(Base):
+    """Audit log: every decision applied and every administrative change."""
+
+    __tablename__ = "decisions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    cycle: Mapped[int] = mapped_column(Integer, default=0)
+    kind: Mapped[str] = mapped_column(String(20))  # start, preempt, drain, reserve, grant, ...
+    workload: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    actor: Mapped[str] = mapped_column(String(200), default="scheduler")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class IdempotencyRow(Base):
+    """A request applied under a client's idempotency key, and the answer it got."""
+
+    __tablename__ = "idempotency"
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[int] = mapped_column(Integer)
+    response: Mapped[dict] = mapped_column(JSON)
+
+
+class ServiceStateRow(Base):
+    __tablename__ = "service_state"
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,381 @@
+"""Ledger operations. Each public method is one transaction (or joins the caller's session).
+
+Invariants kept here, whatever process dies when:
+- a workload has at most one open charge interval, and only while its state is ``running``;
+- an interval is opened in the same transaction that marks the workload running, and closed
+  (``UPDATE ... WHERE end IS NULL``) in the same transaction that moves it out of ``running``;
+- a request carrying an idempotency key is applied at most once (the key is stored in the
+  same transaction as the effect).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from .models import (
+    AccountRow,
+    ChargeRow,
+    DecisionRow,
+    GrantRow,
+    IdempotencyRow,
+    ServiceStateRow,
+    WorkloadRow,
+)
+
+TERMINAL = ("done", "failed", "cancelled", "preempted")
+STATES = ("pending", "running", *TERMINAL)
+
+
+class LedgerError(Exception):
+    """A request the ledger refuses. ``status`` is the HTTP status the service answers with."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+class Ledger:
+    def __init__(self, engine: Engine, read_engine: Engine | None = None) -> None:
+        self.engine = engine
+        self.read_engine = read_engine or engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
+        self.generation = 0  # bumped after every write transaction of this process
+        self._by_user: dict[tuple, tuple[int, list[WorkloadRow]]] = {}
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.read_engine is not self.engine:
+            self.read_engine.dispose()
+
+    @contextmanager
+    def ro(self, s: Session | None = None) -> Iterator[Session]:
+        """A read-only transaction (the caller's if given)."""
+        if s is not None:
+            yield s
+            return
+        with self._read_sessions.begin() as new:
+            yield new
+
+    # ------------------------------------------------------------ plumbing
+    @contextmanager
+    def tx(self, s: Session | None = None) -> Iterator[Session]:
+        """A transaction: the caller's if given, else a new one committed on exit."""
+        if s is not None:
+            yield s
+            return
+        try:
+            with self._sessions.begin() as new:
+                yield new
+        finally:
+            self.generation += 1
+
+    def idempotent(self, key: str, fn: Callable[[Session], tuple[int, dict]],
+                   now: float) -> tuple[int, dict, bool]:
+        """Apply ``fn`` once per ``key``: returns (status, body, replayed)."""
+        for _ in range(3):
+            try:
+                with self._sessions.begin() as s:
+                    row = s.get(IdempotencyRow, key)
+                    if row is not None:
+                        return row.status, row.response, True
+                    status, body = fn(s)
+                    s.add(IdempotencyRow(key=key, created_at=now, status=status, response=body))
+                return status, body, False
+            except IntegrityError:
+                continue  # a concurrent twin won the race: read its answer
+            finally:
+                self.generation += 1
+        raise LedgerError(409, f"idempotency key {key!r} is contended")
+
+    # ------------------------------------------------------------ accounts and grants
+    def sync_budgets(self, budgets: Any, now: float, source: str = "budgets.yaml") -> list[str]:
+        """Mirror the budgets file's tree; record a grant version when the file's grant changed.
+
+        Grants changed through the API stay in force until the file itself changes that
+        account's grant. Returns the accounts whose grant got a new version."""
+        tree = budgets.accounts
+        changed: list[str] = []
+        with self.tx() as s:
+            for name, a in tree.accounts.items():
+                row = s.get(AccountRow, name)
+                if row is None:
+                    row = AccountRow(name=name)
+                    s.add(row)
+                row.parent = a.parent
+                row.members = sorted(a.members)
+                row.managers = sorted(a.managers)
+                row.is_project = not a.children
+                row.updated_at = now
+            s.flush()
+            for name, a in tree.accounts.items():
+                last_file = s.scalars(select(GrantRow).where(
+                    GrantRow.account == name, GrantRow.source == "budgets")
+                    .order_by(GrantRow.version.desc()).limit(1)).first()
+                if last_file is not None and (last_file.grant_hours, last_file.share_pct) == (
+                        a.grant_hours, a.share_pct):
+                    continue
+                self._new_grant(s, name, a.grant_hours, a.share_pct, f"file:{source}", now,
+                                "budgets", "loaded from the budgets file")
+                changed.append(name)
+        return changed
+
+    def _new_grant(self, s: Session, account: str, grant_hours: float | None,
+                   share_pct: float | None, by: str, now: float, source: str,
+                   note: str) -> GrantRow:
+        version = (s.scalar(select(func.max(GrantRow.version))
+                            .where(GrantRow.account == account)) or 0) + 1
+        row = GrantRow(account=account, version=version, grant_hours=grant_hours,
+                       share_pct=share_pct, changed_by=by, changed_at=now, source=source,
+                       note=note)
+        s.add(row)
+        s.add(DecisionRow(at=now, kind="grant", actor=by, reason=note,
+                          detail={"account": account, "version": version,
+                                  "grant_hours": grant_hours, "share_pct": share_pct}))
+        s.flush()
+        return row
+
+    def set_grant(self, account: str, grant_hours: float | None, share_pct: float | None,
+                  by: str, now: float, note: str = "", s: Session | None = None) -> GrantRow:
+        with self.tx(s) as s:
+            if s.get(AccountRow, account) is None:
+                raise LedgerError(404, f"no account {account!r}")
+            return self._new_grant(s, account, grant_hours, share_pct, by, now, "api", note)
+
+    def accounts(self) -> list[AccountRow]:
+        with self.ro() as s:
+            return list(s.scalars(select(AccountRow).order_by(AccountRow.name)))
+
+    def current_grants(self) -> dict[str, GrantRow]:
+        with self.ro() as s:
+            latest = (select(GrantRow.account, func.max(GrantRow.version).label("v"))
+                      .group_by(GrantRow.account).subquery())
+            rows = s.scalars(select(GrantRow).join(
+                latest, (GrantRow.account == latest.c.account) & (GrantRow.version == latest.c.v)))
+            return {r.account: r for r in rows}
+
+    def grant_history(self, account: str) -> list[GrantRow]:
+        with self.ro() as s:
+            return list(s.scalars(select(GrantRow).where(GrantRow.account == account)
+                                  .order_by(GrantRow.version)))
+
+    # ------------------------------------------------------------ workloads
+    def submit(self, *, project: str, user: str, kind: str, request: dict, now: float,
+               command: list[str] | None = None, env: dict | None = None, min_runtime: float = 0.0,
+               resumable: bool = False, time_limit: float | None = None,
+               backend: str = "local", name: str = "", workload_id: str | None = None,
+               s: Session | None = None) -> WorkloadRow:
+        with self.tx(s) as s:
+            if s.get(AccountRow, project) is None:
+                raise LedgerError(400, f"no project {project!r}", "project")
+            row = WorkloadRow(id=workload_id or uuid.uuid4().hex[:16], name=name,
+                              project=project, user=user, kind=kind, state="pending",
+                              request=request, command=command, env=env, min_runtime=min_runtime,
+                              resumable=resumable, time_limit=time_limit, backend=backend,
+                              submitted_at=now, preemptions=0, backed=False, reason="")
+            s.add(row)
+            s.flush()
+            return row
+
+    def get(self, workload_id: str, s: Session | None = None) -> WorkloadRow | None:
+        with self.ro(s) as s:
+            return s.get(WorkloadRow, workload_id)
+
+    def workloads(self, *, user: str | None = None, states: tuple[str, ...] | None = None,
+                  kind: str | None = None, backend: str | None = None) -> list[WorkloadRow]:
+        with self.ro() as s:
+            q = select(WorkloadRow)
+            if user is not None:
+                q = q.where(WorkloadRow.user == user)
+            if states is not None:
+                q = q.where(WorkloadRow.state.in_(states))
+            if kind is not None:
+                q = q.where(WorkloadRow.kind == kind)
+            if backend is not None:
+                q = q.where(WorkloadRow.backend == backend)
+            return list(s.scalars(q.order_by(WorkloadRow.submitted_at, WorkloadRow.id)))
+
+    def workloads_of(self, user: str, states: tuple[str, ...] | None = None) -> list[WorkloadRow]:
+        """``workloads(user=...)`` served from memory until this process writes again.
+
+        Only valid while this process is the ledger's only writer (the service is)."""
+        key = (user, states)
+        gen = self.generation
+        hit = self._by_user.get(key)
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        rows = self.workloads(user=user, states=states)
+        if len(self._by_user) > 10000:
+            self._by_user.clear()
+        self._by_user[key] = (gen, rows)
+        return rows
+
+    def start(self, workload_id: str, *, placement: list[dict], milli: int, backed: bool,
+              protected_until: float | None, now: float, actor: str = "scheduler",
+              reason: str = "", s: Session | None = None) -> ChargeRow:
+        """Mark a pending workload running and open its charge interval (one transaction)."""
+        with self.tx(s) as s:
+            w = s.get(WorkloadRow, workload_id, with_for_update=True)
+            if w is None:
+                raise LedgerError(404, f"no workload {workload_id!r}")
+            if w.state != "pending":
+                raise LedgerError(409, f"workload {workload_id} is {w.state}, not pending")
+            seq = (s.scalar(select(func.max(ChargeRow.seq))
+                            .where(ChargeRow.workload == workload_id)) or 0) + 1
+            w.state, w.started_at, w.placement = "running", now, placement
+            w.backed, w.protected_until, w.backend_ref = backed, protected_until, None
+            w.ended_at = None
+            charge = ChargeRow(workload=workload_id, seq=seq, project=w.project, user=w.user,
+                               milli=milli, start=now, end=None, checkpoint=now, closed_by="")
+            s.add(charge)
+            s.add(DecisionRow(at=now, kind="start", workload=workload_id, actor=actor,
+                              reason=reason, detail={"placement": placement, "backed": backed,
+                                                     "protected_until": protected_until}))
+            s.flush()
+            return charge
+
+    def set_backend_ref(self, workload_id: str, ref: str) -> None:
+        with self.tx() as s:
+            s.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id,
+                                                WorkloadRow.state == "running")
+                      .values(backend_ref=ref))
+
+    def stop(self, workload_id: str, *, now: float | None, state: str, closed_by: str,
+             reason: str = "", exit_code: int | None = None, actor: str = "scheduler",
+             s: Session | None = None) -> WorkloadRow:
+        """Move a workload out of ``running`` (or ``pending``) and close its open interval.
+
+        ``state`` is the new state: a terminal one, or ``pending`` to requeue (resumable jobs
+        after preemption). Closing is ``UPDATE ... WHERE end IS NULL``: a second stop charges
+        nothing more. ``now=None`` settles a workload found dead after a crash: its interval
+        ends at its last checkpoint (the unknown tail is not charged)."""
+        if state not in STATES or state == "running":
+            raise LedgerError(400, f"cannot stop into state {state!r}", "state")
+        with self.tx(s) as s:
+            w = s.get(WorkloadRow, workload_id, with_for_update=True)
+            if w is None:
+                raise LedgerError(404, f"no workload {workload_id!r}")
+            if w.state in TERMINAL:
+                raise LedgerError(409, f"workload {workload_id} is already {w.state}")
+            if now is None:
+                open_row = s.scalars(select(ChargeRow).where(
+                    ChargeRow.workload == workload_id, ChargeRow.end.is_(None))).first()
+                now = open_row.checkpoint if open_row is not None else (w.started_at or 0.0)
+            self._close(s, workload_id, now, closed_by)
+            was_running = w.state == "running"
+            w.state, w.reason = state, reason
+            if state == "pending":
+                w.started_at = w.placement = w.protected_until = w.backend_ref = None
+                w.backed = False
+            else:
+                w.ended_at, w.exit_code = now, exit_code
+            if closed_by == "preempt" and was_running:
+                w.preemptions += 1
+            return w
+
+    def _close(self, s: Session, workload_id: str, end: float, closed_by: str) -> int:
+        # an interval never ends before it starts (a clock step back is charged zero, not < 0)
+        open_rows = list(s.scalars(select(ChargeRow).where(
+            ChargeRow.workload == workload_id, ChargeRow.end.is_(None))))
+        for c in open_rows:
+            s.execute(update(ChargeRow).where(ChargeRow.id == c.id, ChargeRow.end.is_(None))
+                      .values(end=max(end, c.start), checkpoint=max(end, c.start),
+                              closed_by=closed_by))
+        return len(open_rows)
+
+    def checkpoint(self, now: float, workload_ids: list[str] | None = None,
+                   s: Session | None = None) -> int:
+        """Record that the open intervals' workloads are still running at ``now``."""
+        with self.tx(s) as s:
+            q = update(ChargeRow).where(ChargeRow.end.is_(None), ChargeRow.checkpoint < now)
+            if workload_ids is not None:
+                q = q.where(ChargeRow.workload.in_(workload_ids))
+            return s.execute(q.values(checkpoint=now)).rowcount or 0
+
+    def open_interval(self, workload_id: str, s: Session | None = None) -> ChargeRow | None:
+        with self.ro(s) as s:
+            return s.scalars(select(ChargeRow).where(ChargeRow.workload == workload_id,
+                                                     ChargeRow.end.is_(None))).first()
+
+    def open_intervals(self) -> dict[str, ChargeRow]:
+        with self.ro() as s:
+            return {c.workload: c for c in s.scalars(select(ChargeRow)
+                                                     .where(ChargeRow.end.is_(None)))}
+
+    # ------------------------------------------------------------ usage
+    def charges(self, since: float | None = None, project: str | None = None,
+                workload: str | None = None) -> list[ChargeRow]:
+        with self.ro() as s:
+            q = select(ChargeRow)
+            if since is not None:
+                q = q.where((ChargeRow.end.is_(None)) | (ChargeRow.end > since))
+            if project is not None:
+                q = q.where(ChargeRow.project == project)
+            if workload is not None:
+                q = q.where(ChargeRow.workload == workload)
+            return list(s.scalars(q.order_by(ChargeRow.id)))
+
+    def preemptions_by_project(self) -> dict[str, int]:
+        with self.ro() as s:
+            rows = s.execute(select(WorkloadRow.project, func.sum(WorkloadRow.preemptions))
+                             .group_by(WorkloadRow.project))
+            return {p: int(n or 0) for p, n in rows}
+
+    def totals(self) -> dict[str, float]:
+        """Closed intervals only: GPU-milli-seconds charged per project (exact sums)."""
+        with self.ro() as s:
+            rows = s.execute(select(ChargeRow.project, ChargeRow.milli, ChargeRow.start,
+                                    ChargeRow.end).where(ChargeRow.end.is_not(None)))
+            out: dict[str, float] = {}
+            for project, milli, start, end in rows:
+                out[project] = out.get(project, 0.0) + milli * (end - start)
+            return out
+
+    # ------------------------------------------------------------ audit and notices
+    def record_decision(self, *, now: float, kind: str, workload: str | None = None,
+                        actor: str = "scheduler", reason: str = "", detail: dict | None = None,
+                        cycle: int = 0, s: Session | None = None) -> None:
+        with self.tx(s) as s:
+            s.add(DecisionRow(at=now, cycle=cycle, kind=kind, workload=workload, actor=actor,
+                              reason=reason, detail=detail or {}))
+
+    def decisions(self, *, kind: str | None = None, workloads: list[str] | None = None,
+                  limit: int = 200) -> list[DecisionRow]:
+        with self.ro() as s:
+            q = select(DecisionRow)
+            if kind is not None:
+                q = q.where(DecisionRow.kind == kind)
+            if workloads is not None:
+                q = q.where(DecisionRow.workload.in_(workloads))
+            return list(s.scalars(q.order_by(DecisionRow.id.desc()).limit(limit)))
+
+    def notices_for(self, user: str, limit: int = 100) -> list[tuple[DecisionRow, WorkloadRow]]:
+        with self.ro() as s:
+            q = (select(DecisionRow, WorkloadRow)
+                 .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
+                 .where(DecisionRow.kind == "preempt", WorkloadRow.user == user)
+                 .order_by(DecisionRow.id.desc()).limit(limit))
+            return [(d, w) for d, w in s.execute(q)]
+
+    # ------------------------------------------------------------ service state
+    def get_state(self, key: str) -> str | None:
+        with self.ro() as s:
+            row = s.get(ServiceStateRow, key)
+            return row.value if row else None
+
+    def set_state(self, key: str, value: str, s: Session | None = None) -> None:
+        with self.tx(s) as s:
+            row = s.get(ServiceStateRow, key)
+            if row is None:
+                s.add(ServiceStateRow(key=key, value=value))
+            else:
+                row.value = value

@@ -1,0 +1,269 @@
+"""The gpubudget service application (run by JupyterHub as a managed service, or external)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import secrets
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlparse
+
+from tornado import httpserver, web
+from traitlets import Bool, Float, Integer, Type, Unicode, default
+from traitlets.config import Application
+
+from jupyter_gpubudget.backends.base import Backend
+from jupyter_gpubudget.backends.local import LocalBackend
+from jupyter_gpubudget.core.accounts import AccountTree, BudgetError, Budgets, load_budgets
+from jupyter_gpubudget.core.inventory import Inventory, load_inventory
+from jupyter_gpubudget.ledger import Ledger, connect, upgrade
+from jupyter_gpubudget.ledger.models import GrantRow
+
+from .handlers import ApiError, routes
+from .loop import SchedulingLoop
+from .metrics import make_registry
+from .views import grant_json
+
+
+def finite(x: float | None) -> float | None:
+    """JSON has no infinity: a standing with no grant is reported as null."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+class GpuBudgetService(Application):
+    name = "gpubudget-service"
+    description = "GPU budget service: ledger, scheduling loop and REST API for JupyterHub."
+
+    db_url = Unicode("sqlite:///gpubudget.sqlite", help="Ledger database URL (SQLAlchemy). "
+                     "SQLite (WAL) by default; postgresql://user@host/db is supported."
+                     ).tag(config=True)
+    sqlite_synchronous = Unicode("FULL", help="SQLite PRAGMA synchronous (FULL survives power "
+                                 "loss; NORMAL survives process crashes).").tag(config=True)
+    budgets_file = Unicode("budgets.yaml", help="The budgets YAML: account tree, grants, "
+                           "members, managers, admins, policy. Re-read when it changes."
+                           ).tag(config=True)
+    inventory_file = Unicode("inventory.yaml", help="Declared inventory YAML (nodes, GPUs, MIG)."
+                             ).tag(config=True)
+    cycle_interval = Float(10.0, help="Seconds between scheduling cycles when nothing happens "
+                           "(events such as a submission trigger a cycle sooner)."
+                           ).tag(config=True)
+    event_delay = Float(0.05, help="Seconds to gather events before the cycle they trigger."
+                        ).tag(config=True)
+    ip = Unicode(help="Address to listen on (default: from JUPYTERHUB_SERVICE_URL, else "
+                 "127.0.0.1).").tag(config=True)
+    port = Integer(help="Port to listen on (default: from JUPYTERHUB_SERVICE_URL, else 10101)."
+                   ).tag(config=True)
+    service_prefix = Unicode(help="URL prefix (default: JUPYTERHUB_SERVICE_PREFIX or /)."
+                             ).tag(config=True)
+    service_name = Unicode(help="Service name in JupyterHub (default: JUPYTERHUB_SERVICE_NAME "
+                           "or gpubudget).").tag(config=True)
+    backend_class = Type(LocalBackend, klass=Backend, help="Backend that runs batch jobs."
+                         ).tag(config=True)
+    metrics_require_auth = Bool(True, help="Require a gpubudget admin token for /metrics."
+                                ).tag(config=True)
+    gil_switch_interval = Float(0.001, help="sys.setswitchinterval for the service: the "
+                                "scheduling cycle runs in a thread; a short interval keeps "
+                                "API latency low while a cycle runs.").tag(config=True)
+    auth_cache_max_age = Integer(60, help="Seconds a token's identity is cached after the "
+                                 "Hub confirmed it.").tag(config=True)
+    config_file = Unicode("", help="Python config file to load.").tag(config=True)
+
+    classes = [LocalBackend]
+    aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
+               "budgets": "GpuBudgetService.budgets_file",
+               "inventory": "GpuBudgetService.inventory_file",
+               "port": "GpuBudgetService.port", "ip": "GpuBudgetService.ip",
+               "cycle-interval": "GpuBudgetService.cycle_interval",
+               "jobs-dir": "LocalBackend.state_dir"}
+
+    @default("log_level")
+    def _log_level(self) -> int:
+        return logging.INFO
+
+    @default("ip")
+    def _ip(self) -> str:
+        url = os.environ.get("JUPYTERHUB_SERVICE_URL")
+        return (urlparse(url).hostname or "127.0.0.1") if url else "127.0.0.1"
+
+    @default("port")
+    def _port(self) -> int:
+        url = os.environ.get("JUPYTERHUB_SERVICE_URL")
+        return (urlparse(url).port or 80) if url else 10101
+
+    @default("service_prefix")
+    def _prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+
+    @default("service_name")
+    def _sname(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpubudget")
+
+    clock = staticmethod(time.time)
+
+    # ------------------------------------------------------------------ set-up
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+        self.budgets = self._load_budgets()
+        self._budgets_mtime = self._mtime()
+        self.inventory: Inventory = load_inventory(Path(self.inventory_file).read_text(),
+                                                   self.inventory_file)
+        upgrade(self.db_url)  # Alembic migrations on every start (a no-op when current)
+        self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous)
+        read_engine = (connect(self.db_url, read_only=True)
+                       if self.engine.url.get_backend_name() == "sqlite" else self.engine)
+        self.ledger = Ledger(self.engine, read_engine)
+        self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
+        self.backend: Backend = self.backend_class(parent=self, log=self.log)
+        self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.budgets.policy,
+                                   self.backend, log=self.log, clock=self.clock,
+                                   on_cycle=lambda s: self.cycle_hist.observe(s))
+        self.registry, self.cycle_hist = make_registry(self)
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")
+        self.api_prefix = self.service_prefix.rstrip("/") + "/api/v1"
+        from jupyterhub.services.auth import HubOAuth
+
+        self.hub_auth = HubOAuth(parent=self, cache_max_age=self.auth_cache_max_age)
+        self._kick_event: asyncio.Event | None = None
+
+    def _mtime(self) -> float:
+        try:
+            return os.stat(self.budgets_file).st_mtime
+        except OSError:
+            return 0.0
+
+    def _load_budgets(self) -> Budgets:
+        return load_budgets(Path(self.budgets_file).read_text(), self.budgets_file)
+
+    def tree(self) -> AccountTree:
+        """The budgets file's tree, re-read when the file changed (a bad edit is logged and
+        the previous tree stays in force)."""
+        m = self._mtime()
+        if m != self._budgets_mtime:
+            self._budgets_mtime = m
+            try:
+                self.budgets = self._load_budgets()
+                self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
+                self.log.info("reloaded %s", self.budgets_file)
+            except (OSError, BudgetError) as e:
+                self.log.error("budgets file not reloaded: %s", e)
+        return self.budgets.accounts
+
+    def check_placement(self, placement: list[dict]) -> None:
+        for i, s in enumerate(placement):
+            try:
+                node = self.inventory.node(str(s.get("node")))
+            except KeyError:
+                raise ApiError(400, f"placement[{i}].node: unknown node {s.get('node')!r}",
+                               f"placement[{i}].node") from None
+            gpu = s.get("gpu", -1)
+            if not isinstance(gpu, int) or isinstance(gpu, bool) or not -1 <= gpu < len(node.gpus):
+                raise ApiError(400, f"placement[{i}].gpu: no GPU {gpu!r} on {node.name}",
+                               f"placement[{i}].gpu")
+
+    # ------------------------------------------------------------------ figures
+    def account_json(self, name: str, g: GrantRow | None) -> dict:
+        a = self.tree().get(name)
+        st = self.loop.view.standings.get(name, {})
+        return {"name": name, "parent": a.parent, "project": not a.children,
+                "children": list(a.children), "members": sorted(a.members),
+                "managers": sorted(a.managers), "grant": grant_json(g),
+                "usage_hours": finite(st.get("usage_hours")),
+                "effective_grant_hours": finite(st.get("grant_hours")),
+                "standing": finite(st.get("standing"))}
+
+    def usage_json(self, name: str) -> dict:
+        tree = self.tree()
+        v = self.loop.view
+        st = v.standings.get(name, {})
+        below = {p for p in tree.projects() if name in tree.path(p)}
+        running = sum(n for (p, _), n in v.running.items() if p in below)
+        pending = sum(n for (p, _), n in v.pending.items() if p in below)
+        return {"account": name, "usage_hours": finite(st.get("usage_hours")),
+                "grant_hours": finite(st.get("grant_hours")),
+                "standing": finite(st.get("standing")),
+                "window_s": self.budgets.policy.window, "half_life_s": self.budgets.policy.half_life,
+                "running": running, "pending": pending,
+                "preemptions": sum(n for p, n in v.preemptions.items() if p in below),
+                "computed_at": v.at}
+
+    # ------------------------------------------------------------------ running
+    def kick(self) -> None:
+        """Something happened: run a cycle soon."""
+        if self._kick_event is not None:
+            self._kick_event.set()
+
+    async def _timer(self) -> None:
+        aloop = asyncio.get_running_loop()
+        assert self._kick_event is not None
+        while True:
+            try:
+                await asyncio.wait_for(self._kick_event.wait(), self.cycle_interval)
+                await asyncio.sleep(self.event_delay)
+            except TimeoutError:
+                pass
+            self._kick_event.clear()
+            try:
+                await aloop.run_in_executor(self.worker, self.loop.cycle)
+            except Exception:
+                self.log.exception("scheduling cycle failed")
+
+    def make_app(self) -> web.Application:
+        from .handlers import OAuthCallbackHandler
+
+        secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET") or secrets.token_hex(32)
+        callback = [(self.service_prefix.rstrip("/") + "/oauth_callback",
+                     OAuthCallbackHandler, {"svc": self})]
+        return web.Application(callback + routes(self.service_prefix, self),
+                               log_function=self._log_req, cookie_secret=secret,
+                               hub_auth=self.hub_auth)
+
+    def _log_req(self, handler: web.RequestHandler) -> None:
+        status = handler.get_status()
+        log = self.log.warning if status >= 500 else self.log.debug
+        log("%d %s %s %.1fms", status, handler.request.method, handler.request.uri,
+            1000 * handler.request.request_time())
+
+    async def serve(self) -> None:
+        sys.setswitchinterval(self.gil_switch_interval)
+        self._kick_event = asyncio.Event()
+        aloop = asyncio.get_running_loop()
+        self.backend.on_exit = lambda: aloop.call_soon_threadsafe(self.kick)
+        await aloop.run_in_executor(self.worker, self.loop.reconcile)
+        await aloop.run_in_executor(self.worker, self.loop.cycle)
+        server = httpserver.HTTPServer(self.make_app(), xheaders=True)
+        server.listen(self.port, self.ip)
+        self.log.info("gpubudget service on http://%s:%d%s (ledger %s)", self.ip, self.port,
+                      self.service_prefix, self.engine.url.render_as_string(hide_password=True))
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aloop.add_signal_handler(sig, stop.set)
+        timer = asyncio.create_task(self._timer())
+        await stop.wait()
+        timer.cancel()
+        server.stop()
+        self.log.info("stopping (running jobs keep running and are found again on restart)")
+
+    def start(self) -> None:
+        asyncio.run(self.serve())
+
+
+def main(argv: list[str] | None = None) -> None:
+    app = GpuBudgetService()
+    try:
+        app.initialize(argv)
+    except (BudgetError, OSError) as e:
+        print(f"gpubudget service: {e}", file=sys.stderr)
+        sys.exit(2)
+    app.start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The OpenAPI 3.0 document the service serves at /api/v1/openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAME = {"type": "string", "minLength": 1}
+WORKLOAD_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$"}
+NUM = {"type": "number"}
+NULL_NUM = {"type": "number", "nullable": True}
+
+ERROR = {"type": "object", "required": ["status", "message"],
+         "properties": {"status": {"type": "integer"}, "message": {"type": "string"},
+                        "field": {"type": "string"}}}
+
+WORKLOAD = {"type": "object", "properties": {
+    "id": {"type": "string"}, "name": {"type": "string"}, "project": {"type": "string"},
+    "user": {"type": "string"}, "kind": {"type": "string"},
+    "state": {"type": "string",
+              "enum": ["pending", "running", "done", "failed", "cancelled", "preempted"]},
+    "request": {"type": "object"},
+    "placement": {"type": "array", "nullable": True, "items": {"type": "object"}},
+    "submitted_at": NUM, "started_at": NULL_NUM, "ended_at": NULL_NUM,
+    "backed": {"type": "boolean"}, "protected_until": NULL_NUM,
+    "protected_left_s": {**NULL_NUM, "description": "Protected time left (running, backed)"},
+    "queue_position": {"type": "integer", "nullable": True},
+    "predicted_start": {**NULL_NUM, "description": "Reserved start time, when reserved"},
+    "min_runtime": NUM, "resumable": {"type": "boolean"}, "time_limit": NULL_NUM,
+    "preemptions": {"type": "integer"}, "exit_code": {"type": "integer", "nullable": True},
+    "reason": {"type": "string"}, "backend": {"type": "string"}}}
+
+DURATION = {"oneOf": [{"type": "number", "minimum": 0},
+                      {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[smhd]?\s*$"}]}
+
+JOB = {"type": "object", "required": ["command", "project"], "additionalProperties": False,
+       "properties": {
+           "command": {"oneOf": [{"type": "string", "minLength": 1},
+                                 {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
+           "project": NAME,
+           "gpus": {"type": "integer", "minimum": 0, "maximum": 1024},
+           "slice": {"type": "string", "description": "MIG profile ('1g.18gb') or 'mps:<milli>[:<MiB>]'"},
+           "min_runtime": DURATION, "time_limit": DURATION,
+           "resumable": {"type": "boolean"},
+           "name": {"type": "string", "maxLength": 200},
+           "kind": {"type": "string", "enum": ["batch", "debug"]},
+           "gpu_model": {"type": "string"}, "single_node": {"type": "boolean"},
+           "env": {"type": "object", "additionalProperties": {"type": "string"}}}}
+
+GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
+    "grant_hours": {"type": "number", "minimum": 0, "maximum": 1e9},
+    "share_pct": {"type": "number", "minimum": 0, "maximum": 100},
+    "note": {"type": "string", "maxLength": 2000}}}
+
+EVENT = {"type": "object", "required": ["workload", "event", "at"], "additionalProperties": False,
+         "properties": {
+             "workload": WORKLOAD_ID, "event": {"type": "string", "enum": ["start", "checkpoint", "stop"]},
+             "at": {"type": "number", "minimum": 0}, "project": NAME, "user": NAME,
+             "milli": {"type": "integer", "minimum": 0, "maximum": 1000000},
+             "kind": {"type": "string", "enum": ["interactive", "batch", "debug"]},
+             "placement": {"type": "array", "items": {"type": "object"}}}}
+
+
+def _resp(desc: str, schema: dict | None = None) -> dict:
+    r: dict[str, Any] = {"description": desc}
+    r["content"] = {"application/json": {"schema": schema or {"type": "object"}}}
+    return r
+
+
+def _op(summary: str, ok: dict, *, auth: bool = True, params: list | None = None,
+        body: dict | None = None, ok_code: str = "200", extra: dict | None = None) -> dict:
+    op: dict[str, Any] = {"summary": summary, "responses": {ok_code: ok}}
+    if auth:
+        op["security"] = [{"hubToken": []}]
+        op["responses"]["403"] = _resp("Missing/invalid/expired token, or not allowed", ERROR)
+    if params:
+        op["parameters"] = params
+    if body is not None:
+        op["requestBody"] = {"required": True,
+                             "content": {"application/json": {"schema": body}}}
+        op["responses"]["400"] = _resp("Malformed request (the field is named)", ERROR)
+    for code, desc in (extra or {}).items():
+        op["responses"][code] = _resp(desc, ERROR)
+    return op
+
+
+def _path_param(name: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": NAME}
+
+
+STATE_Q = {"name": "state", "in": "query", "required": False,
+           "description": "Comma-separated states to include",
+           "schema": {"type": "string"}}
+IDEM = {"name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "Apply the request at most once per key", "schema": {"type": "string"}}
+
+
+def openapi_document(api_prefix: str) -> dict:
+    acct = [_path_param("name")]
+    nf = {"404": "No such account"}
+    paths = {
+        "/healthz": {"get": _op("Liveness and last cycle", _resp("OK"), auth=False)},
+        "/openapi.json": {"get": _op("This document", _resp("OpenAPI 3.0"), auth=False)},
+        "/accounts": {"get": _op("Accounts the caller may see", _resp("Accounts"))},
+        "/accounts/{name}": {"get": _op("One account", _resp("Account"), params=acct, extra=nf)},
+        "/accounts/{name}/grants": {"get": _op("Grant versions (who, when)", _resp("History"),
+                                               params=acct, extra=nf)},
+        "/accounts/{name}/grant": {"put": _op(
+            "Change a grant (admins, the account's managers)", _resp("New grant version"),
+            params=acct, body=GRANT_BODY, extra=nf)},
+        "/accounts/{name}/usage": {"get": _op("Usage and standing", _resp("Usage"),
+                                              params=acct, extra=nf)},
+        "/workloads/me": {"get": _op("My workloads", _resp("Workloads", {
+            "type": "object", "properties": {"user": {"type": "string"}, "workloads": {
+                "type": "array", "items": WORKLOAD}}}), params=[STATE_Q],
+            extra={"400": "Unknown state"})},
+        "/workloads/{name}": {"get": _op("One of my workloads", _resp("Workload", WORKLOAD),
+                                         params=[_path_param("name")],
+                                         extra={"404": "No such workload"})},
+        "/queue": {"get": _op("Pending work in rank order (others' entries redacted)",
+                              _resp("Queue"))},
+        "/jobs": {
+            "get": _op("My batch jobs", _resp("Jobs"), params=[STATE_Q],
+                       extra={"400": "Unknown state"}),
+            "post": _op("Submit a batch job", _resp("The job", WORKLOAD), body=JOB,
+                        params=[IDEM], ok_code="201")},
+        "/jobs/{name}": {"delete": _op("Cancel a job", _resp("The job", WORKLOAD),
+                                       params=[_path_param("name")],
+                                       extra={"404": "No such job", "409": "Already ended"})},
+        "/notices": {"get": _op("Preemption notices for my workloads", _resp("Notices"))},
+        "/usage/events": {"post": _op(
+            "Usage reported by an external backend (admins)", _resp("Applied"), body=EVENT,
+            params=[IDEM], extra={"404": "No such workload", "409": "Wrong state"})},
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "jupyter-gpubudget service", "version": "1",
+                 "description": "GPU budgets: accounts, grants, usage, workloads, batch jobs."},
+        "servers": [{"url": api_prefix}],
+        "components": {"securitySchemes": {"hubToken": {
+            "type": "apiKey", "in": "header", "name": "Authorization",
+            "description": "'token <JupyterHub API token>'"}},
+            "schemas": {"Error": ERROR, "Workload": WORKLOAD, "Job": JOB}},
+        "paths": paths,
+    }

@@ -1,0 +1,188 @@
+"""Validation of REST bodies and job files: every error names the field; nothing is applied."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from jupyter_gpubudget.core.model import SliceRequest
+
+
+class Invalid(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_MIG = re.compile(r"^(?:mig:)?(\d+)g\.(\d+)gb$")
+_MPS = re.compile(r"^mps:(\d+)(?::(\d+))?$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
+
+JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
+              "name", "kind", "gpu_model", "single_node", "env"}
+GRANT_FIELDS = {"grant_hours", "share_pct", "note"}
+EVENT_FIELDS = {"workload", "event", "at", "project", "user", "milli", "kind", "placement"}
+
+
+def duration(value: Any, field: str) -> float:
+    """Seconds from a number or a string such as ``90``, ``30m``, ``2h``, ``1.5d``."""
+    if isinstance(value, bool):
+        raise Invalid(field, "expected a duration such as 3600, '30m' or '2h'")
+    if isinstance(value, int | float):
+        secs = float(value)
+    elif isinstance(value, str) and (m := _DUR.match(value)):
+        secs = float(m.group(1)) * _UNIT[m.group(2)]
+    else:
+        raise Invalid(field, f"expected a duration such as 3600, '30m' or '2h', got {value!r}")
+    if not math.isfinite(secs) or secs < 0 or secs > 366 * 86400:
+        raise Invalid(field, "must be between 0 and 366 days")
+    return secs
+
+
+def _check_keys(body: Any, allowed: set[str], where: str = "body") -> dict:
+    if not isinstance(body, dict):
+        raise Invalid(where, "expected a JSON object")
+    for k in body:
+        if k not in allowed:
+            raise Invalid(str(k), f"unknown field (allowed: {', '.join(sorted(allowed))})")
+    return body
+
+
+def _str(body: dict, key: str, required: bool = False, pattern: re.Pattern | None = None,
+         default: str | None = None) -> str | None:
+    if key not in body or body[key] is None:
+        if required:
+            raise Invalid(key, "is required")
+        return default
+    v = body[key]
+    if not isinstance(v, str) or not v.strip():
+        raise Invalid(key, "expected a non-empty string")
+    if pattern is not None and not pattern.match(v):
+        raise Invalid(key, f"{v!r} is not a valid name")
+    return v
+
+
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    v = body.get(key, default)
+    if not isinstance(v, bool):
+        raise Invalid(key, "expected true or false")
+    return v
+
+
+def parse_slice(body: dict) -> SliceRequest:
+    gpu_model = _str(body, "gpu_model")
+    single_node = _bool(body, "single_node")
+    if "gpus" in body and "slice" in body:
+        raise Invalid("slice", "give either 'gpus' or 'slice', not both")
+    if "slice" in body:
+        s = body["slice"]
+        if not isinstance(s, str):
+            raise Invalid("slice", "expected a MIG profile such as '1g.18gb' or 'mps:300[:MiB]'")
+        if m := _MIG.match(s):
+            return SliceRequest.mig(f"{m.group(1)}g.{m.group(2)}gb", gpu_model=gpu_model)
+        if m := _MPS.match(s):
+            milli = int(m.group(1))
+            if not 1 <= milli <= 1000:
+                raise Invalid("slice", "an MPS share is 1..1000 thousandths of a GPU")
+            return SliceRequest.mps(milli, int(m.group(2) or 0), gpu_model=gpu_model)
+        raise Invalid("slice", f"{s!r} is neither a MIG profile ('1g.18gb') nor 'mps:<milli>'")
+    gpus = body.get("gpus", 1)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 1024:
+        raise Invalid("gpus", "expected a whole number of GPUs, 0..1024")
+    if gpus == 0:
+        return SliceRequest.cpu_only()
+    return SliceRequest.whole(gpus, gpu_model=gpu_model, single_node=single_node)
+
+
+def parse_job(body: Any) -> dict:
+    """A batch job from a REST body or a job YAML file (same fields)."""
+    body = _check_keys(body, JOB_FIELDS)
+    cmd = body.get("command")
+    if isinstance(cmd, str) and cmd.strip():
+        command = ["/bin/sh", "-c", cmd]
+    elif isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd):
+        command = list(cmd)
+    elif cmd is None:
+        raise Invalid("command", "is required")
+    else:
+        raise Invalid("command", "expected a string or a non-empty list of strings")
+    project = _str(body, "project", required=True)
+    kind = _str(body, "kind", default="batch")
+    if kind not in ("batch", "debug"):
+        raise Invalid("kind", "a job is 'batch' or 'debug'")
+    env = body.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise Invalid("env", "expected a mapping of strings to strings")
+    name = body.get("name", "")
+    if not isinstance(name, str) or len(name) > 200:
+        raise Invalid("name", "expected a string of at most 200 characters")
+    tl = body.get("time_limit")
+    return {
+        "command": command, "project": project, "kind": kind, "name": name, "env": env,
+        "request": parse_slice(body),
+        "min_runtime": duration(body.get("min_runtime", 0), "min_runtime"),
+        "resumable": _bool(body, "resumable"),
+        "time_limit": duration(tl, "time_limit") if tl is not None else None,
+    }
+
+
+def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
+    if key not in body or body[key] is None:
+        return None
+    v = body[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+            or not lo <= v <= hi:
+        raise Invalid(key, f"expected a number between {lo:g} and {hi:g}")
+    return float(v)
+
+
+def parse_grant(body: Any) -> dict:
+    body = _check_keys(body, GRANT_FIELDS)
+    hours = _number(body, "grant_hours", 0, 1e9)
+    share = _number(body, "share_pct", 0, 100)
+    if hours is not None and share is not None:
+        raise Invalid("share_pct", "give either 'grant_hours' or 'share_pct', not both")
+    if hours is None and share is None:
+        raise Invalid("grant_hours", "give 'grant_hours' or 'share_pct'")
+    note = body.get("note", "")
+    if not isinstance(note, str) or len(note) > 2000:
+        raise Invalid("note", "expected a string of at most 2000 characters")
+    return {"grant_hours": hours, "share_pct": share, "note": note}
+
+
+def parse_event(body: Any) -> dict:
+    """A usage event reported by an external backend: start / checkpoint / stop at a time."""
+    body = _check_keys(body, EVENT_FIELDS)
+    wid = _str(body, "workload", required=True, pattern=_NAME)
+    ev = body.get("event")
+    if ev not in ("start", "checkpoint", "stop"):
+        raise Invalid("event", "expected 'start', 'checkpoint' or 'stop'")
+    at = _number(body, "at", 0, 1e11)
+    if at is None:
+        raise Invalid("at", "is required (UNIX seconds)")
+    out: dict = {"workload": wid, "event": ev, "at": at}
+    if ev == "start":
+        out["project"] = _str(body, "project", required=True)
+        out["user"] = _str(body, "user", required=True)
+        milli = body.get("milli")
+        if isinstance(milli, bool) or not isinstance(milli, int) or not 0 <= milli <= 1_000_000:
+            raise Invalid("milli", "expected whole thousandths of a GPU, 0..1000000")
+        out["milli"] = milli
+        kind = body.get("kind", "interactive")
+        if kind not in ("interactive", "batch", "debug"):
+            raise Invalid("kind", "expected 'interactive', 'batch' or 'debug'")
+        out["kind"] = kind
+        placement = body.get("placement", [])
+        if not isinstance(placement, list) or not all(isinstance(p, dict) for p in placement):
+            raise Invalid("placement", "expected a list of slice objects")
+        out["placement"] = placement
+    else:
+        for k in ("project", "user", "milli", "kind", "placement"):
+            if k in body:
+                raise Invalid(k, "only allowed with event 'start'")
+    return out

@@ -1,0 +1,33 @@
+"""JSON shapes of the REST API (kept in one place; openapi.py documents the same fields)."""
+
+from __future__ import annotations
+
+from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
+
+from .loop import View
+
+
+def workload_json(r: WorkloadRow, view: View, now: float) -> dict:
+    protected_left = None
+    if r.state == "running" and r.backed and r.protected_until is not None:
+        protected_left = max(0.0, r.protected_until - now)
+    return {
+        "id": r.id, "name": r.name, "project": r.project, "user": r.user, "kind": r.kind,
+        "state": r.state, "request": r.request, "placement": r.placement,
+        "submitted_at": r.submitted_at, "started_at": r.started_at, "ended_at": r.ended_at,
+        "backed": r.backed, "protected_until": r.protected_until,
+        "protected_left_s": protected_left,
+        "queue_position": view.position(r.id) if r.state == "pending" else None,
+        "predicted_start": view.reservations.get(r.id) if r.state == "pending" else None,
+        "min_runtime": r.min_runtime, "resumable": r.resumable, "time_limit": r.time_limit,
+        "preemptions": r.preemptions, "exit_code": r.exit_code, "reason": r.reason,
+        "backend": r.backend,
+    }
+
+
+def grant_json(g: GrantRow | None) -> dict | None:
+    if g is None:
+        return None
+    return {"version": g.version, "grant_hours": g.grant_hours, "share_pct": g.share_pct,
+            "changed_by": g.changed_by, "changed_at": g.changed_at, "source": g.source,
+            "note": g.note}

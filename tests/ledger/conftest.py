@@ -1,0 +1,1 @@
+from tests.fixtures.postgres import db_url, postgres_server  # noqa: F401

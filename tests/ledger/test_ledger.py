@@ -1,0 +1,253 @@
+"""The ledger against SQLite and a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import inspect
+
+from jupyter_gpubudget.core.accounts import load_budgets
+from jupyter_gpubudget.ledger import Ledger, LedgerError, connect, upgrade
+from jupyter_gpubudget.ledger.db import current_revision
+
+BUDGETS = """
+admins: [root]
+accounts:
+  physics:
+    grant: 100
+    managers: [alice]
+    children:
+      lattice: {grant: 60, members: [bob]}
+      astro: {grant: 40, members: [dave]}
+  biology:
+    share: 40%
+    children:
+      genomics: {members: [erin]}
+"""
+
+GPU = {"kind": "gpu", "gpus": 1}
+
+
+@pytest.fixture
+def ledger(db_url):
+    upgrade(db_url)
+    engine = connect(db_url)
+    led = Ledger(engine)
+    led.sync_budgets(load_budgets(BUDGETS), now=1.0)
+    yield led
+    engine.dispose()
+
+
+def test_migrations_create_every_table_and_are_idempotent(db_url):
+    upgrade(db_url)
+    upgrade(db_url)  # a second start applies nothing and fails nothing
+    engine = connect(db_url)
+    try:
+        names = set(inspect(engine).get_table_names())
+        assert {"accounts", "grants", "workloads", "charge_intervals", "snapshots",
+                "decisions", "idempotency", "alembic_version"} <= names
+        assert current_revision(engine) == "0001"
+    finally:
+        engine.dispose()
+
+
+def test_grants_are_versioned_with_who_and_when(ledger):
+    assert ledger.current_grants()["lattice"].grant_hours == 60
+    ledger.set_grant("lattice", 80.0, None, by="alice", now=10.0, note="more")
+    hist = ledger.grant_history("lattice")
+    assert [(g.version, g.grant_hours, g.changed_by, g.changed_at) for g in hist] == [
+        (1, 60.0, "file:budgets.yaml", 1.0), (2, 80.0, "alice", 10.0)]
+    # re-reading an unchanged file keeps the API change ...
+    assert ledger.sync_budgets(load_budgets(BUDGETS), now=20.0) == []
+    assert ledger.current_grants()["lattice"].grant_hours == 80
+    # ... a changed file records a new version
+    changed = ledger.sync_budgets(load_budgets(BUDGETS.replace("grant: 60", "grant: 70")), 30.0)
+    assert changed == ["lattice"]
+    assert ledger.current_grants()["lattice"].grant_hours == 70
+    assert len(ledger.grant_history("lattice")) == 3
+    audit = ledger.decisions(kind="grant")
+    assert any(d.actor == "alice" and d.detail["account"] == "lattice" for d in audit)
+    assert ledger.current_grants()["biology"].share_pct == 40
+
+
+def test_unknown_account_grant_is_404_and_changes_nothing(ledger):
+    with pytest.raises(LedgerError) as e:
+        ledger.set_grant("nope", 1.0, None, by="root", now=2.0)
+    assert e.value.status == 404
+    assert "nope" not in ledger.current_grants()
+
+
+def _submit(ledger, now=0.0, **kw):
+    args = dict(project="lattice", user="bob", kind="batch", request=GPU, now=now)
+    args.update(kw)
+    return ledger.submit(**args)
+
+
+def test_start_stop_charges_exactly_once(ledger):
+    w = _submit(ledger)
+    ledger.start(w.id, placement=[{"node": "n1", "gpu": 0, "milli": 1000}], milli=1000,
+                 backed=True, protected_until=100.0, now=10.0)
+    with pytest.raises(LedgerError) as e:  # a second start of a running workload
+        ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=11.0)
+    assert e.value.status == 409
+    ledger.checkpoint(50.0)
+    assert ledger.open_interval(w.id).checkpoint == 50.0
+    ledger.stop(w.id, now=70.0, state="done", closed_by="exit", exit_code=0)
+    with pytest.raises(LedgerError):
+        ledger.stop(w.id, now=90.0, state="done", closed_by="exit")
+    assert ledger.totals() == {"lattice": 1000 * 60.0}
+    assert ledger.get(w.id).state == "done" and ledger.get(w.id).exit_code == 0
+
+
+def test_requeue_after_preemption_opens_a_new_interval(ledger):
+    w = _submit(ledger, resumable=True)
+    ledger.start(w.id, placement=[], milli=500, backed=False, protected_until=None, now=0.0)
+    ledger.stop(w.id, now=10.0, state="pending", closed_by="preempt", reason="for x")
+    row = ledger.get(w.id)
+    assert (row.state, row.preemptions, row.placement, row.submitted_at) == ("pending", 1, None, 0.0)
+    ledger.start(w.id, placement=[], milli=500, backed=True, protected_until=None, now=20.0)
+    ledger.stop(w.id, now=24.0, state="done", closed_by="exit")
+    assert [(c.seq, c.start, c.end, c.closed_by) for c in ledger.charges(workload=w.id)] == [
+        (1, 0.0, 10.0, "preempt"), (2, 20.0, 24.0, "exit")]
+    assert ledger.totals()["lattice"] == 500 * 14
+
+
+def test_crash_settlement_charges_up_to_the_last_checkpoint(ledger):
+    w = _submit(ledger)
+    ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=100.0)
+    ledger.checkpoint(130.0)
+    # the process died somewhere after 130; restart settles at the checkpoint
+    ledger.stop(w.id, now=None, state="failed", closed_by="reconcile", reason="lost")
+    assert ledger.totals()["lattice"] == 1000 * 30
+    assert ledger.get(w.id).ended_at == 130.0
+
+
+def test_interval_never_negative(ledger):
+    w = _submit(ledger)
+    ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=100.0)
+    ledger.stop(w.id, now=90.0, state="done", closed_by="exit")  # clock stepped back
+    assert ledger.totals()["lattice"] == 0
+
+
+def test_idempotency_key_applies_once(ledger):
+    calls = []
+
+    def apply(s):
+        calls.append(1)
+        w = ledger.submit(project="astro", user="dave", kind="batch", request=GPU, now=1.0, s=s)
+        return 201, {"id": w.id}
+
+    a = ledger.idempotent("dave:k1", apply, now=1.0)
+    b = ledger.idempotent("dave:k1", apply, now=2.0)
+    assert a[:2] == b[:2] and (a[2], b[2]) == (False, True) and len(calls) == 1
+    assert len(ledger.workloads(user="dave")) == 1
+
+
+def test_failed_transaction_leaves_no_trace(ledger):
+    def apply(s):
+        ledger.submit(project="astro", user="dave", kind="batch", request=GPU, now=1.0, s=s)
+        raise LedgerError(400, "boom", "x")
+
+    with pytest.raises(LedgerError):
+        ledger.idempotent("dave:k2", apply, now=1.0)
+    assert ledger.workloads(user="dave") == []
+    with pytest.raises(LedgerError) as e:
+        ledger.submit(project="nope", user="dave", kind="batch", request=GPU, now=1.0)
+    assert e.value.field == "project"
+
+
+def test_concurrent_starts_of_one_workload_open_one_interval(ledger):
+    w = _submit(ledger)
+    results: list[str] = []
+
+    def go():
+        try:
+            ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None,
+                         now=5.0)
+            results.append("ok")
+        except LedgerError as e:
+            results.append(str(e.status))
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["409", "409", "409", "ok"]
+    assert len(ledger.charges(workload=w.id)) == 1
+
+
+ops = st.lists(st.tuples(st.sampled_from(["start", "stop", "requeue", "checkpoint", "settle"]),
+                         st.integers(0, 2), st.integers(1, 50)), min_size=1, max_size=25)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=ops)
+def test_totals_match_a_model_of_any_operation_sequence(ledger, script):
+    ids = [_submit(ledger, resumable=True).id for _ in range(3)]
+    model_open: dict[str, tuple[float, float]] = {}  # id -> (start, checkpoint)
+    expected = ledger.totals().get("lattice", 0.0)
+    t = 1000.0
+    for op, i, dt in script:
+        t += dt
+        wid = ids[i]
+        state = ledger.get(wid).state
+        if op == "start" and state == "pending":
+            ledger.start(wid, placement=[], milli=250, backed=True, protected_until=None, now=t)
+            model_open[wid] = (t, t)
+        elif op in ("stop", "requeue", "settle") and state == "running":
+            new = "pending" if op == "requeue" else "done"
+            ledger.stop(wid, now=None if op == "settle" else t, state=new, closed_by=op)
+            start, cp = model_open.pop(wid)
+            expected += 250 * ((cp if op == "settle" else t) - start)
+        elif op == "checkpoint":
+            ledger.checkpoint(t)
+            model_open = {k: (s, t) for k, (s, _) in model_open.items()}
+    assert ledger.totals().get("lattice", 0.0) == expected
+    for wid in ids:
+        opened = [c for c in ledger.charges(workload=wid) if c.end is None]
+        assert len(opened) == (1 if ledger.get(wid).state == "running" else 0)
+
+
+def test_migrations_match_the_models(db_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from jupyter_gpubudget.ledger.models import Base
+
+    upgrade(db_url)
+    engine = connect(db_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == []
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path):
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    upgrade(url)
+    engine = connect(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_postgres_fixture_fails_rather_than_skips_under_ci(monkeypatch):
+    from tests.fixtures import postgres
+
+    monkeypatch.setattr(postgres, "find_bin", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception):
+        postgres.start_postgres()
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        postgres.start_postgres()

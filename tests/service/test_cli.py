@@ -1,0 +1,42 @@
+"""`gpubudget submit / jobs / cancel` against the real service."""
+
+from __future__ import annotations
+
+from jupyter_gpubudget.cli_service import main
+from tests.fixtures.hub import http
+
+
+def run(capsys, service, token, *argv):  # noqa: ANN001, ANN201
+    rc = main([argv[0], f"--url={service.base}", f"--token={token}", *argv[1:]])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_submit_jobs_cancel(tmp_path, capsys, service, tokens):
+    job = tmp_path / "job.yaml"
+    job.write_text("command: sleep 30\nproject: lattice\ngpus: 1\nmin_runtime: 10m\n"
+                   "resumable: true\nname: cli-job\n")
+    rc, out, err = run(capsys, service, tokens["bob"], "submit", str(job))
+    assert rc == 0, err
+    wid = out.split()[1]
+    rc, out, _ = run(capsys, service, tokens["bob"], "jobs")
+    assert rc == 0 and wid in out and "cli-job" in out
+    rc, out, err = run(capsys, service, tokens["bob"], "cancel", wid)
+    assert rc == 0, err
+    assert http("GET", f"{service.api}/workloads/{wid}", tokens["bob"])[1]["state"] == "cancelled"
+
+
+def test_bad_job_file_names_line_and_field_and_submits_nothing(tmp_path, capsys, service, tokens):
+    before = http("GET", service.api + "/jobs", tokens["bob"])[1]["jobs"]
+    job = tmp_path / "bad.yaml"
+    job.write_text("command: sleep 1\nproject: lattice\ngpus: lots\n")
+    rc, _, err = run(capsys, service, tokens["bob"], "submit", str(job))
+    assert rc == 2 and "bad.yaml:3" in err and "gpus" in err
+    assert http("GET", service.api + "/jobs", tokens["bob"])[1]["jobs"] == before
+
+
+def test_refusal_is_reported(tmp_path, capsys, service, tokens):
+    job = tmp_path / "job.yaml"
+    job.write_text("command: 'true'\nproject: genomics\n")
+    rc, _, err = run(capsys, service, tokens["bob"], "submit", str(job))
+    assert rc == 1 and "403" in err and "genomics" in err

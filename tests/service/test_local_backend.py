@@ -1,0 +1,57 @@
+"""The local backend on its own: placement -> CUDA environment, survive and find again."""
+
+from __future__ import annotations
+
+import time
+
+from jupyter_gpubudget.backends.base import Launch
+from jupyter_gpubudget.backends.local import LocalBackend, cuda_env
+
+
+def test_cuda_env_for_whole_mig_and_mps():
+    assert cuda_env([{"node": "n", "gpu": 1, "kind": "gpu"}, {"node": "n", "gpu": 3}]) == {
+        "CUDA_VISIBLE_DEVICES": "1,3"}
+    env = cuda_env([{"node": "n", "gpu": 0, "kind": "gpu"}], {("n", 0): "GPU-abc"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc"
+    env = cuda_env([{"node": "n", "gpu": 2, "kind": "mig", "profile": "1g.18gb", "mig_start": 4}],
+                   {("n", 2): "GPU-x"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "MIG-GPU-x/1g.18gb/4"
+    env = cuda_env([{"node": "n", "gpu": 0, "kind": "mps", "milli": 250, "gpu_memory_mib": 4096}])
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"}
+    assert cuda_env([{"node": "n", "gpu": -1, "kind": "cpu"}]) == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _wait(pred, timeout=20.0):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_exit_code_is_recorded_and_found_by_a_new_backend(tmp_path):
+    b = LocalBackend(state_dir=str(tmp_path))
+    b.launch(Launch("w1", 1, "bob", "lattice", ["/bin/sh", "-c", "exit 3"], []))
+    _wait(lambda: not b.status("w1", 1).alive)
+    again = LocalBackend(state_dir=str(tmp_path))  # as after a service restart
+    st = again.status("w1", 1)
+    assert (st.alive, st.exit_code) == (False, 3) and st.ended_at is not None
+
+
+def test_stop_terminates_the_process_group_and_orphans_are_listed(tmp_path):
+    b = LocalBackend(state_dir=str(tmp_path), stop_grace=5)
+    b.launch(Launch("w2", 1, "bob", "lattice", ["/bin/sh", "-c", "sleep 60 & wait"], []))
+    _wait(lambda: (tmp_path / "w2" / "1" / "pid").exists())
+    fresh = LocalBackend(state_dir=str(tmp_path))
+    assert fresh.status("w2", 1).alive
+    assert fresh.orphans(set()) == [("w2", 1)] and fresh.orphans({("w2", 1)}) == []
+    st = b.stop("w2", 1)
+    assert not st.alive and not b.status("w2", 1).alive
+    assert not b.status("never", 1).launched
+
+
+def test_allowed_commands():
+    b = LocalBackend(allowed_commands=["python train\\.py .*"])
+    assert b.check_command(["/bin/sh", "-c", "python train.py --lr 1"]) is None
+    assert b.check_command(["rm", "-rf", "/"]) is not None
+    assert LocalBackend().check_command(["anything"]) is None

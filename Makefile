@@ -25,9 +25,10 @@ $(SYSSTAMP): | $(STAMP)
 
 sysdeps: $(SYSSTAMP)
 
-## run: install and run the main job
-run: install
-	$(BIN)/gpubudget demo
+## run: install and run the main job: the embedded demo hub (local processes, SQLite,
+## declared demo inventory, the gpubudget service managed by the hub)
+run: install sysdeps
+	$(BIN)/gpubudget hub
 
 ## test: install everything the tests need and run every suite
 test: install sysdeps

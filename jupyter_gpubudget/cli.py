@@ -1,4 +1,4 @@
-"""`gpubudget` — the command line: demo, budgets, simulate, submit/jobs/cancel, service."""
+"""`gpubudget` — the command line: hub, demo, budgets, simulate, submit/jobs/cancel, service."""
 
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file")
     c.set_defaults(func=_cmd_budgets_check)
 
-    from . import cli_service, cli_sim
+    from . import cli_hub, cli_service, cli_sim
 
+    cli_hub.add_hub_parser(sub)
     cli_sim.add_simulate_parser(sub)
     cli_service.register(sub)  # submit, jobs, cancel, service
     return p

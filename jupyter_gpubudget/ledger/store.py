@@ -362,7 +362,7 @@ class Ledger:
         with self.ro() as s:
             q = (select(DecisionRow, WorkloadRow)
                  .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
-                 .where(DecisionRow.kind == "preempt", WorkloadRow.user == user)
+                 .where(DecisionRow.kind.in_(("preempt", "idle")), WorkloadRow.user == user)
                  .order_by(DecisionRow.id.desc()).limit(limit))
             return [(d, w) for d, w in s.execute(q)]
 

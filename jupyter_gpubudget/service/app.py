@@ -15,13 +15,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tornado import httpserver, web
-from traitlets import Bool, Float, Integer, Type, Unicode, default
+from traitlets import Bool, Enum, Float, Integer, Type, Unicode, default
 from traitlets.config import Application
 
 from jupyter_gpubudget.backends.base import Backend
 from jupyter_gpubudget.backends.local import LocalBackend
 from jupyter_gpubudget.core.accounts import AccountTree, BudgetError, Budgets, load_budgets
 from jupyter_gpubudget.core.inventory import Inventory, load_inventory
+from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_declared
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow
 
@@ -50,6 +51,11 @@ class GpuBudgetService(Application):
                            ).tag(config=True)
     inventory_file = Unicode("inventory.yaml", help="Declared inventory YAML (nodes, GPUs, MIG)."
                              ).tag(config=True)
+    inventory_source = Enum(["auto", "nvml", "declared"], "auto", help=(
+        "Where the GPU inventory comes from: 'nvml' discovers this node's GPUs, MIG instances "
+        "and NVLink through the NVIDIA driver; 'declared' reads inventory_file; 'auto' uses "
+        "NVML when a driver is present and the declared file otherwise. The log says which."
+    )).tag(config=True)
     cycle_interval = Float(10.0, help="Seconds between scheduling cycles when nothing happens "
                            "(events such as a submission trigger a cycle sooner)."
                            ).tag(config=True)
@@ -78,6 +84,7 @@ class GpuBudgetService(Application):
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
                "budgets": "GpuBudgetService.budgets_file",
                "inventory": "GpuBudgetService.inventory_file",
+               "inventory-source": "GpuBudgetService.inventory_source",
                "port": "GpuBudgetService.port", "ip": "GpuBudgetService.ip",
                "cycle-interval": "GpuBudgetService.cycle_interval",
                "jobs-dir": "LocalBackend.state_dir"}
@@ -113,8 +120,15 @@ class GpuBudgetService(Application):
             self.load_config_file(self.config_file)
         self.budgets = self._load_budgets()
         self._budgets_mtime = self._mtime()
-        self.inventory: Inventory = load_inventory(Path(self.inventory_file).read_text(),
-                                                   self.inventory_file)
+        if self.inventory_source == "declared":
+            self.inventory: Inventory = load_inventory(Path(self.inventory_file).read_text(),
+                                                       self.inventory_file)
+            self.inventory_message = f"declared inventory {self.inventory_file}"
+        else:
+            self.inventory, self.inventory_message = discover_or_declared(
+                None if self.inventory_source == "nvml" else self.inventory_file)
+        self.log.info("gpubudget inventory: %s (%d GPUs)", self.inventory_message,
+                      self.inventory.gpu_count)
         upgrade(self.db_url)  # Alembic migrations on every start (a no-op when current)
         self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous)
         read_engine = (connect(self.db_url, read_only=True)

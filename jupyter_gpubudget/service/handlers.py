@@ -324,7 +324,7 @@ class NoticesHandler(BaseHandler):
         c = await self.caller()
         c.require_read()
         self.send({"notices": [
-            {"workload": w.id, "name": w.name, "project": w.project, "at": d.at,
+            {"kind": d.kind, "workload": w.id, "name": w.name, "project": w.project, "at": d.at,
              "reason": d.reason, "requeued": bool((d.detail or {}).get("requeued")),
              "state": w.state}
             for d, w in self.svc.ledger.notices_for(c.name)]})

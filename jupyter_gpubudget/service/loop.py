@@ -179,6 +179,12 @@ class SchedulingLoop:
             charge = self.ledger.start(row.id, placement=placement, milli=d.placement.milli,
                                        backed=d.backed, protected_until=d.protected_until,
                                        now=now)
+            if row.backend != self.backend.name:
+                # another part launches it (the hub spawner, for sessions): the ledger has
+                # recorded the start and opened the charge; there is nothing to run here
+                self.ledger.set_backend_ref(row.id, row.backend)
+                self._reserved.pop(row.id, None)
+                return
             try:
                 ref = self.backend.launch(Launch(
                     workload=row.id, attempt=charge.seq, user=row.user, project=row.project,

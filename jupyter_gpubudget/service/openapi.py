@@ -131,6 +131,9 @@ def openapi_document(api_prefix: str) -> dict:
             "Usage reported by an external backend (admins)", _resp("Applied"), body=EVENT,
             params=[IDEM], extra={"404": "No such workload", "409": "Wrong state"})},
     }
+    from .sessions import openapi_paths
+
+    paths.update(openapi_paths())
     return {
         "openapi": "3.0.3",
         "info": {"title": "jupyter-gpubudget service", "version": "1",

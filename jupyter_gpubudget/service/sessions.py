@@ -58,30 +58,6 @@ MPS_SHARES = (250, 500)
 
 
 # ---------------------------------------------------------------------------- the backend
-class _SessionAwareBackend:
-    """Wraps the service's backend so a Start of a hub session launches nothing here (the
-    spawner starts the server); everything else goes to the wrapped backend."""
-
-    def __init__(self, inner: Any, ledger: Any) -> None:
-        self._inner = inner
-        self._ledger = ledger
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def launch(self, launch: Any) -> str:
-        if not launch.command:
-            row = self._ledger.get(launch.workload)
-            if row is not None and row.backend == SESSION_BACKEND:
-                return "hub"
-        return self._inner.launch(launch)
-
-
-def install(svc: GpuBudgetService) -> None:
-    if not isinstance(svc.loop.backend, _SessionAwareBackend):
-        svc.loop.backend = _SessionAwareBackend(svc.loop.backend, svc.ledger)  # type: ignore
-
-
 # ---------------------------------------------------------------------------- choices, quotes
 def slice_choices(inventory: Any) -> list[dict]:
     """What the inventory can offer a session: CPU only, whole GPUs, MIG profiles, MPS."""
@@ -389,7 +365,7 @@ class SessionHandler(_SessionBase):
         if wait:
             first, deadline = row.state, self.svc.clock() + wait
             while row.state == first and self.svc.clock() < deadline:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.01)
                 row = self.session_or_404(wid)
         self.send(self.session_json(row))
 
@@ -530,7 +506,6 @@ def _start_reaper(svc: Any) -> None:
 
 
 def session_routes(api: str, svc: GpuBudgetService) -> list:
-    install(svc)
     _start_reaper(svc)
     kw = {"svc": svc}
     wid = r"([A-Za-z0-9][A-Za-z0-9_.@+-]{0,199})"

@@ -1,0 +1,151 @@
+# jupyterhub_config.py — the embedded DEMO hub of jupyter-gpubudget (`make run`, `gpubudget hub`).
+#
+# Local processes, SQLite, a declared demo inventory (two 8-GPU H100 nodes, two GPUs
+# MIG-partitioned: no GPU needed), the gpubudget service managed by the hub, and a DEMO-ONLY
+# shared-password authenticator. For a real deployment start from
+# hub_config/jupyterhub_config.production.py.
+#
+# Every knob can be changed through the environment (the tests use this same file):
+#   GPUBUDGET_HUB_DIR        state directory (hub DB, ledger, cookie secret, tokens)  [.gpubudget-hub]
+#   GPUBUDGET_BUDGETS        budgets YAML                                   [examples/budgets-demo.yaml]
+#   GPUBUDGET_INVENTORY      declared inventory YAML                        [examples/inventory-demo.yaml]
+#   GPUBUDGET_INVENTORY_SOURCE  declared, nvml or auto (NVML if a driver)   [declared]
+#   GPUBUDGET_HUB_IP / GPUBUDGET_HUB_PORT                public address      [127.0.0.1 / 8000]
+#   GPUBUDGET_SERVICE_PORT / GPUBUDGET_PROXY_API_PORT / GPUBUDGET_HUB_API_PORT   [10101 / 8001 / 8081]
+#   GPUBUDGET_CYCLE_INTERVAL scheduling timer, seconds                      [5]
+#   GPUBUDGET_MAX_QUEUE_WAIT longest wait in the queue, seconds             [1800]
+#   GPUBUDGET_IDLE_LIMIT     idle limit, seconds (0: off)                   [3600]
+#   GPUBUDGET_POLL_INTERVAL  JupyterHub poll interval for servers, seconds  [30]
+#   GPUBUDGET_HEARTBEAT      spawner heartbeat to the service, seconds      [10]
+#   GPUBUDGET_TEST_TOKEN     if set: a "gpubudget-test" service with this token and hub admin
+#                            scopes (for tests driving the REST API)
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from jupyter_gpubudget.core.accounts import load_budgets
+from jupyter_gpubudget.service.auth import CUSTOM_SCOPES
+
+c = get_config()  # noqa: F821 - provided by JupyterHub
+
+ROOT = Path(__file__).resolve().parent.parent
+env = os.environ.get
+STATE = Path(env("GPUBUDGET_HUB_DIR", ".gpubudget-hub")).resolve()
+STATE.mkdir(parents=True, exist_ok=True)
+BUDGETS = Path(env("GPUBUDGET_BUDGETS", str(ROOT / "examples" / "budgets-demo.yaml"))).resolve()
+INVENTORY = Path(env("GPUBUDGET_INVENTORY",
+                     str(ROOT / "examples" / "inventory-demo.yaml"))).resolve()
+HUB_IP = env("GPUBUDGET_HUB_IP", "127.0.0.1")
+HUB_PORT = int(env("GPUBUDGET_HUB_PORT", "8000"))
+SERVICE_PORT = int(env("GPUBUDGET_SERVICE_PORT", "10101"))
+BIN = Path(sys.executable).parent
+
+
+def _secret(name: str) -> str:
+    """A random token kept in the state directory (stable across restarts)."""
+    p = STATE / name
+    if not p.exists():
+        p.write_text(secrets.token_hex(32))
+        p.chmod(0o600)
+    return p.read_text().strip()
+
+
+budgets = load_budgets(BUDGETS.read_text(), str(BUDGETS))
+tree = budgets.accounts
+users = set(budgets.admins)
+for a in tree.accounts.values():
+    users |= set(a.members) | set(a.managers)
+
+# ---------------------------------------------------------------- the hub itself
+c.JupyterHub.bind_url = f"http://{HUB_IP}:{HUB_PORT}"
+c.JupyterHub.hub_port = int(env("GPUBUDGET_HUB_API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env('GPUBUDGET_PROXY_API_PORT', '8001')}"
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(STATE / "jupyterhub.pid")
+# stop the users' servers when the hub stops (each stop ends the session's charge); set
+# GPUBUDGET_CLEANUP_SERVERS=0 to keep them running across a hub restart
+c.JupyterHub.cleanup_servers = env("GPUBUDGET_CLEANUP_SERVERS", "1") != "0"
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": float(env("GPUBUDGET_SLOW_SPAWN", "10"))}
+
+# ---------------------------------------------------------------- DEMO-ONLY login
+# Anyone who knows the shared password can log in as any user of the budgets file.
+c.JupyterHub.authenticator_class = "jupyter_gpubudget.hub.demo_auth.DemoAuthenticator"
+c.Authenticator.allowed_users = users
+c.Authenticator.admin_users = set(budgets.admins)
+c.JupyterHub.template_vars = {
+    "announcement_login": (
+        "<b>gpubudget DEMO</b> — not secure. Log in as one of "
+        + ", ".join(sorted(users)) + " with the password <code>gpubudget-demo</code>."),
+}
+
+# ---------------------------------------------------------------- the gpubudget service
+spawner_token = _secret("spawner-token")
+c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+c.JupyterHub.services = [
+    {
+        "name": "gpubudget",
+        "url": f"http://127.0.0.1:{SERVICE_PORT}",
+        "oauth_no_confirm": True,
+        "command": [sys.executable, "-m", "jupyter_gpubudget.service",
+                    f"--budgets={BUDGETS}", f"--inventory={INVENTORY}",
+                    # the demo schedules on its declared inventory; set "auto" to use this
+                    # machine's GPUs through NVML when it has a driver
+                    "--GpuBudgetService.inventory_source="
+                    + env("GPUBUDGET_INVENTORY_SOURCE", "declared"),
+                    f"--db=sqlite:///{STATE / 'ledger.sqlite'}",
+                    f"--jobs-dir={STATE / 'jobs'}",
+                    f"--cycle-interval={env('GPUBUDGET_CYCLE_INTERVAL', '5')}",
+                    # a spawn is an event: schedule it almost at once
+                    "--GpuBudgetService.event_delay=0.01"],
+        "cwd": str(STATE),
+    },
+    # BudgetSpawner (inside the hub) talks to the service with this token
+    {"name": "gpubudget-spawner", "api_token": spawner_token},
+]
+roles = [
+    {"name": "gpubudget-user", "users": sorted(users - set(budgets.admins)),
+     "scopes": ["self", "custom:gpubudget:submit", "custom:gpubudget:manage",
+                "access:services!service=gpubudget"]},
+    {"name": "gpubudget-admin", "users": sorted(budgets.admins),
+     "scopes": ["admin-ui", "admin:users", "admin:servers", "custom:gpubudget:admin",
+                "access:services!service=gpubudget"]},
+    {"name": "gpubudget-spawner", "services": ["gpubudget-spawner"],
+     "scopes": ["custom:gpubudget:admin"]},
+    # the user's own server may read budgets (the JupyterLab sidebar uses this)
+    {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
+                                  "custom:gpubudget:read",
+                                  "access:services!service=gpubudget"]},
+]
+if env("GPUBUDGET_TEST_TOKEN"):
+    c.JupyterHub.services.append({"name": "gpubudget-test", "api_token": env("GPUBUDGET_TEST_TOKEN")})
+    roles.append({"name": "gpubudget-test", "services": ["gpubudget-test"],
+                  "scopes": ["admin:users", "admin:servers", "read:servers", "admin:server_state",
+                             "custom:gpubudget:admin", "access:services!service=gpubudget"]})
+c.JupyterHub.load_roles = roles
+
+# ---------------------------------------------------------------- BudgetSpawner, local backend
+c.JupyterHub.spawner_class = "jupyter_gpubudget.hub.BudgetSpawner"  # entry point: "gpubudget"
+c.BudgetSpawner.backend_spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+c.BudgetSpawner.service_api_url = f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget/api/v1"
+c.BudgetSpawner.service_token = spawner_token
+c.BudgetSpawner.max_queue_wait = float(env("GPUBUDGET_MAX_QUEUE_WAIT", "1800"))
+c.BudgetSpawner.idle_limit = float(env("GPUBUDGET_IDLE_LIMIT", "3600"))
+c.BudgetSpawner.heartbeat_interval = float(env("GPUBUDGET_HEARTBEAT", "10"))
+c.BudgetSpawner.queue_poll_interval = float(env("GPUBUDGET_QUEUE_POLL", "2"))
+c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
+c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
+c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"
+c.Spawner.http_timeout = 60
+if os.geteuid() == 0:
+    c.Spawner.args = ["--allow-root"]
+# JupyterLab: no news popup in the demo
+lab_settings = STATE / "lab-settings"
+(lab_settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True, exist_ok=True)
+(lab_settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+ ).write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
+c.Spawner.environment = {"JUPYTERLAB_SETTINGS_DIR": str(lab_settings),
+                         "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}

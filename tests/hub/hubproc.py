@@ -1,0 +1,207 @@
+"""Start the project's own hub_config/jupyterhub_config.py (real JupyterHub, real
+configurable-http-proxy, the gpubudget service managed by the hub) on free ports, for tests.
+
+``require(part)``: a missing part skips the test, except with CI=true where it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "hub_config" / "jupyterhub_config.py"
+
+
+def require(ok: bool, what: str) -> None:
+    if ok:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is missing (CI=true: this must not be skipped)")
+    pytest.skip(f"{what} is missing")
+
+
+def require_hub_parts() -> None:
+    try:
+        import jupyterhub  # noqa: F401
+        import jupyterlab  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    require(have, "jupyterhub/jupyterlab (pip install '.[hub]')")
+    require(shutil.which("configurable-http-proxy") is not None,
+            "configurable-http-proxy (npm install -g configurable-http-proxy)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, token: str | None = None, body: object = None,
+         timeout: float = 60) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"token {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw, status = r.read(), r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, (json.loads(raw) if raw else None)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+@dataclass
+class DemoHub:
+    dir: Path
+    url: str
+    token: str  # the "gpubudget-test" service: hub admin + gpubudget admin scopes
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def api(self) -> str:
+        return self.url + "/hub/api"
+
+    @property
+    def svc(self) -> str:
+        return self.url + "/services/gpubudget/api/v1"
+
+    def logtail(self, n: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+    def wait_ready(self, user: str, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            st, u = http("GET", f"{self.api}/users/{user}", self.token)
+            srv = (u or {}).get("servers", {}).get("") if isinstance(u, dict) else None
+            if srv and srv.get("ready"):
+                return srv
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{user}'s server not ready:\n{self.logtail()}")
+            time.sleep(0.2)
+
+    def server_env(self, user: str) -> dict[str, str]:
+        """The environment of the user's running single-user server process."""
+        st, u = http("GET", f"{self.api}/users/{user}", self.token)
+        state = u["servers"][""]["state"]  # type: ignore[index]
+        pid = state["child_state"]["pid"]
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # the hub stops its servers, service, proxy
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        try:  # anything left in the hub's own process group (proxy, service, servers)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None = None,
+                   env: dict | None = None, via_cli: bool = False) -> DemoHub:
+    require_hub_parts()
+    d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    token = secrets.token_hex(16)
+    e = dict(os.environ)
+    e.update({
+        "GPUBUDGET_HUB_DIR": str(d / "state"), "GPUBUDGET_HUB_PORT": str(port),
+        "GPUBUDGET_SERVICE_PORT": str(free_port()), "GPUBUDGET_PROXY_API_PORT": str(free_port()),
+        "GPUBUDGET_HUB_API_PORT": str(free_port()), "GPUBUDGET_TEST_TOKEN": token,
+        "GPUBUDGET_CYCLE_INTERVAL": "1", "GPUBUDGET_QUEUE_POLL": "0.3",
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    })
+    if budgets:
+        e["GPUBUDGET_BUDGETS"] = str(budgets)
+    if inventory:
+        e["GPUBUDGET_INVENTORY"] = str(inventory)
+    e.update(env or {})
+    port = int(e["GPUBUDGET_HUB_PORT"])
+    token = e["GPUBUDGET_TEST_TOKEN"]
+    log = d / "hub.log"
+    if via_cli:
+        cmd = [sys.executable, "-m", "jupyter_gpubudget.cli_hub", "hub", "--port", str(port),
+               "--dir", e["GPUBUDGET_HUB_DIR"]]
+        if budgets:
+            cmd += ["--budgets", str(budgets)]
+        if inventory:
+            cmd += ["--inventory", str(inventory)]
+    else:
+        cmd = [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)]
+    proc = subprocess.Popen(cmd, cwd=d, env=e, stdout=open(log, "ab"),  # noqa: SIM115
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    hub = DemoHub(d, f"http://127.0.0.1:{port}", token, proc, log)
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"hub exited with {proc.returncode}:\n{hub.logtail()}")
+        st, _ = http("GET", hub.svc + "/healthz", timeout=5) if _up(port) else (0, None)
+        if st == 200:
+            return hub
+        if time.monotonic() > deadline:
+            hub.stop()
+            raise TimeoutError(f"hub not up in 90 s:\n{hub.logtail()}")
+        time.sleep(0.2)
+
+
+def _up(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class ProgressReader(threading.Thread):
+    """Reads a spawn's progress event stream (server-sent events) in the background."""
+
+    def __init__(self, url: str, token: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.token = url, token
+        self.events: list[dict] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        req = urllib.request.Request(self.url, headers={"Authorization": f"token {self.token}",
+                                                        "Accept": "text/event-stream"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                for raw in r:
+                    line = raw.decode(errors="replace").strip()
+                    if line.startswith("data:"):
+                        self.events.append(json.loads(line[5:]))
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+
+    def wait_for(self, pred, timeout: float = 60) -> dict:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ev in list(self.events):
+                if pred(ev):
+                    return ev
+            time.sleep(0.1)
+        raise AssertionError(f"no matching progress event; got {self.events} ({self.error})")

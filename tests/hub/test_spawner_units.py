@@ -1,0 +1,215 @@
+"""BudgetSpawner's pure parts: placement -> environment, slice choices and options, the spawn
+form, GPU-idle measurement with a fake NVML, and the entry point / traitlets help."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from jupyter_gpubudget.core.inventory import load_inventory
+from jupyter_gpubudget.hub.idle import gpu_busy
+from jupyter_gpubudget.hub.placement import describe, placement_env
+from jupyter_gpubudget.hub.spawner import BudgetSpawner, normalise_slice, render_form_html
+from jupyter_gpubudget.service.sessions import (
+    check_offered,
+    parse_session,
+    request_from_choice,
+    slice_choices,
+)
+from jupyter_gpubudget.service.validate import Invalid
+
+GPU = {"node": "n1", "gpu": 3, "kind": "gpu", "milli": 1000, "mig_start": -1, "profile": None}
+MIG = {"node": "n1", "gpu": 6, "kind": "mig", "milli": 143, "mig_start": 2, "profile": "1g.10gb"}
+MPS = {"node": "n2", "gpu": 0, "kind": "mps", "milli": 250, "mig_start": -1, "profile": None,
+       "gpu_memory_mib": 4096}
+CPU = {"node": "n1", "gpu": -1, "kind": "cpu", "milli": 0}
+
+
+def test_declared_inventory_gets_stable_derived_ids():
+    env = placement_env([GPU, MIG])
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-n1-3,MIG-n1-6-1g.10gb-2"
+    assert placement_env([GPU])["CUDA_VISIBLE_DEVICES"] == "GPU-n1-3"  # same every time
+
+
+def test_mps_share_sets_the_mps_variables():
+    env = placement_env([MPS])
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-n2-0"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+
+
+def test_cpu_only_hides_every_gpu():
+    assert placement_env([CPU])["CUDA_VISIBLE_DEVICES"] == ""
+    assert placement_env([])["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_nvml_discovery_gives_real_uuids():
+    disc = types.SimpleNamespace(
+        gpu_uuids={3: "GPU-aaaa", 6: "GPU-bbbb"},
+        mig_uuid=lambda gpu, profile, start: "MIG-cccc" if (gpu, profile, start) == (
+            6, "1g.10gb", 2) else None)
+    assert placement_env([GPU, MIG], disc)["CUDA_VISIBLE_DEVICES"] == "GPU-aaaa,MIG-cccc"
+
+
+def test_describe():
+    assert describe([MIG]) == "n1 GPU 6 MIG 1g.10gb"
+    assert describe([GPU, MPS]) == "n1 GPU 3, n2 GPU 0 MPS 25%"
+    assert describe(None) == "CPU only"
+
+
+DEMO_INV = """\
+nodes:
+  - {name: a, model: H100-80GB, gpus: 8, mig: [6, 7]}
+  - {name: b, model: H100-80GB, gpus: 8}
+"""
+
+
+def test_slice_choices_follow_the_inventory():
+    keys = [c["key"] for c in slice_choices(load_inventory(DEMO_INV))]
+    assert keys[:5] == ["cpu", "gpu:1", "gpu:2", "gpu:4", "gpu:8"]
+    assert "mig:1g.10gb" in keys and "mig:7g.80gb" in keys and "mps:250" in keys
+    no_mig = [c["key"] for c in slice_choices(load_inventory(
+        "nodes:\n  - {name: a, model: H100-80GB, gpus: 1}\n"))]
+    assert no_mig == ["cpu", "gpu:1", "mps:250", "mps:500"]
+
+
+def test_requests_no_hardware_could_hold_are_refused():
+    inv = load_inventory(DEMO_INV)
+    check_offered(inv, request_from_choice("mig:1g.10gb"))
+    check_offered(inv, request_from_choice("gpu:8"))
+    for key, field, words in [("mig:9g.1gb", "slice", "offers '9g.1gb'"),
+                              ("mig:1g.18gb", "slice", "offers '1g.18gb'"),
+                              ("gpu:64", "gpus", "has 14 whole GPUs")]:
+        with pytest.raises(Invalid) as e:
+            check_offered(inv, request_from_choice(key))
+        assert e.value.field == field and words in e.value.message, key
+
+
+def test_choice_keys_and_user_options_become_requests():
+    assert request_from_choice("cpu").kind == "cpu"
+    assert request_from_choice("gpu:2").gpus == 2
+    assert request_from_choice("mig:1g.10gb").profile == "1g.10gb"
+    assert request_from_choice("mps:250").milli == 250
+    with pytest.raises(Invalid) as e:
+        request_from_choice("tpu:1")
+    assert e.value.field == "slice"
+    assert normalise_slice({"slice": "mig:1g.10gb"}) == {"slice": "1g.10gb"}
+    assert normalise_slice({"gpus": "2"}) == {"gpus": 2}
+    assert normalise_slice({}) == {"slice": "cpu"}
+
+
+def test_session_body_errors_name_the_field():
+    ok = parse_session({"user": "alice", "project": "p", "slice": "gpu:1", "min_runtime": "2h"})
+    assert ok["request"].gpus == 1 and ok["min_runtime"] == 7200
+    for body, field in [({"project": "p"}, "user"), ({"user": "a"}, "project"),
+                        ({"user": "a", "project": "p", "slice": "mps:5000"}, "slice"),
+                        ({"user": "a", "project": "p", "min_runtime": "soon"}, "min_runtime"),
+                        ({"user": "a", "project": "p", "colour": 1}, "colour")]:
+        with pytest.raises(Invalid) as e:
+            parse_session(body)
+        assert e.value.field == field, body
+
+
+OFFER = {
+    "projects": ["lattice-qcd", "astro"], "inventory": "declared", "inventory_gpus": 16,
+    "min_runtime_cap": 8 * 3600, "now": 1000.0,
+    "choices": [{"key": "cpu", "label": "CPU only (no GPU)"},
+                {"key": "mig:1g.10gb", "label": "MIG 1g.10gb on H100-80GB (1/7 of a GPU)"}],
+    "quotes": {p: {"cpu": {"predicted_start": 1000.0, "protected_s": 0, "cost_gpu_hours": 0,
+                           "backed": True},
+                   "mig:1g.10gb": {"predicted_start": 1000.0 + 1800, "protected_s": 3600,
+                                   "cost_gpu_hours": 0.143, "backed": p == "astro"}}
+               for p in ("lattice-qcd", "astro")},
+}
+
+
+def test_form_offers_projects_slices_quotes_and_names_the_inventory():
+    html = render_form_html(OFFER, "1h")
+    assert "<option value='lattice-qcd' selected>" in html and "<option value='astro'>" in html
+    assert "value='mig:1g.10gb'" in html and "value='cpu' checked" in html
+    assert "declared" in html and "16 GPUs" in html
+    assert "in ~30 min" in html and "0.14 GPU-h" in html
+    assert "unbacked (never protected, preempted first)" in html
+    assert "at most 8.0 h" in html
+    assert "not a member of any project" in render_form_html({**OFFER, "projects": []}, "1h")
+
+
+def test_form_refuses_a_project_the_user_does_not_belong_to():
+    sp = BudgetSpawner.__new__(BudgetSpawner)  # no hub needed for the form logic
+    BudgetSpawner.__init__(sp)
+    sp._offer = OFFER
+    opts = sp.options_from_form({"project": ["astro"], "slice": ["mig:1g.10gb"],
+                                 "min_runtime": ["2h"]})
+    assert opts == {"project": "astro", "slice": "mig:1g.10gb", "min_runtime": "2h"}
+    with pytest.raises(Exception) as e:
+        sp.options_from_form({"project": ["genomics"], "slice": ["cpu"]})
+    assert "not a member of project 'genomics'" in str(e.value)
+    assert "lattice-qcd, astro" in str(e.value)
+
+
+class FakeNvml:
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, util: dict[str, int]) -> None:
+        self.util = util
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, u: str) -> str:
+        if u not in self.util:
+            raise self.NVMLError("not found")
+        return u
+
+    def nvmlDeviceGetUtilizationRates(self, h: str):  # noqa: ANN201
+        return types.SimpleNamespace(gpu=self.util[h], memory=0)
+
+
+def test_gpu_busy_from_fake_nvml():
+    nv = FakeNvml({"GPU-a": 0, "GPU-b": 40})
+    assert gpu_busy(["GPU-a"], 5, nv) is False
+    assert gpu_busy(["GPU-a", "GPU-b"], 5, nv) is True
+    assert gpu_busy(["GPU-n1-0"], 5, nv) is None  # derived demo id: NVML cannot tell
+    assert gpu_busy([], 5, nv) is None
+
+
+def test_gpu_busy_without_a_driver_falls_back():
+    class NoDriver(FakeNvml):
+        def nvmlInit(self) -> None:
+            raise self.NVMLError("Driver Not Loaded")
+
+    assert gpu_busy(["GPU-a"], 5, NoDriver({})) is None
+
+
+def test_every_knob_has_help_and_the_start_timeout_covers_the_queue():
+    for name, trait in BudgetSpawner.class_traits(config=True).items():
+        assert trait.help, f"BudgetSpawner.{name} has no help"
+    sp = BudgetSpawner.__new__(BudgetSpawner)
+    BudgetSpawner.__init__(sp, max_queue_wait=600, backend_start_timeout=60)
+    assert sp.start_timeout >= 660
+
+
+def test_entry_point_name():
+    from importlib.metadata import entry_points
+
+    eps = {e.name: e.value for e in entry_points(group="jupyterhub.spawners")}
+    if "gpubudget" not in eps:
+        from tests.hub.hubproc import require
+
+        require(False, "the jupyterhub.spawners entry point 'gpubudget' (pyproject.toml)")
+    assert eps["gpubudget"] == "jupyter_gpubudget.hub:BudgetSpawner"
+
+
+def test_session_endpoints_have_openapi_paths():
+    from jupyter_gpubudget.service.sessions import openapi_paths
+
+    paths = openapi_paths()
+    assert set(paths) == {"/sessions/offer", "/sessions", "/sessions/{id}",
+                          "/sessions/{id}/heartbeat", "/sessions/{id}/idle"}
+    assert paths["/sessions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "required"] == ["user", "project"]

@@ -17,6 +17,9 @@ def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy) -> flo
     """Seconds: 90th percentile of this user's runs in this project and kind (≥ 3 samples),
     else of the project's runs in this kind, else the declared time limit, else the policy
     default; never beyond the declared limit."""
+    if not history.pooled:  # nothing learnt yet
+        guess = w.time_limit or policy.default_runtime
+        return max(guess, 1.0)
     samples = history.samples.get((w.user, w.project, w.kind))
     if not samples or len(samples) < 3:
         pooled = history.pooled.get((w.project, w.kind))

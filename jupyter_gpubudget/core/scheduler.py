@@ -120,6 +120,7 @@ class Scheduler:
         self._root_demand: dict[str, float] | None = {}
         self._predicted: dict[str, float] = {}
         self._demand: dict[str, float] = {}
+        self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
 
     # ================================================================= building
@@ -414,30 +415,35 @@ class Scheduler:
         failed: set[tuple[object, ...]] = set()
         preempt_failed: dict[tuple[object, ...], tuple[float, ...]] = {}
         pending, paths = self.pending, st.path_standing
-        later: list[Workload] = []  # unbacked work, and work that cannot start in this pass
+        # unbacked work, and work that cannot start in this pass; with the memo generation at
+        # which its shape was known not to fit (-1: not known)
+        later: list[tuple[Workload, int]] = []
+        self._memo_gen = 0
         for _, w in ranked:
             if w.id not in pending:
                 continue
             req = w.request
-            if (req.shape, bisect.bisect_left(res_times, now + self.predict(w))) in failed and not (
-                    req.kind == "gpu" and req.gpus >= 2
-                    and len(self.reservations) < self.policy.max_reservations):
+            end = now + self.predict(w)
+            if (req.shape, bisect.bisect_left(res_times, end) if res_times else 0) in failed \
+                    and not (req.kind == "gpu" and req.gpus >= 2
+                             and len(self.reservations) < self.policy.max_reservations):
                 # its shape no longer fits; skip the backing check unless preemption may help
                 worst = preempt_failed.get(req.shape)
                 if not eligible_pool or (worst is not None and paths[w.project] >= worst):
-                    later.append(w)
+                    later.append((w, self._memo_gen))
                     continue
             if not self.is_backed(w, now):
-                later.append(w)
+                later.append((w, -1))
                 continue
             self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool, out)
         # then unbacked work on whatever is idle (it never preempts), and anything whose shape
-        # may fit again after a preemption freed capacity
-        for w in later:
-            if w.id not in pending:
+        # may fit again after a preemption or reservation reset the memo
+        gen = self._memo_gen
+        for w, known_gen in later:
+            if known_gen == gen or w.id not in pending:
                 continue
             end = now + self.predict(w)
-            memo = (w.request.shape, bisect.bisect_left(res_times, end))
+            memo = (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0)
             if memo in failed:
                 continue
             p = self._place(w, end)
@@ -453,7 +459,7 @@ class Scheduler:
                   pool: dict[str, Workload], out: list[Decision]) -> None:
         end = now + self.predict(w)
         shape = w.request.shape
-        memo = (shape, bisect.bisect_left(res_times, end))
+        memo = (shape, bisect.bisect_left(res_times, end) if res_times else 0)
         if memo not in failed or w.id in self.reservations:
             p = self._place(w, end)
             if p is not None:
@@ -468,6 +474,7 @@ class Scheduler:
             if worst is None or mine < worst:
                 if self._try_preempt(w, end, now, pool, st, out):
                     failed.clear()
+                    self._memo_gen += 1
                     return
                 preempt_failed[shape] = mine if worst is None else min(worst, mine)
         if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
@@ -481,6 +488,7 @@ class Scheduler:
                 self.reservations[w.id] = (at, placement)
                 bisect.insort(res_times, at)
                 failed.clear()  # memo keys depend on reservation times
+                self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
 
     def _victim_pool(self, now: float) -> dict[str, Workload]:

@@ -33,7 +33,8 @@ BudgetError = ConfigError
 
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
-_POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption"}
+_POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
+                "placement", "preemption_margin"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -278,6 +279,13 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, backfill=fields["backfill"].boolean())
     if "preemption" in fields:
         policy = replace(policy, preemption=fields["preemption"].boolean())
+    if "preemption_margin" in fields:
+        policy = replace(policy, preemption_margin=fields["preemption_margin"].number(minimum=0))
+    if "placement" in fields:
+        how = fields["placement"].string()
+        if how not in ("fgd", "pack"):
+            raise fields["placement"].error(f"placement must be 'fgd' or 'pack', got {how!r}")
+        policy = replace(policy, placement=how)
     return policy
 
 

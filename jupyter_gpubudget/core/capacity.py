@@ -9,6 +9,7 @@ a bug elsewhere cannot silently overcommit.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from . import mig as migtab
 from .inventory import Inventory
@@ -87,6 +88,9 @@ class Cluster:
         # MIG GPUs by model and occupancy: model -> (mask, compute) -> ordered set of gpu keys
         self.mig_index: dict[str, dict[tuple[int, int], dict[tuple[int, int], None]]] = {}
         self.allocations: dict[str, Placement] = {}
+        # names of nodes changed since the fragmentation index last looked (None: untracked)
+        self.touched: set[str] | None = None
+        self.frag: Any = None  # placement's fragmentation index, when the policy uses one
         # bumped whenever an occupancy key appears in or leaves mig_index[model]
         self.mig_version: dict[str, int] = {}
         self.mig_scored: dict[tuple[str, str], tuple[int, list]] = {}  # placement's cache
@@ -200,6 +204,8 @@ class Cluster:
                 self._give(wid, s)
             raise
         self.allocations[wid] = placement
+        if self.touched is not None:
+            self.touched.update(placement.nodes)
 
     def load(self, running: Iterable[tuple[str, Placement]]) -> None:
         """Allocate many placements at once (a state read from the ledger): every slice is
@@ -214,6 +220,8 @@ class Cluster:
                 for s in placement.slices:
                     self._take(wid, s, index=False)
                 self.allocations[wid] = placement
+                if self.touched is not None:
+                    self.touched.update(placement.nodes)
         finally:
             for n in self.nodes:
                 self._index_node(n)
@@ -223,6 +231,8 @@ class Cluster:
         if placement is not None:
             for s in placement.slices:
                 self._give(wid, s)
+            if self.touched is not None:
+                self.touched.update(placement.nodes)
         return placement
 
     def _take(self, wid: str, s: SliceAlloc, index: bool = True) -> None:

@@ -26,7 +26,7 @@ It stays in step with a :class:`~jupyter_gpubudget.core.capacity.Cluster` throug
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .capacity import Cluster
 
 BIG = np.int64(1) << 60  # "not tracked" CPU / memory
+_HASH = np.random.default_rng(20230710).integers(1, 2**63, size=64, dtype=np.uint64) | 1
+FIT_WEIGHT = 0.05
 
 
 # ---------------------------------------------------------------------- the mix
@@ -129,6 +131,45 @@ class ShapeMix:
         return out
 
 
+class MixView:
+    """A :class:`ShapeMix`-like view of a plain ``{SliceRequest.shape: weight}`` mapping (the
+    scheduler's histogram of submitted shapes). Re-derived when its size or total changes."""
+
+    def __init__(self, counts: dict[tuple[object, ...], float], threshold: float = 0.95) -> None:
+        self.counts = counts
+        self.threshold = threshold
+        self._sig: tuple[int, float] | None = None
+        self._calls = 0
+        self._ver = 0
+        self._typical: list[tuple[Shape, float]] = []
+
+    def _refresh(self) -> None:
+        self._calls += 1
+        if self._sig is not None and self._calls % 64 and len(self.counts) == self._sig[0]:
+            return  # summing the histogram on every placement is wasted work
+        n, total = len(self.counts), sum(self.counts.values())
+        if self._sig is not None and n == self._sig[0] and total <= self._sig[1] * 1.01:
+            return  # the mix moves slowly: re-derive when a new shape appears or 1 % more came
+        self._sig = (n, total)
+        self._ver += 1
+        mix = ShapeMix(decay=1.0, threshold=self.threshold)
+        for key, w in self.counts.items():
+            if w > 0:
+                shape = Shape.of(SliceRequest(*key))  # type: ignore[arg-type]
+                if shape is not None:
+                    mix.observe(shape, w)
+        self._typical = mix.typical()
+
+    @property
+    def version(self) -> int:
+        self._refresh()
+        return self._ver
+
+    def typical(self) -> list[tuple[Shape, float]]:
+        self._refresh()
+        return self._typical
+
+
 def _shape_key(s: Shape) -> tuple[Any, ...]:
     return (s.milli, s.gpus, s.cpu_milli, s.memory_mib, sorted(s.models or ()))
 
@@ -153,6 +194,8 @@ class FragIndex:
         for i, k in enumerate(gpus_per_node):
             self.free[i, :k] = MILLI
         self.cpu = np.asarray(cpu_free, dtype=np.int64).copy()
+        tracked = self.cpu[self.cpu < BIG]
+        self.cpu_scale = float(tracked.max()) if len(tracked) and tracked.max() > 0 else 1.0
         self.mem = np.asarray(mem_free, dtype=np.int64).copy()
         self.total = self.free.sum(axis=1)
         self.models = list(models)
@@ -161,6 +204,11 @@ class FragIndex:
         self.model_id = np.array([mid[m] for m in self.models], dtype=np.int64)
         self.ok = np.ones(n, dtype=bool)  # healthy / usable
         self.frag_memory = False  # host memory is not part of F (as in the paper)
+        # Weight of best fit next to ΔF, in GPUs: a node's fit score (0 = full, 1 = empty)
+        # counts like fit_weight × that many GPUs of stranded capacity. Pure FGD leaves many
+        # exact ties (ΔF = 0); packing among them keeps larger holes open. 0.05 measured best
+        # on openb (4 seeds, 0.02-0.2 tried; bench/openb.py --policies fgd-index).
+        self.fit_weight = FIT_WEIGHT
         # shape registry
         self.shapes: list[Shape] = []
         self.shape_col: dict[Shape, int] = {}
@@ -173,6 +221,10 @@ class FragIndex:
         self.small = np.zeros((n, 0), dtype=np.int64)  # free on GPUs with free < shape milli
         self._wver = -1
         self._w = np.zeros(0)
+        self._cols_for: np.ndarray | None = None
+        self._cols_cache = np.zeros(0, dtype=np.int64)
+        self._fcur = np.full(n, np.nan)  # F of each node's current state under _fcur_w
+        self._fcur_w: np.ndarray | None = None
 
     # ---- shapes -----------------------------------------------------------
     def column(self, s: Shape) -> int:
@@ -198,7 +250,7 @@ class FragIndex:
             [self.small, np.where(ge, 0, self.free).sum(axis=1)[:, None]], axis=1)
         return c
 
-    def weights(self, mix: ShapeMix) -> np.ndarray:
+    def weights(self, mix: ShapeMix | MixView) -> np.ndarray:
         """Weights per registered column for the mix's typical shapes (cached per version)."""
         if self._wver == mix.version and len(self._w) == len(self.shapes):
             return self._w
@@ -212,6 +264,27 @@ class FragIndex:
         return w
 
     # ---- state ------------------------------------------------------------
+    def recompute(self) -> None:
+        """Derive totals and per-shape counts for every node from ``free`` (bulk loads)."""
+        self.total = self.free.sum(axis=1)
+        self._fcur[:] = np.nan
+        if self.shapes:
+            m = self.s_milli[None, None, :]
+            ge = (self.free[:, :, None] >= m) & (m > 0)
+            self.cnt = ge.sum(axis=1)
+            self.small = np.where(ge, 0, self.free[:, :, None]).sum(axis=1)
+
+    def set_rows(self, rows: np.ndarray, free: np.ndarray) -> None:
+        """New free milli for some nodes (CPU, memory and health set by the caller)."""
+        self.free[rows] = free
+        self.total[rows] = free.sum(axis=1)
+        self._fcur[rows] = np.nan
+        if self.shapes:
+            m = self.s_milli[None, None, :]
+            ge = (free[:, :, None] >= m) & (m > 0)
+            self.cnt[rows] = ge.sum(axis=1)
+            self.small[rows] = np.where(ge, 0, free[:, :, None]).sum(axis=1)
+
     def set_node(self, i: int, free: Sequence[int], cpu: int, mem: int, ok: bool = True) -> None:
         row = self.free[i]
         row[:] = 0
@@ -220,6 +293,7 @@ class FragIndex:
         self.mem[i] = mem
         self.total[i] = row.sum()
         self.ok[i] = ok
+        self._fcur[i] = np.nan
         if self.shapes:
             m = self.s_milli
             ge = (row[:, None] >= m[None, :]) & (m[None, :] > 0)
@@ -229,50 +303,80 @@ class FragIndex:
     def frag(self, nodes: np.ndarray | None = None, w: np.ndarray | None = None) -> np.ndarray:
         """F per node (expected stranded milli under the weights ``w``)."""
         idx = np.arange(self.n) if nodes is None else nodes
-        f = self._f(idx, self.cpu[idx], self.mem[idx], self.cnt[idx], self.small[idx],
+        if w is None:
+            w = np.ones(len(self.shapes)) / max(1, len(self.shapes))
+        cols = self._cols(w)
+        ix = np.ix_(idx, cols)
+        f = self._f(ix, cols, self.cpu[idx], self.mem[idx], self.cnt[ix], self.small[ix],
                     self.total[idx])
-        return f @ (w if w is not None else np.ones(len(self.shapes)) / max(1, len(self.shapes)))
+        return f @ w[cols]
 
-    def _f(self, idx: np.ndarray, cpu: np.ndarray, mem: np.ndarray, cnt: np.ndarray,
-           small: np.ndarray, total: np.ndarray) -> np.ndarray:
-        fits = (self.access[idx]
-                & (cpu[:, None] >= self.s_cpu[None, :])
-                & (cnt >= self.s_gpus[None, :])
-                & (self.s_gpus[None, :] > 0))
+    def _before(self, cand: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """F of the candidates' current states (cached per node until it changes)."""
+        if self._fcur_w is not w:
+            self._fcur[:] = np.nan
+            self._fcur_w = w
+        cur = self._fcur[cand]
+        miss = np.isnan(cur)
+        if miss.any():
+            todo = cand[miss]
+            cur[miss] = self.frag(todo, w)
+            self._fcur[todo] = cur[miss]
+        return cur
+
+    def _cols(self, w: np.ndarray) -> np.ndarray:
+        """Columns with weight: only the typical shapes take part in F."""
+        if self._cols_for is not w:
+            self._cols_cache = np.flatnonzero(w > 0)
+            self._cols_for = w
+        return self._cols_cache
+
+    def _f(self, ix: Any, cols: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+           cnt: np.ndarray, small: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """f per (node, shape column): stranded free milli if that shape arrived next."""
+        gpus = self.s_gpus[cols][None, :]
+        fits = (self.access[ix] & (cpu[:, None] >= self.s_cpu[cols][None, :])
+                & (cnt >= gpus) & (gpus > 0))
         if self.frag_memory:
-            fits &= mem[:, None] >= self.s_mem[None, :]
+            fits &= mem[:, None] >= self.s_mem[cols][None, :]
         return np.where(fits, small, total[:, None])
 
     # ---- scoring ----------------------------------------------------------
     def score_whole(self, s: Shape, w: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """ΔF for taking ``s.gpus`` wholly free GPUs (and the host needs) on each candidate."""
         k = s.gpus
+        cols = self._cols(w)
+        wc = w[cols]
+        ix = np.ix_(cand, cols)
         cpu0, mem0 = self.cpu[cand], self.mem[cand]
-        cnt0, small0, tot0 = self.cnt[cand], self.small[cand], self.total[cand]
-        before = self._f(cand, cpu0, mem0, cnt0, small0, tot0) @ w
+        cnt0, small0, tot0 = self.cnt[ix], self.small[ix], self.total[cand]
+        before = self._before(cand, w)
         # a wholly free GPU counts for every GPU shape (free 1000 >= any milli); taken, it is 0
-        gpu_shape = (self.s_milli > 0)[None, :]
-        after = self._f(cand, cpu0 - s.cpu_milli, mem0 - s.memory_mib,
-                        cnt0 - k * gpu_shape, small0, tot0 - k * MILLI) @ w
+        gpu_shape = (self.s_milli[cols] > 0)[None, :]
+        after = self._f(ix, cols, cpu0 - s.cpu_milli, mem0 - s.memory_mib,
+                        cnt0 - k * gpu_shape, small0, tot0 - k * MILLI) @ wc
         return after - before
 
     def score_share(self, s: Shape, w: np.ndarray, cand: np.ndarray, gpu: np.ndarray
                     ) -> np.ndarray:
         """ΔF for taking ``s.milli`` of GPU ``gpu[j]`` on node ``cand[j]`` (pairs)."""
         u = s.milli
+        cols = self._cols(w)
+        wc = w[cols]
+        ix = np.ix_(cand, cols)
         a = self.free[cand, gpu][:, None]  # free before, per pair
         b = a - u
-        m = self.s_milli[None, :]
+        m = self.s_milli[cols][None, :]
         pos = m > 0
         ge_a = (a >= m) & pos
         ge_b = (b >= m) & pos
-        cnt0, small0, tot0 = self.cnt[cand], self.small[cand], self.total[cand]
+        cnt0, small0, tot0 = self.cnt[ix], self.small[ix], self.total[cand]
         cpu0, mem0 = self.cpu[cand], self.mem[cand]
-        before = self._f(cand, cpu0, mem0, cnt0, small0, tot0) @ w
+        before = self._before(cand, w)
         cnt1 = cnt0 - ge_a + ge_b
         small1 = small0 - np.where(ge_a, 0, a) + np.where(ge_b, 0, b)
-        after = self._f(cand, cpu0 - s.cpu_milli, mem0 - s.memory_mib, cnt1, small1,
-                        tot0 - u) @ w
+        after = self._f(ix, cols, cpu0 - s.cpu_milli, mem0 - s.memory_mib, cnt1, small1,
+                        tot0 - u) @ wc
         return after - before
 
     def candidates_whole(self, s: Shape) -> np.ndarray:
@@ -289,12 +393,32 @@ class FragIndex:
         n, g = np.nonzero(pairs)
         return n, g
 
-    def best_share(self, s: Shape, mix: ShapeMix, dedupe: bool = True
-                   ) -> list[tuple[int, int]]:
-        """Candidate (node, gpu) pairs for a share of one GPU, best (least ΔF) first."""
+    def representatives(self, nodes: np.ndarray) -> np.ndarray:
+        """The first node of each group of identical nodes (same free milli per GPU in any
+        order, free CPU and memory, model): they score alike, so one stands for all."""
+        if len(nodes) < 2 or self.g + 3 > len(_HASH):
+            return nodes
+        f = np.sort(self.free[nodes], axis=1)
+        key = np.concatenate([f, self.cpu[nodes, None], self.mem[nodes, None],
+                              self.model_id[nodes, None]], axis=1).astype(np.uint64)
+        h = (key * _HASH[: key.shape[1]][None, :]).sum(axis=1, dtype=np.uint64)
+        _, first = np.unique(h, return_index=True)
+        return nodes[np.sort(first)]
+
+    def best_share(self, s: Shape, mix: ShapeMix | MixView, dedupe: bool = True
+                   ) -> Sequence[tuple[int, int]]:
+        """Candidate (node, gpu) pairs for a share of one GPU, best (least ΔF) first. With
+        ``dedupe``, one GPU per distinct free amount on a node and one node per group of
+        identical nodes (callers fall back to packing if none of these can take it)."""
         n, g = self.candidates_share(s)
         if len(n) == 0:
             return []
+        if dedupe:  # n comes sorted from nonzero(): its distinct values without a sort
+            nodes = n[np.concatenate(([True], n[1:] != n[:-1]))]
+            keep = np.zeros(self.n, dtype=bool)
+            keep[self.representatives(nodes)] = True
+            sel = keep[n]
+            n, g = n[sel], g[sel]
         if dedupe:  # equal free on one node gives equal ΔF: keep the first GPU of each value
             key = n * (MILLI + 1) + self.free[n, g]
             _, first = np.unique(key, return_index=True)
@@ -302,64 +426,127 @@ class FragIndex:
             n, g = n[first], g[first]
         w = self.weights(mix)
         d = self.score_share(s, w, n, g)
-        # ties: the tighter GPU, then the node with less free CPU, then lower index
-        order = np.lexsort((g, n, self.cpu[n], self.free[n, g], np.round(d, 6)))
-        return list(zip(n[order].tolist(), g[order].tolist(), strict=True))
+        # ΔF plus a little best fit (see fit_weight); ties: the fullest GPU that fits
+        key = np.round(d + self.fit_weight * MILLI * self.fit_score(n), 6)
+        order = np.lexsort((g, n, self.free[n, g], key))
+        return _Pairs(n[order], g[order])
 
-    def best_whole(self, s: Shape, mix: ShapeMix) -> list[int]:
-        """Candidate nodes for ``s.gpus`` whole GPUs on one node, best (least ΔF) first."""
+    def best_whole(self, s: Shape, mix: ShapeMix | MixView, dedupe: bool = True
+                   ) -> Sequence[int]:
+        """Candidate nodes for ``s.gpus`` whole GPUs on one node, best (least ΔF) first (with
+        ``dedupe``: one node per group of identical nodes)."""
         cand = self.candidates_whole(s)
         if len(cand) == 0:
             return []
+        if dedupe:
+            cand = self.representatives(cand)
         w = self.weights(mix)
         d = self.score_whole(s, w, cand)
-        nfree = (self.free[cand] == MILLI).sum(axis=1)
-        order = np.lexsort((cand, self.cpu[cand], nfree, np.round(d, 6)))
-        return cand[order].tolist()
+        key = np.round(d + self.fit_weight * MILLI * self.fit_score(cand), 6)
+        order = np.lexsort((cand, key))
+        return _Ints(cand[order])
+
+    def fit_score(self, nodes: np.ndarray) -> np.ndarray:
+        """Best-fit tie-breaker: free CPU and free GPU, each relative to the largest node
+        (lower = fuller). Nodes that do not track CPU count as having the most."""
+        cpu = np.minimum(self.cpu[nodes], self.cpu_scale) / self.cpu_scale
+        return 0.5 * cpu + 0.5 * self.total[nodes] / (MILLI * self.g)
+
+
+class _Pairs(Sequence[tuple[int, int]]):
+    """(node, GPU) candidates, best first, converted one at a time (callers mostly take the
+    first)."""
+
+    __slots__ = ("n", "g")
+
+    def __init__(self, n: np.ndarray, g: np.ndarray) -> None:
+        self.n, self.g = n, g
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return list(zip(self.n[k].tolist(), self.g[k].tolist(), strict=True))
+        return int(self.n[k]), int(self.g[k])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for k in range(len(self.n)):
+            yield int(self.n[k]), int(self.g[k])
+
+
+class _Ints(Sequence[int]):
+    __slots__ = ("a",)
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return self.a[k].tolist()
+        return int(self.a[k])
+
+    def __iter__(self) -> Iterator[int]:
+        for k in range(len(self.a)):
+            yield int(self.a[k])
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
 
 
 # ---------------------------------------------------------------------- cluster adapter
 
 
-class _TrackedAllocations(dict):  # type: ignore[type-arg]
-    """The cluster's allocation table, noting which nodes each change touches."""
-
-    __slots__ = ("touched",)
-
-    def __init__(self, base: dict[str, Any], touched: set[str]) -> None:
-        super().__init__(base)
-        self.touched = touched
-
-    def __setitem__(self, key: str, placement: Any) -> None:
-        self.touched.update(placement.nodes)
-        super().__setitem__(key, placement)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        p = super().pop(key, *default)
-        if p is not None:
-            self.touched.update(p.nodes)
-        return p
-
-    def __delitem__(self, key: str) -> None:
-        self.touched.update(self[key].nodes)
-        super().__delitem__(key)
-
-
 class ClusterFrag:
     """A :class:`FragIndex` kept in step with a live cluster, plus the mix it scores against."""
 
-    def __init__(self, cluster: Cluster, mix: ShapeMix | None = None) -> None:
+    def __init__(self, cluster: Cluster, mix: ShapeMix | MixView | None = None) -> None:
         self.cluster = cluster
-        self.mix = mix if mix is not None else ShapeMix()
+        self.mix: ShapeMix | MixView = mix if mix is not None else ShapeMix()
         nodes = cluster.nodes
         self.index = FragIndex([len(n.gpus) for n in nodes],
                                [n.gpus[0].model if n.gpus else "" for n in nodes],
-                               [0] * len(nodes), [0] * len(nodes))
+                               [n.cpu_total or int(BIG) for n in nodes],
+                               [n.mem_total or int(BIG) for n in nodes])
         self.touched: set[str] = set()
-        cluster.allocations = _TrackedAllocations(cluster.allocations, self.touched)
+        cluster.touched = self.touched  # the cluster notes the nodes each change touches
         self._health = [n.healthy for n in nodes]
-        for i in range(len(nodes)):
-            self._refresh(i)
+        self._sharing: tuple[int, bool] | None = None
+        self._stale = True  # loaded on first use: a scheduler built from state allocates
+        # its running work right after attaching, and one bulk load covers both
+
+    def _rebuild(self) -> None:
+        """Reload every node from the cluster in one go (at start, or after many changes)."""
+        idx = self.index
+        nodes = self.cluster.nodes
+        free = [[0 if g.mig or g.whole else MILLI - g.used_milli for g in n.gpus] + [0] * (
+            idx.g - len(n.gpus)) for n in nodes]
+        idx.free[:, :] = np.asarray(free, dtype=np.int64).reshape(idx.n, idx.g)
+        idx.cpu[:] = [n.cpu_total - n.cpu_used if n.cpu_total else int(BIG) for n in nodes]
+        idx.mem[:] = [n.mem_total - n.mem_used if n.mem_total else int(BIG) for n in nodes]
+        self._health = [n.healthy for n in nodes]
+        idx.ok[:] = self._health
+        idx.recompute()
+        self.touched.clear()
+        self._stale = False
+
+    def _load(self, rows: list[int]) -> None:
+        """Reload some nodes from the cluster, vectorised over them."""
+        idx = self.index
+        nodes = self.cluster.nodes
+        pad = idx.g
+        free = []
+        for i in rows:
+            n = nodes[i]
+            f = [0 if g.mig or g.whole else MILLI - g.used_milli for g in n.gpus]
+            free.append(f + [0] * (pad - len(f)))
+            idx.cpu[i] = n.cpu_total - n.cpu_used if n.cpu_total else int(BIG)
+            idx.mem[i] = n.mem_total - n.mem_used if n.mem_total else int(BIG)
+            idx.ok[i] = self._health[i] = n.healthy
+        idx.set_rows(np.asarray(rows, dtype=np.int64), np.asarray(free, dtype=np.int64))
 
     def _refresh(self, i: int) -> None:
         n = self.cluster.nodes[i]
@@ -370,31 +557,75 @@ class ClusterFrag:
         self._health[i] = n.healthy
 
     def sync(self) -> None:
+        if self._stale or len(self.touched) > len(self.cluster.nodes) // 2:
+            self._rebuild()
+            return
         if self.touched:
             by_name = self.cluster.by_name
-            for name in sorted(self.touched):
-                self._refresh(by_name[name].idx)
+            self._load(sorted(by_name[name].idx for name in self.touched))
             self.touched.clear()
-        for i, n in enumerate(self.cluster.nodes):  # health flips are rare; cheap check
-            if n.healthy != self._health[i]:
-                self._refresh(i)
+        health = [n.healthy for n in self.cluster.nodes]
+        if health != self._health:  # health flips are rare
+            for i, h in enumerate(health):
+                if h != self._health[i]:
+                    self._refresh(i)
 
     def observe(self, req: SliceRequest) -> None:
-        self.mix.observe(req)
+        if isinstance(self.mix, ShapeMix):
+            self.mix.observe(req)
+
+    def sharing(self) -> bool:
+        """Should whole-GPU requests be placed by FGD too? Only when GPU sharing is part of the
+        mix *and* the mix asks for host CPU or memory: then which node a whole GPU comes from
+        decides whether shares (and their CPU) still fit. Otherwise best fit strands nothing
+        that FGD would save, at a fraction of the cost."""
+        ver = self.mix.version
+        if self._sharing is None or self._sharing[0] != ver:
+            typ = self.mix.typical()
+            shares = any(0 < s.milli < MILLI for s, _ in typ)
+            host = any(s.cpu_milli > 0 or s.memory_mib > 0 for s, _ in typ)
+            self._sharing = (ver, shares and host)
+        return self._sharing[1]
+
+    def rank_share(self, req: SliceRequest) -> Sequence[tuple[int, int]] | None:
+        """(node index, GPU index) candidates for an MPS share, least fragmentation first, or
+        None when there is no mix to score against yet (the caller then packs). The caller
+        still checks reservations, GPU memory and host fit on each."""
+        s = Shape.of(req)
+        if s is None or not self.mix.typical():
+            return None
+        self.sync()
+        return self.index.best_share(s, self.mix)
+
+    def rank_whole(self, req: SliceRequest) -> Sequence[int] | None:
+        """Node indices with enough wholly free GPUs for ``req`` on one node, least
+        fragmentation first (models and reservations are the caller's to check); None when
+        there is no mix yet."""
+        s = Shape.of(req)
+        if s is None or not self.mix.typical():
+            return None
+        self.sync()
+        return self.index.best_whole(s, self.mix)
 
 
-def index_for(cluster: Cluster, mix: ShapeMix | None = None) -> ClusterFrag:
+def active(cluster: Cluster) -> ClusterFrag | None:
+    """The cluster's FGD index if one was attached (the scheduler attaches one when its policy
+    says ``placement: fgd``), else None: placement then packs without it."""
+    return cluster.frag  # type: ignore[no-any-return]
+
+
+def index_for(cluster: Cluster, mix: ShapeMix | MixView | None = None) -> ClusterFrag:
     """The cluster's FGD index (created on first use; ``mix`` replaces the mix if given)."""
-    cf = cluster.__dict__.get("_frag")
+    cf = cluster.frag
     if cf is None:
         cf = ClusterFrag(cluster, mix)
-        cluster.__dict__["_frag"] = cf
+        cluster.frag = cf
     elif mix is not None:
         cf.mix = mix
     return cf
 
 
-def cluster_fragmentation(cluster: Cluster, mix: ShapeMix | None = None) -> float:
+def cluster_fragmentation(cluster: Cluster, mix: ShapeMix | MixView | None = None) -> float:
     """Expected stranded GPU fraction of the cluster's free capacity under the mix (0..1)."""
     cf = index_for(cluster, mix)
     cf.sync()
@@ -408,5 +639,5 @@ def cluster_fragmentation(cluster: Cluster, mix: ShapeMix | None = None) -> floa
     return float(idx.frag(np.flatnonzero(idx.ok), w).sum() / free)
 
 
-__all__ = ["Shape", "ShapeMix", "FragIndex", "ClusterFrag", "index_for",
+__all__ = ["Shape", "ShapeMix", "MixView", "FragIndex", "ClusterFrag", "active", "index_for",
            "cluster_fragmentation"]

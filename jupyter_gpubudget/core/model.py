@@ -192,6 +192,11 @@ class Policy:
     max_reservations: int = 8  # blocked gangs that get a reservation per cycle
     backfill: bool = True
     preemption: bool = True
+    placement: str = "fgd"  # "fgd": fragmentation-aware (core/fragmentation.py) | "pack"
+    # a backed victim's project must stand above the requester's — counted after its
+    # protected run — by more than this factor (1 + margin), at the first level where their
+    # paths differ; 0 already stops two projects from taking turns preempting each other
+    preemption_margin: float = 0.0
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:

@@ -8,6 +8,10 @@ Packing rules, so that fragments don't strand capacity:
   profiles placeable (see :func:`mig.potential`);
 - MPS shares go to the fullest shared GPU that still fits them, and only then open a free GPU
   on the fullest node.
+- unless the cluster carries an FGD index (``fragmentation.index_for``; the default policy,
+  ``placement: fgd``): then MPS shares — and whole GPUs on one node, when the mix has both
+  shares and host CPU/memory requests — go where the expected stranded capacity grows least
+  (see :mod:`fragmentation`); the rules above remain the fallback.
 
 ``end`` is the predicted end of the workload: a GPU reserved for a blocked gang from time T
 is used only when ``end <= T`` (backfill).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from . import fragmentation as frag
 from . import mig as migtab
 from .capacity import Cluster, Gpu, NodeCap
 from .model import MILLI, Placement, SliceAlloc, SliceRequest
@@ -82,6 +87,17 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
     if need <= 0:
         return place_cpu(cluster, req)
     models = _models(req)
+    fgd = frag.active(cluster)
+    ranked = fgd.rank_whole(req) if fgd is not None and fgd.sharing() else None
+    if ranked is not None:  # one node, least fragmentation
+        for idx in ranked:
+            n = cluster.nodes[idx]
+            if not n.host_fits(req.cpu_milli, req.memory_mib):
+                continue
+            free = _usable_whole(n, models, end) if (models or _any_reserved(n)) else list(n.free_whole)
+            if len(free) >= need:
+                return Placement(tuple(_whole_slices(n, _pick_in_node(n, free, need), req, True)))
+        # none of the ranked nodes (one per group of identical nodes) could: best fit below
     buckets = cluster.whole_buckets
     # one node, best fit
     for k in range(need, len(buckets)):
@@ -225,6 +241,14 @@ def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
     if not 0 < req.milli <= MILLI:
         return None
     models = _models(req)
+    fgd = frag.active(cluster)
+    shares = fgd.rank_share(req) if fgd is not None else None
+    if shares is not None:  # least fragmentation (the index already left out what cannot fit)
+        for i, gi in shares:
+            g = cluster.nodes[i].gpus[gi]
+            if _mps_ok(g, req, models, end):
+                return _mps_alloc(g, req)
+        # none of the ranked GPUs could (reservations, GPU memory): pack below
     room = MILLI - req.milli
     for used in sorted((u for u in cluster.shared if u <= room), reverse=True):
         for key in cluster.shared[used]:

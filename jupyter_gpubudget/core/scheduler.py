@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from . import fragmentation
 from . import mig as migtab
 from .accounts import AccountTree
 from .backfill import plan_reservation, predict_runtime
@@ -110,6 +111,8 @@ class Scheduler:
         self.drained: set[str] = set()
         self.mix: dict[tuple[object, ...], float] = {}  # decayed histogram of request shapes
         self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
+        if self.policy.placement == "fgd":  # score placements against the shapes seen so far
+            fragmentation.index_for(self.cluster, fragmentation.MixView(self.mix))
         self._grants: dict[str, float] | None = None
         self._st: Standings | None = None
         self._committed: dict[str, float] = {}
@@ -497,10 +500,30 @@ class Scheduler:
 
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
                      st: Standings, out: list[Decision]) -> bool:
-        mine = st.path_standing[w.project]
+        margin = self.policy.preemption_margin
+        need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
+        mine = self.accounts.path(w.project)
+        grants = self.grants()
+        verdict: dict[str, bool] = {}
+
+        def below_victim(project: str) -> bool:
+            """At the first level where the paths differ, would the requester's account —
+            charged for this workload's protected time — still stand below the victim's?
+            (Kueue's "less than or equal to final share" rule: no flip-back, no thrash.)"""
+            if project not in verdict:
+                ok = False
+                for mine_acc, theirs in zip(mine, self.accounts.path(project), strict=False):
+                    if mine_acc != theirs:
+                        g = grants.get(mine_acc, 0.0)
+                        after = (st.usage[mine_acc] + need) / g if g > 0 else INF
+                        ok = st.standing[theirs] > after * (1.0 + margin)
+                        break
+                verdict[project] = ok
+            return verdict[project]
+
         eligible = {wid: v for wid, v in pool.items()
                     if wid in self.running and (not v.backed or (
-                        v.project in st.path_standing and mine < st.path_standing[v.project]))}
+                        v.project in st.path_standing and below_victim(v.project)))}
         if not eligible:
             return False
         victims = choose_victims(self.cluster, w.request, end, eligible,

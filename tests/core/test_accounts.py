@@ -83,6 +83,10 @@ BAD = [
      "policy.min_runtime_cap.gpu", 1, "unknown key"),
     ("accounts:\n  a: {grant: true}\n", "accounts.a.grant", 2, "expected a number"),
     ("a: &x [*x]\n", "", None, "alias"),
+    ("policy: {placement: spread}\naccounts: {a: {grant: 1}}\n", "policy.placement", 1,
+     "'fgd' or 'pack'"),
+    ("policy: {preemption_margin: -1}\naccounts: {a: {grant: 1}}\n",
+     "policy.preemption_margin", 1, "must be ≥ 0"),
 ]
 
 

@@ -288,3 +288,29 @@ def test_predicted_starts_replay_the_queue():
     assert got["p1"] == NOW + 2 * HOUR  # when r1 is predicted to end
     assert got["p2"] == NOW + 5 * HOUR  # both GPUs free once r2 ends
     assert "big" not in got  # never fits on two GPUs
+
+
+def test_preemption_needs_a_clear_margin_in_standing():
+    """b stands only a little above a: no preemption (no taking turns); far above: preempted."""
+    from dataclasses import replace as dc_replace
+
+    for b_used, expect in ((55, False), (90, True)):
+        s = Scheduler(tree(), inventory(gpus=1), policy=dc_replace(Policy(), preemption_margin=0.25))
+        s.meter.add(charge("a", 50))
+        s.meter.add(charge("b", b_used))
+        s.submit(job("b1", "b"), NOW)
+        s.submit(job("a1", "a", at=1), NOW)
+        preempted = [d.workload for d in s.cycle(NOW + 1) if isinstance(d, Preempt)]
+        assert preempted == (["b1"] if expect else [])
+
+
+def test_no_preemption_that_would_flip_back():
+    """a stands just below b; a's workload asks for 10 protected GPU-hours, after which a would
+    stand above b: preempting b now would only hand the GPU back later, so it is not done."""
+    for min_runtime, expect in ((10 * HOUR, []), (0.0, ["b1"])):
+        s = Scheduler(tree(), inventory(gpus=1))
+        s.meter.add(charge("a", 50))
+        s.meter.add(charge("b", 52))
+        s.submit(job("b1", "b"), NOW)
+        s.submit(job("a1", "a", at=1, min_runtime=min_runtime), NOW)
+        assert [d.workload for d in s.cycle(NOW + 1) if isinstance(d, Preempt)] == expect

@@ -1,0 +1,426 @@
+"""The discrete-event simulator: a simulated clock feeding the very same scheduling core.
+
+Events, in time order (equal times in a fixed order: node recoveries, budget changes, node
+failures, completions, arrivals, then one full cycle if one is due):
+
+- **arrival**: ``Scheduler.submit`` — starts at once if it fits idle capacity;
+- **completion**: ``Scheduler.finish`` — releases capacity and fills it from the queue;
+- **node failure / recovery**: ``Scheduler.fail_node`` stops everything on the node (protection
+  does not apply); work that can continue is requeued (see below); ``set_healthy`` later;
+- **budget change**: ``Scheduler.set_accounts``;
+- **cycle**: ``Scheduler.cycle`` every ``cycle_interval`` simulated seconds while anything is
+  pending (re-rank by standing, preempt, reserve, backfill), plus when protection expires.
+
+How decisions are carried out:
+
+- ``Start``: the workload runs for its remaining work (+ the restore cost if it resumes from a
+  snapshot); its completion is scheduled.
+- ``Preempt`` (and node failure):
+  * an **interactive** session is snapshotted (``snapshot_cost`` seconds, after which it is
+    requeued with its progress) and pays ``restore_cost`` when it starts again; on a failed node
+    there is nothing to snapshot: the session restarts from its last snapshot (its beginning);
+  * a **resumable** job is requeued at once with its remaining work (checkpointed progress);
+  * a **non-resumable** job loses its progress: it is resubmitted from scratch
+    (``nonresumable="restart"``, the default) or dropped (``"drop"``).
+  Lost GPU-hours count the progress thrown away plus snapshot/restore time.
+  Simplification: the snapshot's seconds are charged as lost time, but the core has already
+  released the capacity at the preemption instant.
+
+Results are deterministic: no wall clock, no unordered iteration, a seeded RNG for failures.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..core import fragmentation
+from ..core.accounts import AccountTree
+from ..core.inventory import Inventory
+from ..core.model import HOUR, MILLI, Drain, Policy, Preempt, Reserve, Start, Workload
+from ..core.scheduler import Scheduler, request_milli
+from . import fastmeter
+from .traces import Trace, TraceJob
+
+# event kinds, in the order they are handled at equal times
+RECOVER, BUDGET, FAIL, FINISH, REQUEUE, ARRIVE = range(6)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    at: float  # seconds from the trace start
+    node: str
+    down_for: float = 4 * HOUR
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetChange:
+    at: float
+    accounts: AccountTree
+
+
+@dataclass(slots=True)
+class SimConfig:
+    cycle_interval: float = 600.0  # full cycle every 10 simulated minutes (while work waits)
+    idle_cycle_interval: float = 3600.0  # ... but only this often when nothing changed
+    snapshot_cost: float = 60.0  # seconds to snapshot an interactive session
+    restore_cost: float = 60.0  # seconds to restore it
+    nonresumable: str = "restart"  # or "drop"
+    checkpoint_interval: float = 0.0  # resumable jobs keep progress up to their last
+    # checkpoint, taken every this many seconds of progress (0: progress is never lost)
+    samples: int = 600  # utilisation / fragmentation samples over the run
+    failures: Sequence[NodeFailure] = ()
+    failure_rate: float = 0.0  # random node failures per node per day (seeded)
+    failure_down: float = 4 * HOUR
+    budget_changes: Sequence[BudgetChange] = ()
+    horizon: float | None = None  # stop the clock here (default: when all work is done)
+    seed: int = 0
+    fast_meter: bool = True  # incremental usage meter (same figures; see fastmeter.py)
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """What happened to one workload."""
+
+    job: TraceJob
+    remaining: float  # seconds of work left
+    milli: int = 0
+    first_start: float | None = None
+    end: float | None = None
+    started_at: float | None = None
+    run_for: float = 0.0  # length of the current run (work + restore)
+    overhead: float = 0.0  # restore seconds at the start of the current run
+    token: int = 0  # bumps on every start; stale completions are ignored
+    preemptions: int = 0
+    failures: int = 0
+    lost_gpu_hours: float = 0.0
+    gpu_hours: float = 0.0  # charged (delivered) GPU-hours
+    dropped: bool = False
+    backed_starts: int = 0
+    unbacked_starts: int = 0
+    restarts_from_snapshot: int = 0
+
+    @property
+    def wait(self) -> float | None:
+        return None if self.first_start is None else self.first_start - self.job.submit
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.end is None else self.end - self.job.submit
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float
+    used_milli: int
+    total_milli: int
+    stranded_milli: int
+    pending: int
+    running: int
+
+
+@dataclass(slots=True)
+class SimResult:
+    records: dict[str, JobRecord]
+    samples: list[Sample]
+    start: float
+    end: float
+    total_milli: int
+    accounts: AccountTree
+    policy: Policy
+    events: int
+    cycles: int
+    decisions: dict[str, int] = field(default_factory=dict)
+    project_hours: dict[str, float] = field(default_factory=dict)  # delivered, per project
+    trace_source: str = ""
+
+
+class Simulator:
+    def __init__(self, trace: Trace, accounts: AccountTree, inventory: Inventory,
+                 policy: Policy | None = None, config: SimConfig | None = None,
+                 progress: Callable[[float, float], None] | None = None) -> None:
+        self.trace = trace
+        self.accounts = accounts
+        self.inventory = inventory
+        self.policy = policy or Policy()
+        self.cfg = config or SimConfig()
+        self.progress = progress
+        self.sched = Scheduler(accounts, inventory, self.policy)
+        if self.cfg.fast_meter:
+            fastmeter.install(self.sched)
+        # fragmentation-aware placement, as the policy says (default "fgd"): the scheduler's
+        # cluster gets an FGD index scored against the scheduler's own histogram of shapes
+        if (getattr(self.policy, "placement", "fgd") == "fgd"
+                and fragmentation.active(self.sched.cluster) is None
+                and isinstance(getattr(self.sched, "mix", None), dict)):
+            fragmentation.index_for(self.sched.cluster, fragmentation.MixView(self.sched.mix))
+        self.records: dict[str, JobRecord] = {}
+        self.heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.events = 0
+        self.cycles = 0
+        self.decisions = {"start": 0, "preempt": 0, "reserve": 0, "drain": 0}
+        self.samples: list[Sample] = []
+        self.project_hours: dict[str, float] = {}
+        self._dirty = True  # something happened since the last full cycle
+        self._expiries: list[float] = []  # protection ends (a cycle may then preempt)
+        nodes = {n.name for n in inventory.nodes}
+        for f in self.cfg.failures:
+            if f.node not in nodes:
+                raise ValueError(f"failure of unknown node {f.node!r}")
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, kind, self._seq, payload))
+
+    def _workload(self, r: JobRecord, now: float) -> Workload:
+        j = r.job
+        snap = self.cfg.snapshot_cost if j.kind == "interactive" else 0.0
+        tl = j.time_limit
+        return Workload(j.id, j.project, j.user, j.request, now, j.kind, j.min_runtime,
+                        j.resumable, tl, snap)
+
+    # ------------------------------------------------------------------ decisions
+    def _apply(self, decisions: Sequence[object], now: float) -> None:
+        for d in decisions:
+            if isinstance(d, Start):
+                self._on_start(d, now)
+            elif isinstance(d, Preempt):
+                self.decisions["preempt"] += 1
+                self._on_stop(d.workload, now, failure=False)
+            elif isinstance(d, Reserve):
+                self.decisions["reserve"] += 1
+            elif isinstance(d, Drain):
+                self.decisions["drain"] += 1
+
+    def _on_start(self, d: Start, now: float) -> None:
+        self.decisions["start"] += 1
+        r = self.records[d.workload]
+        r.token += 1
+        r.started_at = now
+        r.milli = d.placement.milli
+        if r.first_start is None:
+            r.first_start = now
+        if d.backed:
+            r.backed_starts += 1
+        else:
+            r.unbacked_starts += 1
+        r.run_for = r.remaining + r.overhead
+        if r.overhead:  # restoring from a snapshot: GPU time that delivers no progress
+            r.lost_gpu_hours += r.milli / MILLI * r.overhead / HOUR
+        if d.protected_until is not None and d.protected_until > now:
+            heapq.heappush(self._expiries, d.protected_until)
+        self._push(now + r.run_for, FINISH, (d.workload, r.token))
+
+    def _charge(self, r: JobRecord, now: float) -> float:
+        """Close the current run's charge; returns its elapsed seconds."""
+        assert r.started_at is not None
+        elapsed = max(0.0, now - r.started_at)
+        hours = r.milli / MILLI * elapsed / HOUR
+        r.gpu_hours += hours
+        p = r.job.project
+        self.project_hours[p] = self.project_hours.get(p, 0.0) + hours
+        r.started_at = None
+        return elapsed
+
+    def _on_stop(self, wid: str, now: float, failure: bool) -> None:
+        r = self.records[wid]
+        r.token += 1  # its scheduled completion is now stale
+        elapsed = self._charge(r, now)
+        progress = max(0.0, elapsed - r.overhead)
+        frac = r.milli / MILLI
+        if failure:
+            r.failures += 1
+        else:
+            r.preemptions += 1
+        j = r.job
+        if j.kind == "interactive" and not failure:
+            # snapshot, then requeue with progress kept; restore when it starts again
+            r.remaining = max(0.0, r.remaining - progress)
+            r.lost_gpu_hours += frac * self.cfg.snapshot_cost / HOUR
+            r.overhead = self.cfg.restore_cost
+            r.restarts_from_snapshot += 1
+            self._push(now + self.cfg.snapshot_cost, REQUEUE, wid)
+        elif j.resumable and j.kind != "interactive":
+            ci = self.cfg.checkpoint_interval
+            done = j.duration - r.remaining + progress  # total progress, with this run's
+            kept = (done // ci) * ci if ci > 0 else done
+            kept = max(kept, j.duration - r.remaining)  # earlier checkpoints stay
+            r.lost_gpu_hours += frac * (done - kept) / HOUR
+            r.remaining = max(0.0, j.duration - kept)
+            r.overhead = 0.0
+            self._push(now, REQUEUE, wid)
+        else:
+            r.lost_gpu_hours += frac * progress / HOUR
+            if self.cfg.nonresumable == "drop" and j.kind != "interactive":
+                r.dropped = True
+                r.end = None
+                return
+            r.remaining = j.duration
+            r.overhead = 0.0
+            self._push(now, REQUEUE, wid)
+        if r.remaining <= 0.0:  # nothing left to do: it finished as it was stopped
+            r.end = now
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        jobs = self.trace.jobs
+        if not jobs:
+            raise ValueError("the trace has no workloads")
+        for j in jobs:
+            if j.id in self.records:
+                raise ValueError(f"duplicate workload id {j.id!r} in the trace")
+            self.records[j.id] = JobRecord(j, j.duration)
+            self._push(j.submit, ARRIVE, j.id)
+        t0 = min(j.submit for j in jobs)
+        span_guess = max(j.submit + j.duration for j in jobs) - t0
+        for f in self.cfg.failures:
+            self._push(t0 + f.at, FAIL, (f.node, f.down_for))
+        if self.cfg.failure_rate > 0:
+            rng = random.Random(self.cfg.seed)
+            rate = self.cfg.failure_rate / 86400.0
+            for n in self.inventory.nodes:
+                t = t0 + rng.expovariate(rate)
+                while t < t0 + span_guess:
+                    self._push(t, FAIL, (n.name, self.cfg.failure_down))
+                    t += self.cfg.failure_down + rng.expovariate(rate)
+        for b in self.cfg.budget_changes:
+            self._push(t0 + b.at, BUDGET, b.accounts)
+
+        sched = self.sched
+        total = sched.cluster.total_milli
+        interval = self.cfg.cycle_interval
+        sample_every = max(interval, span_guess / max(1, self.cfg.samples))
+        next_sample = t0
+        next_cycle = t0
+        horizon = t0 + self.cfg.horizon if self.cfg.horizon is not None else None
+        now = t0
+        last_report = 0.0
+        heap = self.heap
+        while True:
+            if not heap:
+                if not sched.pending:
+                    break
+                # nothing else will happen: one last cycle may still start (or preempt) work
+                now = max(now, next_cycle)
+                if horizon is not None and now > horizon:
+                    break
+                self._cycle(now)
+                next_cycle = now + interval
+                if not heap:
+                    break
+                continue
+            t = heap[0][0]
+            # a full cycle is due before the next event (only while work waits, and only when
+            # something changed: an event, a protection ending, or an hour of window sliding)
+            if sched.pending and next_cycle <= t:
+                cand = max(now, next_cycle)
+                if horizon is not None and cand > horizon:
+                    break
+                exp = self._expiries
+                while exp and exp[0] <= self._last_cycle:
+                    heapq.heappop(exp)
+                if (self._dirty or (exp and exp[0] <= cand)
+                        or cand >= self._last_cycle + self.cfg.idle_cycle_interval):
+                    now = cand
+                    self._cycle(now)
+                next_cycle = cand + interval
+                continue
+            if horizon is not None and t > horizon:
+                break
+            now = t
+            while next_sample <= now:
+                self._sample(next_sample, total)
+                next_sample += sample_every
+            # all events at this instant, in kind order
+            while heap and heap[0][0] == t:
+                _, kind, _, payload = heapq.heappop(heap)
+                self.events += 1
+                self._dirty = True
+                self._handle(kind, payload, now)
+            if not sched.pending:
+                next_cycle = max(next_cycle, now)
+            if self.progress and now - last_report > span_guess / 200:
+                last_report = now
+                self.progress(now - t0, span_guess)
+        end = now
+        if horizon is not None and (heap or sched.pending or sched.running):
+            end = max(now, horizon)  # stopped by the horizon: the figures run up to it
+        for r in self.records.values():  # still running at the horizon: charge up to it
+            if r.started_at is not None:
+                self._charge(r, end)
+        self._sample(end, total)
+        if self.progress:
+            self.progress(span_guess, span_guess)
+        return SimResult(self.records, self.samples, t0, end, total, sched.accounts,
+                         self.policy, self.events, self.cycles, dict(self.decisions),
+                         dict(self.project_hours), self.trace.source)
+
+    _last_cycle = float("-inf")
+
+    def _cycle(self, now: float) -> None:
+        self.cycles += 1
+        self._dirty = False
+        self._last_cycle = now
+        self._apply(self.sched.cycle(now), now)
+
+    def _sample(self, t: float, total: int) -> None:
+        c = self.sched.cluster
+        self.samples.append(Sample(t, c.used_milli, total, c.stranded_milli(),
+                                   len(self.sched.pending), len(self.sched.running)))
+
+    def _handle(self, kind: int, payload: object, now: float) -> None:
+        sched = self.sched
+        if kind == ARRIVE or kind == REQUEUE:
+            wid = payload
+            assert isinstance(wid, str)
+            r = self.records[wid]
+            if r.end is not None or r.dropped:
+                return
+            self._apply(sched.submit(self._workload(r, now), now), now)
+        elif kind == FINISH:
+            wid, token = payload  # type: ignore[misc]
+            r = self.records[wid]
+            if token != r.token or r.started_at is None:
+                return  # preempted since; this completion never happens
+            self._charge(r, now)
+            r.remaining = 0.0
+            r.end = now
+            self._apply(sched.finish(wid, now), now)
+        elif kind == FAIL:
+            node, down = payload  # type: ignore[misc]
+            if node in sched.unhealthy:
+                return
+            for wid in sched.fail_node(node, now):
+                self._on_stop(wid, now, failure=True)
+            self._push(now + down, RECOVER, node)
+        elif kind == RECOVER:
+            sched.set_healthy(str(payload), True)
+            self._cycle(now)
+        elif kind == BUDGET:
+            assert isinstance(payload, AccountTree)
+            sched.set_accounts(payload)
+            self.accounts = payload
+            self._cycle(now)
+
+
+def simulate(trace: Trace, accounts: AccountTree, inventory: Inventory,
+             policy: Policy | None = None, config: SimConfig | None = None,
+             progress: Callable[[float, float], None] | None = None) -> SimResult:
+    return Simulator(trace, accounts, inventory, policy, config, progress).run()
+
+
+def fits_somewhere(inventory: Inventory, job: TraceJob) -> bool:
+    """Could the request ever be placed on an empty cluster? (Used to warn about traces that
+    ask for more than the inventory has.)"""
+    from ..core.capacity import Cluster
+    from ..core.placement import place
+
+    return place(Cluster(inventory), job.request, float("inf")) is not None
+
+
+__all__ = ["Simulator", "SimConfig", "SimResult", "JobRecord", "Sample", "NodeFailure",
+           "BudgetChange", "simulate", "fits_somewhere", "request_milli"]

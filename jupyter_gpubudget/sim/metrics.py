@@ -1,0 +1,164 @@
+"""Figures from a simulation: waits and JCT per kind, share of grant delivered per project and
+program, utilisation, preemptions and lost GPU-hours, fragmentation.
+
+Definitions (documented in docs/simulator.md):
+- **wait**: first start − submission (seconds); workloads that never started are counted in
+  ``never_started`` and left out of the percentiles.
+- **JCT**: completion − submission, for completed workloads.
+- **delivered**: GPU-hours charged to a project over the run (slice fraction × run time).
+- **grant share**: the account's effective grant / the sum of its siblings' (or, for programs,
+  the top level's) grants; **delivered share**: its delivered GPU-hours / the same sum among
+  siblings. ``delivered_vs_grant`` = delivered share / grant share (1.0 = exactly its grant's
+  share; projects with no demand deliver less, and idle capacity goes to whoever wants it).
+- **utilisation**: GPU-hours charged / (GPU capacity × span).
+- **stranded**: free GPU capacity on partly used GPUs (shared or MIG), as a fraction of the
+  cluster's capacity (mean over samples).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..core.accounts import AccountTree
+from ..core.model import HOUR, KINDS
+from .engine import SimResult
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q, method="linear"))
+
+
+def compute(res: SimResult) -> dict[str, Any]:
+    span = max(res.end - res.start, 1e-9)
+    cap_hours = res.total_milli / 1000 * span / HOUR
+    kinds: dict[str, Any] = {}
+    for kind in KINDS:
+        recs = [r for r in res.records.values() if r.job.kind == kind]
+        if not recs:
+            continue
+        waits = [r.wait for r in recs if r.wait is not None]
+        jcts = [r.jct for r in recs if r.jct is not None]
+        kinds[kind] = {
+            "count": len(recs),
+            "completed": len(jcts),
+            "never_started": sum(1 for r in recs if r.first_start is None),
+            "dropped": sum(1 for r in recs if r.dropped),
+            "wait_p50_s": _pct(waits, 50), "wait_p90_s": _pct(waits, 90),
+            "wait_p99_s": _pct(waits, 99),
+            "wait_mean_s": float(np.mean(waits)) if waits else None,
+            "jct_p50_s": _pct(jcts, 50), "jct_p90_s": _pct(jcts, 90),
+            "jct_mean_s": float(np.mean(jcts)) if jcts else None,
+            "preemptions": sum(r.preemptions for r in recs),
+            "preempted_workloads": sum(1 for r in recs if r.preemptions),
+            "lost_gpu_hours": sum(r.lost_gpu_hours for r in recs),
+        }
+    delivered = sum(res.project_hours.values())
+    out: dict[str, Any] = {
+        "trace": res.trace_source,
+        "workloads": len(res.records),
+        "span_hours": span / HOUR,
+        "gpus": res.total_milli / 1000,
+        "events": res.events,
+        "cycles": res.cycles,
+        "decisions": res.decisions,
+        "kinds": kinds,
+        "utilisation": delivered / cap_hours if cap_hours > 0 else 0.0,
+        "delivered_gpu_hours": delivered,
+        "preemptions": sum(r.preemptions for r in res.records.values()),
+        "node_failure_stops": sum(r.failures for r in res.records.values()),
+        "lost_gpu_hours": sum(r.lost_gpu_hours for r in res.records.values()),
+        "stranded_fraction": (float(np.mean([s.stranded_milli / s.total_milli
+                                             for s in res.samples])) if res.samples else 0.0),
+        "accounts": account_shares(res.accounts, res.project_hours, res.records, cap_hours),
+    }
+    return out
+
+
+def account_shares(tree: AccountTree, project_hours: dict[str, float],
+                   records: dict[str, Any], cap_hours: float) -> dict[str, Any]:
+    """Per account (projects and programs): grant, delivered GPU-hours, their shares among
+    siblings, and demand (GPU-hours asked for)."""
+    grants = tree.effective_grants(cap_hours)
+    delivered: dict[str, float] = {a: 0.0 for a in tree.accounts}
+    demand: dict[str, float] = {a: 0.0 for a in tree.accounts}
+    for p, h in project_hours.items():
+        if p in tree.accounts:
+            for a in tree.path(p):
+                delivered[a] += h
+    for r in records.values():
+        j = r.job
+        if j.project in tree.accounts:
+            frac = r.milli / 1000 if r.milli else _fraction(j)
+            for a in tree.path(j.project):
+                demand[a] += frac * j.duration / HOUR
+    out = {}
+    for name, acc in tree.accounts.items():
+        sibs = (tree.accounts[acc.parent].children if acc.parent else tree.roots)
+        g_sum = sum(grants.get(s, 0.0) for s in sibs)
+        d_sum = sum(delivered.get(s, 0.0) for s in sibs)
+        gs = grants.get(name, 0.0) / g_sum if g_sum > 0 else 0.0
+        ds = delivered[name] / d_sum if d_sum > 0 else 0.0
+        out[name] = {
+            "parent": acc.parent, "is_project": not acc.children,
+            "grant_hours_per_window": grants.get(name, 0.0),
+            "delivered_gpu_hours": delivered[name], "demand_gpu_hours": demand[name],
+            "grant_share": gs, "delivered_share": ds,
+            "delivered_vs_grant": ds / gs if gs > 0 else None,
+        }
+    return out
+
+
+def _fraction(j: Any) -> float:
+    r = j.request
+    if r.kind == "gpu":
+        return float(r.gpus)
+    if r.kind == "mps":
+        return r.milli / 1000
+    if r.kind == "mig":
+        return 1 / 7
+    return 0.0
+
+
+def utilisation_series(res: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(hours since start, used fraction, stranded fraction) at each sample."""
+    t = np.array([(s.t - res.start) / HOUR for s in res.samples])
+    u = np.array([s.used_milli / s.total_milli for s in res.samples])
+    f = np.array([s.stranded_milli / s.total_milli for s in res.samples])
+    return t, u, f
+
+
+def waits_by_kind(res: SimResult) -> dict[str, np.ndarray]:
+    out = {}
+    for kind in KINDS:
+        w = [r.wait for r in res.records.values() if r.job.kind == kind and r.wait is not None]
+        if w:
+            out[kind] = np.sort(np.asarray(w, dtype=float))
+    return out
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Side-by-side differences of two metric dicts (b − a) for the headline figures."""
+    rows: dict[str, Any] = {}
+    for kind in KINDS:
+        ka, kb = a["kinds"].get(kind), b["kinds"].get(kind)
+        if not ka or not kb:
+            continue
+        for key in ("wait_p50_s", "wait_p90_s", "wait_p99_s", "jct_p50_s", "preemptions"):
+            va, vb = ka.get(key), kb.get(key)
+            rows[f"{kind}.{key}"] = {"a": va, "b": vb,
+                                     "diff": None if va is None or vb is None else vb - va}
+    for key in ("utilisation", "preemptions", "lost_gpu_hours", "stranded_fraction"):
+        rows[key] = {"a": a[key], "b": b[key], "diff": b[key] - a[key]}
+    for name in a["accounts"]:
+        if name in b["accounts"]:
+            va = a["accounts"][name]["delivered_share"]
+            vb = b["accounts"][name]["delivered_share"]
+            rows[f"{name}.delivered_share"] = {"a": va, "b": vb, "diff": vb - va}
+            ga = a["accounts"][name]["grant_share"]
+            gb = b["accounts"][name]["grant_share"]
+            rows[f"{name}.grant_share"] = {"a": ga, "b": gb, "diff": gb - ga}
+    return rows

@@ -1,0 +1,211 @@
+"""Reporting a simulation: a rich table in the terminal, JSON for machines, PNG plots.
+
+Plots use matplotlib's Agg backend (no display needed): wait-time CDFs per kind, delivered
+share vs grant share per account, utilisation and stranded capacity over time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..core.model import KINDS
+from . import metrics
+from .engine import SimResult
+
+
+def fmt_secs(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "–"
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 90 * 60:
+        return f"{s / 60:.1f}m"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def kinds_table(m: dict[str, Any], title: str = "Waits and completion by kind") -> Table:
+    t = Table(title=title)
+    for col in ("kind", "count", "wait p50", "wait p90", "wait p99", "JCT p50", "JCT p90",
+                "preempted", "lost GPU-h", "never started"):
+        t.add_column(col, justify="right" if col != "kind" else "left")
+    for kind in KINDS:
+        k = m["kinds"].get(kind)
+        if not k:
+            continue
+        t.add_row(kind, str(k["count"]), fmt_secs(k["wait_p50_s"]), fmt_secs(k["wait_p90_s"]),
+                  fmt_secs(k["wait_p99_s"]), fmt_secs(k["jct_p50_s"]), fmt_secs(k["jct_p90_s"]),
+                  f"{k['preemptions']} ({k['preempted_workloads']})",
+                  f"{k['lost_gpu_hours']:.1f}", str(k["never_started"]))
+    return t
+
+
+def accounts_table(m: dict[str, Any], title: str = "Share of grant delivered") -> Table:
+    t = Table(title=title)
+    for col in ("account", "grant/window", "grant share", "delivered GPU-h", "delivered share",
+                "delivered ÷ grant", "demand GPU-h"):
+        t.add_column(col, justify="right" if col != "account" else "left")
+    accts = m["accounts"]
+
+    def depth(name: str) -> int:
+        d, cur = 0, accts[name]["parent"]
+        while cur is not None:
+            d, cur = d + 1, accts[cur]["parent"]
+        return d
+
+    def walk(parent: str | None) -> None:
+        for name, a in accts.items():
+            if a["parent"] == parent:
+                r = a["delivered_vs_grant"]
+                t.add_row("  " * depth(name) + name, f"{a['grant_hours_per_window']:.0f}",
+                          _pct(a["grant_share"]), f"{a['delivered_gpu_hours']:.1f}",
+                          _pct(a["delivered_share"]), "–" if r is None else f"{r:.2f}",
+                          f"{a['demand_gpu_hours']:.1f}")
+                walk(name)
+
+    walk(None)
+    return t
+
+
+def summary_table(m: dict[str, Any], title: str = "Cluster") -> Table:
+    t = Table(title=title, show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("trace", str(m["trace"]))
+    t.add_row("workloads", str(m["workloads"]))
+    t.add_row("GPUs", f"{m['gpus']:g}")
+    t.add_row("simulated span", fmt_secs(m["span_hours"] * 3600))
+    t.add_row("utilisation", _pct(m["utilisation"]))
+    t.add_row("stranded GPU (mean)", _pct(m["stranded_fraction"]))
+    t.add_row("preemptions", str(m["preemptions"]))
+    t.add_row("node-failure stops", str(m["node_failure_stops"]))
+    t.add_row("lost GPU-hours", f"{m['lost_gpu_hours']:.1f}")
+    t.add_row("events / cycles", f"{m['events']} / {m['cycles']}")
+    return t
+
+
+def print_report(m: dict[str, Any], console: Console | None = None) -> None:
+    c = console or Console()
+    c.print(summary_table(m))
+    c.print(kinds_table(m))
+    c.print(accounts_table(m))
+
+
+def compare_table(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str) -> Table:
+    rows = metrics.compare(a, b)
+    t = Table(title=f"What-if: {name_a} → {name_b}")
+    t.add_column("figure")
+    t.add_column(name_a, justify="right")
+    t.add_column(name_b, justify="right")
+    t.add_column("difference", justify="right")
+    for key, r in rows.items():
+        va, vb, d = r["a"], r["b"], r["diff"]
+        kind = ("time" if key.endswith("_s") else
+                "pct" if "share" in key or key in ("utilisation", "stranded_fraction") else "num")
+        t.add_row(key, _cell(va, kind), _cell(vb, kind), _cell(d, kind, diff=True))
+    return t
+
+
+def _cell(x: float | int | None, kind: str, diff: bool = False) -> str:
+    if x is None:
+        return "–"
+    if kind == "time":
+        return (("+" if x >= 0 else "−") + fmt_secs(abs(x))) if diff else fmt_secs(x)
+    if kind == "pct":
+        return f"{100 * x:+.1f} pt" if diff else _pct(x)
+    if isinstance(x, float):
+        return f"{x:+.1f}" if diff else f"{x:.1f}"
+    return f"{x:+d}" if diff else str(x)
+
+
+def write_json(m: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(m, indent=2, sort_keys=True, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def write_plots(res: SimResult, m: dict[str, Any], outdir: str | Path, label: str = ""
+                ) -> list[Path]:
+    """Three PNGs in ``outdir``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = f"{label}-" if label else ""
+    paths = []
+
+    # wait-time CDFs per kind
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind, w in metrics.waits_by_kind(res).items():
+        y = [(i + 1) / len(w) for i in range(len(w))]
+        ax.step([max(x, 1.0) / 60 for x in w], y, where="post", label=f"{kind} (n={len(w)})")
+    ax.set_xscale("log")
+    ax.set_xlabel("wait before first start (minutes, log)")
+    ax.set_ylabel("fraction of workloads")
+    ax.set_title("Wait-time CDF by kind")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    p = out / f"{prefix}wait_cdf.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    # delivered vs grant share
+    accts = m["accounts"]
+    names = list(accts)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names) + 2), 4.5))
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [100 * accts[n]["grant_share"] for n in names], 0.4,
+           label="grant share (among siblings)")
+    ax.bar([x + 0.2 for x in xs], [100 * accts[n]["delivered_share"] for n in names], 0.4,
+           label="delivered share")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([("· " if not accts[n]["is_project"] else "") + n for n in names],
+                       rotation=30, ha="right")
+    ax.set_ylabel("% of siblings' total")
+    ax.set_title("Delivered vs grant (· = program)")
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    p = out / f"{prefix}delivered_vs_grant.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    # utilisation and stranded capacity over time
+    t, u, f = metrics.utilisation_series(res)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    scale, unit = (24.0, "days") if len(t) and t[-1] > 72 else (1.0, "hours")
+    ax.plot(t / scale, 100 * u, label="GPU allocated", lw=1)
+    ax.plot(t / scale, 100 * f, label="stranded (free on partly used GPUs)", lw=1)
+    ax.set_xlabel(f"simulated time ({unit})")
+    ax.set_ylabel("% of GPU capacity")
+    ax.set_ylim(0, 100)
+    ax.set_title("Utilisation over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+    p = out / f"{prefix}utilisation.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths

@@ -1,0 +1,184 @@
+"""The simulator drives the real core: a hand-computed scenario, determinism, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpubudget.core.accounts import load_budgets
+from jupyter_gpubudget.core.inventory import Inventory, make_node
+from jupyter_gpubudget.core.model import HOUR
+from jupyter_gpubudget.sim import metrics
+from jupyter_gpubudget.sim.engine import BudgetChange, NodeFailure, SimConfig, simulate
+from jupyter_gpubudget.sim.synthetic import SyntheticSpec, generate, synthetic_inventory
+from jupyter_gpubudget.sim.traces import parse_native
+
+BUDGETS = load_budgets("accounts:\n  a: {grant: 100}\n  b: {grant: 100}\n", "b.yaml")
+ONE_NODE = Inventory((make_node("n0", "H100-80GB", 2),))
+
+
+def scenario(kind: str = "batch", resumable: str = "true", **cfg: object):  # type: ignore[no-untyped-def]
+    """j1 (project a) takes both GPUs at t=0 for 1 h, protected for 30 min.
+    j2 (project b, 1 GPU, 30 min) arrives at t=600 and must wait.
+    Cycles every 600 s: at 1800 j1's protection ends, b stands below a (a has used
+    1 GPU-h, b nothing), so j1 is preempted and j2 starts (wait 1200 s). j1 is requeued; it
+    needs both GPUs, so it restarts when j2 ends at 3600."""
+    trace = parse_native(
+        "id,submit,duration,gpus,project,user,kind,min_runtime,resumable\n"
+        f"j1,0,3600,2,a,ann,{kind},1800,{resumable}\n"
+        "j2,600,1800,1,b,bob,batch,0,true\n", "scenario.csv")
+    config = SimConfig(cycle_interval=600, fast_meter=True, **cfg)  # type: ignore[arg-type]
+    return simulate(trace, BUDGETS.accounts, ONE_NODE, BUDGETS.policy, config)
+
+
+def test_hand_computed_resumable_preemption() -> None:
+    res = scenario()
+    j1, j2 = res.records["j1"], res.records["j2"]
+    assert (j1.wait, j2.wait) == (0, 1200)
+    assert j1.preemptions == 1 and j2.preemptions == 0
+    assert j1.end == 3600 + 1800  # remaining half hour after j2 ends
+    assert j2.end == 1800 + 1800
+    assert j1.lost_gpu_hours == 0.0
+    # charges: a = 2 GPUs × (1800 s + 1800 s); b = 1 GPU × 1800 s
+    assert res.project_hours == pytest.approx({"a": 2.0, "b": 0.5})
+    assert res.decisions["start"] == 3 and res.decisions["preempt"] == 1
+    m = metrics.compute(res)
+    assert m["kinds"]["batch"]["wait_p50_s"] == 600
+    assert m["kinds"]["batch"]["preemptions"] == 1
+    assert m["accounts"]["a"]["delivered_gpu_hours"] == pytest.approx(2.0)
+    assert m["utilisation"] == pytest.approx(2.5 / (2 * 5400 / HOUR))
+
+
+def test_hand_computed_non_resumable_loses_progress() -> None:
+    res = scenario(resumable="false")
+    j1 = res.records["j1"]
+    assert j1.preemptions == 1
+    assert j1.end == 3600 + 3600  # starts over when j2 ends
+    assert j1.lost_gpu_hours == pytest.approx(1.0)  # 2 GPUs × 30 min thrown away
+    assert res.project_hours["a"] == pytest.approx(2 * (1800 + 3600) / HOUR)
+
+
+def test_non_resumable_drop() -> None:
+    res = scenario(resumable="false", nonresumable="drop")
+    j1 = res.records["j1"]
+    assert j1.dropped and j1.end is None
+    m = metrics.compute(res)
+    assert m["kinds"]["batch"]["dropped"] == 1 and m["kinds"]["batch"]["completed"] == 1
+
+
+def test_hand_computed_interactive_snapshot_and_restore() -> None:
+    res = scenario(kind="interactive", snapshot_cost=60.0, restore_cost=120.0)
+    j1 = res.records["j1"]
+    assert j1.preemptions == 1 and j1.restarts_from_snapshot == 1
+    # requeued after its 60 s snapshot; restarts when j2 ends; restore 120 s + 1800 s left
+    assert j1.end == 3600 + 120 + 1800
+    assert j1.lost_gpu_hours == pytest.approx(2 * (60 + 120) / HOUR)
+    assert res.project_hours["a"] == pytest.approx(2 * (1800 + 1920) / HOUR)
+
+
+def test_node_failure_requeues_resumable_work() -> None:
+    trace = parse_native("id,submit,duration,gpus,project,min_runtime\n"
+                         "j1,0,3600,1,a,1h\n", "f.csv")
+    inv = Inventory((make_node("n0", "H100-80GB", 1), make_node("n1", "H100-80GB", 1)))
+    cfg = SimConfig(failures=[NodeFailure(1000.0, "n0", 600.0)])
+    res = simulate(trace, BUDGETS.accounts, inv, BUDGETS.policy, cfg)
+    j1 = res.records["j1"]
+    assert j1.failures == 1 and j1.preemptions == 0
+    assert j1.end == 3600  # checkpointed: moves to n1 at once with 2600 s left
+    m = metrics.compute(res)
+    assert m["node_failure_stops"] == 1
+
+
+def test_unknown_failure_node_is_refused() -> None:
+    trace = parse_native("submit,duration,gpus,project\n0,10,1,a\n", "t.csv")
+    with pytest.raises(ValueError, match="unknown node"):
+        simulate(trace, BUDGETS.accounts, ONE_NODE, BUDGETS.policy,
+                 SimConfig(failures=[NodeFailure(5.0, "nope")]))
+
+
+def test_budget_change_applies() -> None:
+    trace = parse_native("submit,duration,gpus,project\n0,100,1,a\n200,100,1,b\n", "t.csv")
+    new = load_budgets("accounts:\n  a: {grant: 10}\n  b: {grant: 300}\n", "new.yaml")
+    res = simulate(trace, BUDGETS.accounts, ONE_NODE, BUDGETS.policy,
+                   SimConfig(budget_changes=[BudgetChange(150.0, new.accounts)]))
+    assert res.accounts is new.accounts
+    m = metrics.compute(res)
+    assert m["accounts"]["b"]["grant_share"] == pytest.approx(300 / 310)
+
+
+def _synthetic_run(seed: int):  # type: ignore[no-untyped-def]
+    spec = SyntheticSpec(workloads=300, days=2, gpus=32, seed=seed)
+    trace = generate(spec, ["a", "b"], [1, 1])
+    inv = synthetic_inventory(spec.gpus, spec.mig_node_share)
+    res = simulate(trace, BUDGETS.accounts, inv, BUDGETS.policy,
+                   SimConfig(failure_rate=0.5, seed=seed))
+    return metrics.compute(res), res
+
+
+def test_deterministic_for_a_seed() -> None:
+    m1, r1 = _synthetic_run(3)
+    m2, r2 = _synthetic_run(3)
+    assert m1 == m2
+    assert [(k, r.first_start, r.end, r.preemptions) for k, r in r1.records.items()] == \
+        [(k, r.first_start, r.end, r.preemptions) for k, r in r2.records.items()]
+    m3, _ = _synthetic_run(4)
+    assert m3 != m1
+
+
+def test_capacity_never_exceeded_and_all_work_accounted() -> None:
+    m, res = _synthetic_run(1)
+    assert all(s.used_milli <= s.total_milli for s in res.samples)
+    for r in res.records.values():
+        assert r.end is not None, r.job.id  # everything finishes eventually
+        assert r.end >= r.job.submit + r.job.duration - 1e-6
+    delivered = sum(res.project_hours.values())
+    assert delivered == pytest.approx(m["delivered_gpu_hours"])
+
+
+def test_exact_and_fast_meter_agree() -> None:
+    spec = SyntheticSpec(workloads=250, days=2, gpus=24, seed=7, load=1.2)
+    trace = generate(spec, ["a", "b"], [3, 1])
+    inv = synthetic_inventory(spec.gpus, 0.0)
+    runs = [metrics.compute(simulate(trace, BUDGETS.accounts, inv, BUDGETS.policy,
+                                     SimConfig(fast_meter=fast))) for fast in (False, True)]
+    assert runs[0]["kinds"] == runs[1]["kinds"]
+    for name, a in runs[0]["accounts"].items():
+        assert a["delivered_gpu_hours"] == pytest.approx(
+            runs[1]["accounts"][name]["delivered_gpu_hours"])
+
+
+def test_engine_uses_the_policys_fragmentation_aware_placement() -> None:
+    from dataclasses import replace
+
+    from jupyter_gpubudget.core import fragmentation
+    from jupyter_gpubudget.sim.engine import Simulator
+
+    trace = parse_native("submit,duration,slice,project\n0,100,mps:300,a\n", "t.csv")
+    sim = Simulator(trace, BUDGETS.accounts, ONE_NODE, BUDGETS.policy)
+    assert fragmentation.active(sim.sched.cluster) is not None
+    if "placement" in type(BUDGETS.policy).__dataclass_fields__:
+        packed = replace(BUDGETS.policy, placement="pack")  # type: ignore[call-arg]
+        sim2 = Simulator(trace, BUDGETS.accounts, ONE_NODE, packed)
+        assert fragmentation.active(sim2.sched.cluster) is None
+    res = sim.run()
+    assert res.records["job-1"].end == 100
+
+
+def test_checkpoint_interval_loses_progress_since_the_last_checkpoint() -> None:
+    # j1 runs 1800 s before it is preempted; with checkpoints every 600 s... it keeps 1800.
+    # With every 1000 s it keeps 1000 s and loses 800 s on 2 GPUs.
+    res = scenario(checkpoint_interval=1000.0)
+    j1 = res.records["j1"]
+    assert j1.lost_gpu_hours == pytest.approx(2 * 800 / HOUR)
+    assert j1.end == 3600 + (3600 - 1000)
+    res = scenario(checkpoint_interval=600.0)
+    assert res.records["j1"].lost_gpu_hours == 0.0 and res.records["j1"].end == 5400
+
+
+def test_horizon_stops_the_clock_and_charges_up_to_it() -> None:
+    res = scenario(horizon=2500.0)
+    assert res.end == 2500.0
+    j1, j2 = res.records["j1"], res.records["j2"]
+    assert j1.end is None and j2.end is None  # j2 runs 1800..3600: still running
+    assert res.project_hours["b"] == pytest.approx((2500 - 1800) / HOUR)
+    m = metrics.compute(res)
+    assert m["kinds"]["batch"]["completed"] == 0

@@ -123,6 +123,7 @@ class Workload:
     placement: Placement | None = None
     backed: bool = False
     protected_until: float | None = None
+    idle: bool = False  # reported idle past the limit: yields to any backed work
 
     @property
     def running(self) -> bool:

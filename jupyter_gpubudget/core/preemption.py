@@ -1,8 +1,9 @@
 """Whom to preempt so a blocked, backed workload fits.
 
 Only *eligible* victims are considered: never a protected one (DESIGN semantics 2); any
-unbacked one (semantics 4); a backed one only when its project stands above (is more used
-than) the requester's at the first level where their paths differ. Among the sets that make the
+unbacked one (semantics 4); any session reported idle; another backed one only when its
+project stands above the requester's — counted after the requester's protected run — at the
+first level where their paths differ (so preemption never flips straight back). Among the sets that make the
 request fit, the chosen one is the smallest, then the one with the fewest backed victims, the
 fewest non-resumable ones and the cheapest snapshots. A gang is preempted as a whole.
 """
@@ -21,10 +22,10 @@ SetCost = tuple[int, int, int, float, float]
 
 
 def victim_cost(v: Workload, standing: float) -> tuple[int, float, int, float, float]:
-    """Lower is preempted first: unbacked, most over its grant, resumable, cheap to snapshot,
-    most recently started."""
-    return (1 if v.backed else 0, -standing, 0 if v.resumable else 1, v.snapshot_cost,
-            -(v.started_at or 0.0))
+    """Lower is preempted first: unbacked, then idle, then most over its grant, resumable,
+    cheap to snapshot, most recently started."""
+    return (0 if not v.backed else 1 if v.idle else 2, -standing, 0 if v.resumable else 1,
+            v.snapshot_cost, -(v.started_at or 0.0))
 
 
 def set_cost(vs: list[Workload], standing: Callable[[Workload], float]) -> SetCost:

@@ -522,7 +522,7 @@ class Scheduler:
             return verdict[project]
 
         eligible = {wid: v for wid, v in pool.items()
-                    if wid in self.running and (not v.backed or (
+                    if wid in self.running and (not v.backed or v.idle or (
                         v.project in st.path_standing and below_victim(v.project)))}
         if not eligible:
             return False
@@ -540,6 +540,7 @@ class Scheduler:
             return False
         for v in victims:
             reason = ("unbacked work yields to backed work" if not v.backed else
+                      "an idle session yields to waiting work" if v.idle else
                       f"project {v.project} stands above {w.project}")
             self._preempt(v, now, reason, w.id, out)
             pool.pop(v.id, None)

@@ -358,6 +358,15 @@ class Ledger:
                 q = q.where(DecisionRow.workload.in_(workloads))
             return list(s.scalars(q.order_by(DecisionRow.id.desc()).limit(limit)))
 
+    def idle_running(self) -> set[str]:
+        """Running workloads reported idle since they (last) started."""
+        with self.ro() as s:
+            q = (select(DecisionRow.workload)
+                 .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
+                 .where(DecisionRow.kind == "idle", WorkloadRow.state == "running",
+                        DecisionRow.at >= WorkloadRow.started_at))
+            return {w for (w,) in s.execute(q)}
+
     def notices_for(self, user: str, limit: int = 100) -> list[tuple[DecisionRow, WorkloadRow]]:
         with self.ro() as s:
             q = (select(DecisionRow, WorkloadRow)

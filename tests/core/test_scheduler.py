@@ -314,3 +314,21 @@ def test_no_preemption_that_would_flip_back():
         s.submit(job("b1", "b"), NOW)
         s.submit(job("a1", "a", at=1, min_runtime=min_runtime), NOW)
         assert [d.workload for d in s.cycle(NOW + 1) if isinstance(d, Preempt)] == expect
+
+
+def test_idle_session_yields_to_any_backed_work():
+    """An idle session (protection already ended) is preempted for backed work even when its
+    project stands below the requester's: squatting is what the product exists to stop."""
+    from dataclasses import replace as dc_replace
+
+    base = Scheduler(tree(), inventory(gpus=1))
+    base.meter.add(charge("b", 30))  # b (the requester) stands above a
+    (d,) = base.submit(job("nb", "a", kind="interactive"), NOW)
+    running = base.running["nb"]
+    for idle, expect in ((False, []), (True, ["nb"])):
+        state = ClusterState(base.accounts, base.inventory,
+                             running=[dc_replace(running, idle=idle)],
+                             pending=[job("b1", "b", at=1)],
+                             charges=base.meter.charges())
+        ds = schedule(state, NOW + 60)
+        assert [x.workload for x in ds if isinstance(x, Preempt)] == expect

@@ -91,26 +91,31 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
     ranked = fgd.rank_whole(req) if fgd is not None and fgd.sharing() else None
     if ranked is not None:  # one node, least fragmentation
         for idx in ranked:
-            n = cluster.nodes[idx]
-            if not n.host_fits(req.cpu_milli, req.memory_mib):
-                continue
-            free = _usable_whole(n, models, end) if (models or _any_reserved(n)) else list(n.free_whole)
-            if len(free) >= need:
-                return Placement(tuple(_whole_slices(n, _pick_in_node(n, free, need), req, True)))
+            p = _on_node(cluster.nodes[idx], req, models, end)
+            if p is not None:
+                return p
         # none of the ranked nodes (one per group of identical nodes) could: best fit below
     buckets = cluster.whole_buckets
     # one node, best fit
     for k in range(need, len(buckets)):
         for idx in buckets[k]:
-            n = cluster.nodes[idx]
-            if not n.host_fits(req.cpu_milli, req.memory_mib):
-                continue
-            free = _usable_whole(n, models, end) if (models or _any_reserved(n)) else list(n.free_whole)
-            if len(free) >= need:
-                return Placement(tuple(_whole_slices(n, _pick_in_node(n, free, need), req, True)))
+            p = _on_node(cluster.nodes[idx], req, models, end)
+            if p is not None:
+                return p
     if req.single_node:
         return None
     return _place_gang(cluster, req, end, models)
+
+
+def _on_node(n: NodeCap, req: SliceRequest, models: frozenset[str] | None, end: float
+             ) -> Placement | None:
+    """All of a whole-GPU request on node ``n``, if its free, usable GPUs and host room allow."""
+    if not n.host_fits(req.cpu_milli, req.memory_mib):
+        return None
+    free = _usable_whole(n, models, end) if (models or _any_reserved(n)) else list(n.free_whole)
+    if len(free) < req.gpus:
+        return None
+    return Placement(tuple(_whole_slices(n, _pick_in_node(n, free, req.gpus), req, True)))
 
 
 def _any_reserved(n: NodeCap) -> bool:

@@ -321,29 +321,23 @@ class Scheduler:
         return out
 
     def finish(self, wid: str, now: float) -> list[Decision]:
-        """One departure (completion or stop by its owner): release, then fill freed capacity."""
-        if wid in self.running:
-            w = self._stop(wid, now)
-            if w.started_at is not None:
-                self.history.add(w.user, w.project, w.kind, now - w.started_at)
-        elif wid in self.pending:
-            self._dequeue(wid)
-            return []
-        else:
-            return []
-        return self._fill(now)
+        """A completion: release, learn its run time, then fill the freed capacity."""
+        return self._depart(wid, now, learn=True)
 
     def cancel(self, wid: str, now: float) -> list[Decision]:
         """Stopped by its owner or an admin: like a departure, but its run time says nothing
         about how long such work takes, so it is not learnt for prediction."""
+        return self._depart(wid, now, learn=False)
+
+    def _depart(self, wid: str, now: float, learn: bool) -> list[Decision]:
         if wid in self.running:
-            self._stop(wid, now)
-        elif wid in self.pending:
+            w = self._stop(wid, now)
+            if learn and w.started_at is not None:
+                self.history.add(w.user, w.project, w.kind, now - w.started_at)
+            return self._fill(now)
+        if wid in self.pending:
             self._dequeue(wid)
-            return []
-        else:
-            return []
-        return self._fill(now)
+        return []
 
     def _fill(self, now: float) -> list[Decision]:
         out: list[Decision] = []

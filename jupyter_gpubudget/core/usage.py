@@ -72,20 +72,29 @@ class UsageMeter:
 
     def usage(self, now: float) -> dict[str, float]:
         out: dict[str, float] = {}
-        cutoff = now - self.horizon
+        self.forget_old(now)
         for project, dq in self.closed.items():
-            while dq and dq[0].end is not None and dq[0].end <= cutoff:
-                dq.popleft()
             total = 0.0
             for c in dq:
                 total += interval_usage(c.milli, c.start, c.end or now, now, self.policy)
             if total:
                 out[project] = total
+        self.add_open(out, now)
+        return out
+
+    def forget_old(self, now: float) -> None:
+        """Drop closed intervals that ended before the horizon: they count for nothing."""
+        cutoff = now - self.horizon
+        for dq in self.closed.values():
+            while dq and dq[0].end is not None and dq[0].end <= cutoff:
+                dq.popleft()
+
+    def add_open(self, out: dict[str, float], now: float) -> None:
+        """Add the open intervals' usage up to ``now`` to ``out`` (per project)."""
         for c in self.open.values():
             u = interval_usage(c.milli, c.start, now, now, self.policy)
             if u:
                 out[c.project] = out.get(c.project, 0.0) + u
-        return out
 
     def charges(self) -> list[ChargeInterval]:
         out = [c for dq in self.closed.values() for c in dq]

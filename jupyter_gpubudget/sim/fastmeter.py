@@ -20,7 +20,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from ..core.model import HOUR, MILLI, ChargeInterval, Policy
-from ..core.usage import UsageMeter, interval_usage
+from ..core.usage import UsageMeter
 
 
 @dataclass(slots=True)
@@ -90,21 +90,14 @@ class IncrementalUsageMeter(UsageMeter):
         lo = now - self.policy.window
         if lo > self._lo:
             self._advance(lo)
-        # keep the base class's closed-interval lists bounded (they back charges())
-        cutoff = now - self.horizon
-        for dq in self.closed.values():
-            while dq and dq[0].end is not None and dq[0].end <= cutoff:
-                dq.popleft()
+        self.forget_old(now)  # keeps the base class's lists (behind charges()) bounded
         out: dict[str, float] = {}
         scale = 1.0 / (MILLI * HOUR)
         for project, p in self._proj.items():
             total = (p.s_full + p.a_part - lo * p.b_part) * scale
             if total > 1e-12:
                 out[project] = total
-        for c in self.open.values():
-            u = interval_usage(c.milli, c.start, now, now, self.policy)
-            if u:
-                out[c.project] = out.get(c.project, 0.0) + u
+        self.add_open(out, now)
         return out
 
 

@@ -89,6 +89,7 @@ class _Rows:
     def __init__(self, text: str, source: str, required: tuple[str, ...],
                  optional: tuple[str, ...] = (), any_of: tuple[str, ...] = ()) -> None:
         self.source = source
+        self._seen: dict[str, dict[str, int]] = {}  # column -> value -> first line
         self.reader = csv.reader(io.StringIO(text, newline=""))
         try:
             header = next(self.reader)
@@ -135,6 +136,15 @@ class _Rows:
 
     def error(self, msg: str, col: str, line: int) -> TraceError:
         return TraceError(msg, col, line, self.source)
+
+    def unique(self, value: str, col: str, line: int, what: str) -> str:
+        """``value``, which must be non-empty and not used by an earlier row."""
+        if not value:
+            raise self.error("missing value", col, line)
+        first = self._seen.setdefault(col, {}).setdefault(value, line)
+        if first != line:
+            raise self.error(f"duplicate {what} {value!r} (also on line {first})", col, line)
+        return value
 
     def number(self, row: dict[str, str], col: str, line: int, *, minimum: float = 0.0,
                integer: bool = False, default: float | None = None) -> float:
@@ -226,7 +236,6 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
     if "gpus" in rows.header and "slice" in rows.header:
         raise TraceError("give either a 'gpus' or a 'slice' column, not both", "slice", 1, source)
     jobs: list[TraceJob] = []
-    ids: dict[str, int] = {}
     for line, row in rows:
         submit = rows.duration(row, "submit", line)
         duration = rows.duration(row, "duration", line)
@@ -267,10 +276,7 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
                              "resumable", line)
         min_rt = rows.duration(row, "min_runtime", line, default=0.0)
         tl = rows.duration(row, "time_limit", line, default=-1.0)
-        jid = row.get("id", "") or f"job-{len(jobs) + 1}"
-        if jid in ids:
-            raise rows.error(f"duplicate id {jid!r} (also on line {ids[jid]})", "id", line)
-        ids[jid] = line
+        jid = rows.unique(row.get("id", "") or f"job-{len(jobs) + 1}", "id", line, "id")
         project = row.get("project", "")
         if project and not all(c.isalnum() or c in "-_." for c in project):
             raise rows.error(f"project name {project!r} must be letters, digits, '-', '_' or '.'",
@@ -295,14 +301,8 @@ def parse_itp(text: str, source: str = "<trace>",
     ``min_runtime`` seconds (the trace declares no contract); projects come later."""
     rows = _Rows(text, source, ITP_COLUMNS, ("*",))
     jobs: list[TraceJob] = []
-    ids: dict[str, int] = {}
     for line, row in rows:
-        jid = row["job_id"]
-        if not jid:
-            raise rows.error("missing value", "job_id", line)
-        if jid in ids:
-            raise rows.error(f"duplicate job_id {jid!r} (also on line {ids[jid]})", "job_id", line)
-        ids[jid] = line
+        jid = rows.unique(row["job_id"], "job_id", line, "job_id")
         submit = rows.number(row, "submission_time", line)
         duration = rows.number(row, "duration", line)
         if duration <= 0:
@@ -389,14 +389,8 @@ def parse_openb_pods(text: str, source: str = "<pods>") -> list[OpenbPod]:
 def parse_openb_nodes(text: str, source: str = "<nodes>") -> list[OpenbNode]:
     rows = _Rows(text, source, OPENB_NODE_COLUMNS, ("*",))
     nodes: list[OpenbNode] = []
-    seen: dict[str, int] = {}
     for line, row in rows:
-        name = row["sn"]
-        if not name:
-            raise rows.error("missing value", "sn", line)
-        if name in seen:
-            raise rows.error(f"duplicate node {name!r} (also on line {seen[name]})", "sn", line)
-        seen[name] = line
+        name = rows.unique(row["sn"], "sn", line, "node")
         nodes.append(OpenbNode(
             name, int(rows.number(row, "cpu_milli", line, integer=True)),
             int(rows.number(row, "memory_mib", line, integer=True)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from traitlets.config import LoggingConfigurable
 
@@ -58,3 +59,26 @@ class Backend(LoggingConfigurable):
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         """Attempts still alive that the ledger does not consider running."""
         return []
+
+    # ------------------------------------------------------------------ the engine's own view
+    # Engines that know their nodes (Slurm, Kubernetes) report them here; the local backend
+    # leaves the service's inventory source (NVML or the declared file) in charge.
+
+    def discover_inventory(self) -> Any:
+        """The engine's nodes and GPUs as a core ``Inventory``, or None: the service's own
+        inventory source (NVML or the declared file) applies."""
+        return None
+
+    def node_health(self) -> dict[str, str]:
+        """Nodes the engine itself reports unhealthy (DOWN/DRAIN in Slurm, cordoned/NotReady
+        in Kubernetes): node name -> reason. Called every cycle; the core drains them."""
+        return {}
+
+    def drain_node(self, node: str, reason: str) -> None:
+        """Carry the core's ``Drain`` into the engine (``scontrol update state=drain``, a
+        cordon). The local backend has nothing to do."""
+        return None
+
+    def undrain_node(self, node: str) -> None:
+        """Return a drained node to service in the engine."""
+        return None

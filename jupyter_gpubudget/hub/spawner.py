@@ -130,6 +130,14 @@ class BudgetSpawner(Spawner):
     use_nvml = Bool(True, config=True,
                     help="Use NVML for device UUIDs and GPU utilisation when a driver exists.")
 
+    child_configurer = Unicode(
+        "", config=True,
+        help="How the granted placement reaches the backend spawner: 'module:function' "
+             "called as f(child, placement, meta) (meta: env, session, project, user, "
+             "protected_until, min_runtime, kind). Empty: the placement's environment "
+             "(CUDA_VISIBLE_DEVICES, MPS variables) is added to the child's environment, "
+             "which is what local process spawners need.")
+
     # state
     session_id = Unicode("")
     placement = AnyTrait(None, allow_none=True)
@@ -290,7 +298,10 @@ class BudgetSpawner(Spawner):
             env = placement_env(self.placement, self._get_discovery())
             env.update({"GPUBUDGET_SESSION": self.session_id, "GPUBUDGET_PROJECT":
                         str(body["project"]), "GPUBUDGET_INVENTORY": str(sess.get("inventory"))})
-            child.environment = {**child.environment, **env}
+            self.configure_child(child, self.placement, {
+                "env": env, "session": self.session_id, "project": str(body["project"]),
+                "user": self.user.name, "protected_until": sess.get("protected_until"),
+                "min_runtime": sess.get("min_runtime"), "kind": "interactive"})
             self.log.info("gpubudget: session %s granted %s; CUDA_VISIBLE_DEVICES=%s", self.session_id,
                           describe(self.placement), env["CUDA_VISIBLE_DEVICES"] or "(none)")
             url = await asyncio.wait_for(child.start(), self.backend_start_timeout)
@@ -312,6 +323,16 @@ class BudgetSpawner(Spawner):
         self._changed.set()
         self._start_watch()
         return url
+
+    def configure_child(self, child: Spawner, placement: list[dict], meta: dict) -> None:
+        """Apply the granted placement to the backend spawner (see ``child_configurer``)."""
+        if not self.child_configurer:
+            child.environment = {**child.environment, **meta["env"]}
+            return
+        import importlib
+
+        mod, _, fn = self.child_configurer.partition(":")
+        getattr(importlib.import_module(mod), fn)(child, placement, meta)
 
     def _set_session(self, sess: dict) -> None:
         self._session = sess

@@ -26,9 +26,11 @@ from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_decla
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow
 
-from .handlers import ApiError, routes
+from .base import ApiError
+from .handlers import routes
 from .loop import SchedulingLoop
 from .metrics import make_registry
+from .reaper import reaper
 from .views import grant_json
 
 
@@ -79,6 +81,17 @@ class GpuBudgetService(Application):
     auth_cache_max_age = Integer(60, help="Seconds a token's identity is cached after the "
                                  "Hub confirmed it.").tag(config=True)
     config_file = Unicode("", help="Python config file to load.").tag(config=True)
+    session_stale_after = Float(help="Seconds without a word from the hub about a session "
+                                "(long-poll while queued, heartbeat while running) after which "
+                                "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
+                                "300).").tag(config=True)
+
+    @default("session_stale_after")
+    def _stale(self) -> float:
+        try:
+            return max(1.0, float(os.environ.get("GPUBUDGET_SESSION_STALE_S", "300")))
+        except ValueError:
+            return 300.0
 
     classes = [LocalBackend]
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
@@ -146,6 +159,7 @@ class GpuBudgetService(Application):
 
         self.hub_auth = HubOAuth(parent=self, cache_max_age=self.auth_cache_max_age)
         self._kick_event: asyncio.Event | None = None
+        self.session_seen: dict[str, float] = {}  # session -> last word from the hub
 
     def _mtime(self) -> float:
         try:
@@ -230,12 +244,8 @@ class GpuBudgetService(Application):
                 self.log.exception("scheduling cycle failed")
 
     def make_app(self) -> web.Application:
-        from .handlers import OAuthCallbackHandler
-
         secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET") or secrets.token_hex(32)
-        callback = [(self.service_prefix.rstrip("/") + "/oauth_callback",
-                     OAuthCallbackHandler, {"svc": self})]
-        return web.Application(callback + routes(self.service_prefix, self),
+        return web.Application(routes(self.service_prefix, self),
                                log_function=self._log_req, cookie_secret=secret,
                                hub_auth=self.hub_auth)
 
@@ -260,8 +270,10 @@ class GpuBudgetService(Application):
         for sig in (signal.SIGTERM, signal.SIGINT):
             aloop.add_signal_handler(sig, stop.set)
         timer = asyncio.create_task(self._timer())
+        reaping = asyncio.create_task(reaper(self))
         await stop.wait()
         timer.cancel()
+        reaping.cancel()
         server.stop()
         self.log.info("stopping (running jobs keep running and are found again on restart)")
 

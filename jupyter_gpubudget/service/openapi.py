@@ -131,9 +131,7 @@ def openapi_document(api_prefix: str) -> dict:
             "Usage reported by an external backend (admins)", _resp("Applied"), body=EVENT,
             params=[IDEM], extra={"404": "No such workload", "409": "Wrong state"})},
     }
-    from .sessions import openapi_paths
-
-    paths.update(openapi_paths())
+    paths.update(session_paths())
     return {
         "openapi": "3.0.3",
         "info": {"title": "jupyter-gpubudget service", "version": "1",
@@ -144,4 +142,57 @@ def openapi_document(api_prefix: str) -> dict:
             "description": "'token <JupyterHub API token>'"}},
             "schemas": {"Error": ERROR, "Workload": WORKLOAD, "Job": JOB}},
         "paths": paths,
+    }
+
+
+def session_paths() -> dict:
+    """The session endpoints BudgetSpawner uses (handlers/sessions.py)."""
+    session = {**WORKLOAD, "properties": {
+        **WORKLOAD["properties"],
+        "preempt_requested": {"type": "string", "nullable": True,
+                              "description": "Why the scheduler wants this session stopped"},
+        "idle_reported": {"type": "number", "nullable": True,
+                          "description": "When it was reported idle (protection ended)"},
+        "blocked_by": {"type": "array", "items": {"type": "string"},
+                       "description": "Preempted sessions still holding the granted slice"},
+        "inventory": {"type": "string", "enum": ["declared", "nvml"]}}}
+    body = {"type": "object", "required": ["user", "project"], "additionalProperties": False,
+            "properties": {"user": NAME, "project": NAME,
+                           "gpus": {"type": "integer", "minimum": 0, "maximum": 1024},
+                           "slice": {"type": "string", "description": "cpu, gpu:N, "
+                                     "mig:<profile> or <profile>, mps:<milli>[:<MiB>]"},
+                           "gpu_model": {"type": "string"}, "min_runtime": DURATION,
+                           "name": {"type": "string", "maxLength": 200}}}
+    sid = [_path_param("id")]
+    nf = {"404": "No such session"}
+    user_q = {"name": "user", "in": "query", "required": False, "schema": NAME,
+              "description": "Act for this user (admins)"}
+    return {
+        "/sessions/offer": {"get": _op(
+            "Projects, slice choices and quotes for a spawn form", _resp("Offer"),
+            params=[user_q, {"name": "min_runtime", "in": "query", "required": False,
+                             "schema": {"type": "string"}}])},
+        "/sessions": {
+            "get": _op("Interactive sessions", _resp("Sessions"), params=[user_q, STATE_Q]),
+            "post": _op("Queue an interactive session (BudgetSpawner)", _resp("Session",
+                        session), body=body, params=[IDEM], ok_code="201")},
+        "/sessions/{id}": {
+            "get": _op("One session; ?wait=S long-polls for a state change",
+                       _resp("Session", session), params=[*sid, {
+                           "name": "wait", "in": "query", "required": False,
+                           "schema": {"type": "number", "minimum": 0, "maximum": 30}}],
+                       extra=nf),
+            "delete": _op("End a session and its charge", _resp("Session", session),
+                          params=[*sid, {"name": "reason", "in": "query", "required": False,
+                                         "schema": {"type": "string", "enum": sorted(
+                                             ["stop", "cull", "preempt", "failed", "timeout"])}}],
+                          extra=nf)},
+        "/sessions/{id}/heartbeat": {"post": _op("The server is alive: checkpoint the charge",
+                                                 _resp("Session", session), params=sid,
+                                                 extra=nf)},
+        "/sessions/{id}/idle": {"post": _op(
+            "Report the session idle: notice, protection ends", _resp("Session", session),
+            params=sid, body={"type": "object", "properties": {
+                "idle_s": {"type": "number", "minimum": 0}, "source": {"type": "string"}}},
+            extra={**nf, "409": "Not running"})},
     }

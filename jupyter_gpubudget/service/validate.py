@@ -186,3 +186,43 @@ def parse_event(body: Any) -> dict:
             if k in body:
                 raise Invalid(k, "only allowed with event 'start'")
     return out
+
+
+def request_from_choice(key: str) -> SliceRequest:
+    """A spawn form's slice key — ``cpu``, ``gpu:N``, ``mig:<profile>``, ``mps:<milli>`` —
+    as a SliceRequest."""
+    if key == "cpu":
+        return SliceRequest.cpu_only()
+    if key.startswith("gpu:"):
+        try:
+            n = int(key[4:])
+        except ValueError:
+            raise Invalid("slice", f"{key[4:]!r} is not a whole number") from None
+        return parse_slice({"gpus": n})
+    if key.startswith("mig:"):
+        return parse_slice({"slice": key[4:]})
+    if key.startswith("mps:"):
+        return parse_slice({"slice": key})
+    raise Invalid("slice", f"{key!r} is not one of cpu, gpu:N, mig:<profile>, mps:<milli>")
+
+
+SESSION_FIELDS = {"user", "project", "gpus", "slice", "min_runtime", "name", "gpu_model"}
+
+
+def parse_session(body: Any) -> dict:
+    """An interactive session request (what BudgetSpawner posts)."""
+    body = _check_keys(body, SESSION_FIELDS)
+    for k in ("user", "project"):
+        v = body.get(k)
+        if not isinstance(v, str) or not _NAME.match(v):
+            raise Invalid(k, "is required (a name)" if v is None else f"{v!r} is not a valid name")
+    sl = body.get("slice")
+    if isinstance(sl, str) and (sl == "cpu" or sl.startswith(("gpu:", "mig:"))):
+        req = request_from_choice(sl)
+    else:
+        req = parse_slice({k: body[k] for k in ("gpus", "slice", "gpu_model") if k in body})
+    name = body.get("name", "")
+    if not isinstance(name, str) or len(name) > 200:
+        raise Invalid("name", "expected a string of at most 200 characters")
+    return {"user": body["user"], "project": body["project"], "request": req, "name": name,
+            "min_runtime": duration(body.get("min_runtime", 0), "min_runtime")}

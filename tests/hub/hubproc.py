@@ -146,7 +146,7 @@ def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None 
     token = e["GPUBUDGET_TEST_TOKEN"]
     log = d / "hub.log"
     if via_cli:
-        cmd = [sys.executable, "-m", "jupyter_gpubudget.cli_hub", "hub", "--port", str(port),
+        cmd = [sys.executable, "-m", "jupyter_gpubudget.cli", "hub", "--port", str(port),
                "--dir", e["GPUBUDGET_HUB_DIR"]]
         if budgets:
             cmd += ["--budgets", str(budgets)]

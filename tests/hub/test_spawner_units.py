@@ -8,16 +8,13 @@ import types
 import pytest
 
 from jupyter_gpubudget.core.inventory import load_inventory
+from jupyter_gpubudget.core.offer import slice_choices
+from jupyter_gpubudget.hub.form import render_form_html
 from jupyter_gpubudget.hub.idle import gpu_busy
 from jupyter_gpubudget.hub.placement import describe, placement_env
-from jupyter_gpubudget.hub.spawner import BudgetSpawner, normalise_slice, render_form_html
-from jupyter_gpubudget.service.sessions import (
-    check_offered,
-    parse_session,
-    request_from_choice,
-    slice_choices,
-)
-from jupyter_gpubudget.service.validate import Invalid
+from jupyter_gpubudget.hub.spawner import BudgetSpawner, normalise_slice
+from jupyter_gpubudget.service.handlers.sessions import check_offered
+from jupyter_gpubudget.service.validate import Invalid, parse_session, request_from_choice
 
 GPU = {"node": "n1", "gpu": 3, "kind": "gpu", "milli": 1000, "mig_start": -1, "profile": None}
 MIG = {"node": "n1", "gpu": 6, "kind": "mig", "milli": 143, "mig_start": 2, "profile": "1g.10gb"}
@@ -206,9 +203,9 @@ def test_entry_point_name():
 
 
 def test_session_endpoints_have_openapi_paths():
-    from jupyter_gpubudget.service.sessions import openapi_paths
+    from jupyter_gpubudget.service.openapi import session_paths
 
-    paths = openapi_paths()
+    paths = session_paths()
     assert set(paths) == {"/sessions/offer", "/sessions", "/sessions/{id}",
                           "/sessions/{id}/heartbeat", "/sessions/{id}/idle"}
     assert paths["/sessions"]["post"]["requestBody"]["content"]["application/json"]["schema"][

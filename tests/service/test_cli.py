@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyter_gpubudget.cli_service import main
+from jupyter_gpubudget.cli import main
 from tests.fixtures.hub import http
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpubudget.cli_sim import add_simulate_parser
+from jupyter_gpubudget.cli.simulate import add_simulate_parser
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -8,17 +8,28 @@ cannot fit gets a reservation, and a short debug job backfills in front of it.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from .core.accounts import load_budgets
-from .core.inventory import load_inventory
-from .core.model import HOUR, ChargeInterval, Drain, Preempt, Reserve, SliceRequest, Start, Workload
-from .core.scheduler import Scheduler
+from ..core.accounts import load_budgets
+from ..core.inventory import load_inventory
+from ..core.model import (
+    HOUR,
+    ChargeInterval,
+    Drain,
+    Preempt,
+    Reserve,
+    SliceRequest,
+    Start,
+    Workload,
+)
+from ..core.scheduler import Scheduler
 
 MIN = 60.0
 
@@ -56,7 +67,7 @@ SCRIPT = [
 
 def example_path(name: str) -> Path:
     """Examples ship inside the repo's examples/ folder; fall back to the package data."""
-    repo = Path(__file__).resolve().parents[1] / "examples" / name
+    repo = Path(__file__).resolve().parents[2] / "examples" / name
     if repo.exists():
         return repo
     return Path(str(resources.files("jupyter_gpubudget") / "examples" / name))
@@ -219,3 +230,15 @@ def _standings(console: Console, sched: Scheduler, now: float, title: str) -> No
         table.add_row("  " * depth + name, f"{st.grant.get(name, 0):.0f}", f"{st.usage[name]:.1f}",
                       "∞" if s == float("inf") else f"{s:.2f}", str(running), str(pending))
     console.print(table)
+
+
+def add_demo_parser(sub: Any) -> argparse.ArgumentParser:
+    d = sub.add_parser("demo", help="schedule a scripted morning on the demo cluster")
+    d.add_argument("--hours", type=float, default=6.0, help="simulated hours to show")
+    d.set_defaults(func=cmd_demo)
+    return d
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    run_demo(hours=args.hours)
+    return 0

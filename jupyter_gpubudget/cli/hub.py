@@ -1,7 +1,6 @@
 """`gpubudget hub`: start the embedded demo hub (JupyterHub + the gpubudget service, local
 processes, SQLite, the declared demo inventory, a DEMO-ONLY shared password).
 
-Wire into the main CLI with ``add_hub_parser(subparsers)``; it sets ``func`` to ``cmd_hub``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def hub_config_path() -> Path:
@@ -84,15 +83,3 @@ def add_hub_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                    help="declared inventory YAML (default examples/inventory-demo.yaml)")
     p.set_defaults(func=cmd_hub)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpubudget")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_hub_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,6 @@
-"""`gpubudget submit | jobs | cancel | service`: the batch-job client and the service.
+"""`gpubudget submit | jobs | cancel`: the batch-job client.
 
-Wire into the main CLI with ``register(subparsers)`` (adds all four), or the single
-``add_submit_parser`` / ``add_jobs_parser`` / ``add_cancel_parser`` / ``add_service_parser``.
-Each sub-command sets ``func`` to a ``cmd_*(args) -> int`` function.
+``register(subparsers)`` adds the sub-commands; each sets ``func`` to a ``cmd_*(args) -> int``.
 
 The client finds the service at ``--url`` / ``$GPUBUDGET_URL`` (default
 ``$JUPYTERHUB_URL/services/gpubudget``, else ``http://127.0.0.1:8000/services/gpubudget``) and
@@ -153,13 +151,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return rc
 
 
-def cmd_service(args: argparse.Namespace) -> int:
-    from jupyter_gpubudget.service.app import main
-
-    main(args.service_args)
-    return 0
-
-
 def add_submit_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a batch job (job YAML: command, project, gpus "
                        "or slice, min_runtime, resumable, time_limit, name, env)")
@@ -187,38 +178,6 @@ def add_cancel_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def add_service_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("service", help="run the gpubudget hub service (usually started by "
-                       "JupyterHub); options: --budgets, --inventory, --db, --port, ...",
-                       add_help=False)
-    p.add_argument("service_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_service)
-    return p
-
-
 def register(sub: Any) -> None:
-    for add in (add_submit_parser, add_jobs_parser, add_cancel_parser, add_service_parser):
+    for add in (add_submit_parser, add_jobs_parser, add_cancel_parser):
         add(sub)
-
-
-def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``ap.parse_args``, except that ``service`` passes every option on to the service
-    (its options are traitlets ones: ``--budgets=...``, ``--Class.trait=...``)."""
-    args, extra = ap.parse_known_args(argv)
-    if getattr(args, "func", None) is cmd_service:
-        args.service_args = extra + list(args.service_args)
-    elif extra:
-        ap.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (until wired into `gpubudget`)."""
-    ap = argparse.ArgumentParser(prog="gpubudget")
-    register(ap.add_subparsers(dest="command", required=True))
-    args = parse(ap, argv)
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -79,7 +79,7 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .core.yamlnodes import ConfigError
+    from ..core.yamlnodes import ConfigError
 
     console = Console(stderr=False)
     try:
@@ -107,10 +107,10 @@ def _progress_bar(console: Any, total_jobs: int, quiet: bool, label: str):  # ty
 
 
 def _simulate(args: argparse.Namespace, console: Any) -> int:
-    from .sim import report
-    from .sim.engine import BudgetChange, SimConfig
-    from .sim.run import prepare, read_budgets, run_one
-    from .sim.synthetic import SyntheticSpec
+    from ..sim import report
+    from ..sim.engine import BudgetChange, SimConfig
+    from ..sim.run import prepare, read_budgets, run_one
+    from ..sim.synthetic import SyntheticSpec
 
     spec = SyntheticSpec(workloads=args.workloads, days=args.days, load=args.load,
                          seed=args.seed, gpus=args.gpus or 64)
@@ -165,7 +165,7 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
     if len(results) == 1:
         payload = results[0][2]
     else:
-        from .sim import metrics
+        from ..sim import metrics
 
         payload = {"a": results[0][2], "b": results[1][2],
                    "diff": metrics.compare(results[0][2], results[1][2])}
@@ -186,7 +186,7 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
 
 def _warn_unplaceable(setup: Any, console: Any) -> None:
     """Say so when some requests can never fit the inventory (they will never start)."""
-    from .sim.engine import fits_somewhere
+    from ..sim.engine import fits_somewhere
 
     seen: dict[object, bool] = {}
     bad = 0
@@ -205,8 +205,8 @@ def _safe(label: str) -> str:
 
 
 def _placement_repro(args: argparse.Namespace, console: Any) -> int:
-    from .sim import openb
-    from .sim.traces import load_openb_nodes, load_openb_pods
+    from ..sim import openb
+    from ..sim.traces import load_openb_nodes, load_openb_pods
 
     if not args.trace or not args.nodes:
         print("error: --placement-repro needs --trace (openb pod list) and --nodes "

@@ -1,0 +1,77 @@
+"""While the server runs: heartbeats (they checkpoint the charge), stopping the server when the
+scheduler preempted the session, and idle detection (GPU utilisation via NVML, else the hub's
+record of kernel activity)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from .client import ServiceError
+from .idle import gpu_busy
+from .words import hours
+
+if TYPE_CHECKING:
+    from .spawner import BudgetSpawner
+
+
+async def watch(sp: BudgetSpawner) -> None:
+    while sp.session_id and sp.child is not None:
+        await asyncio.sleep(sp.heartbeat_interval)
+        try:
+            sess = await sp.api("POST", f"/sessions/{sp.session_id}/heartbeat")
+        except ServiceError as e:
+            sp.log.warning("gpubudget: heartbeat for %s failed: %s", sp.session_id, e)
+            continue
+        sp._session = sess
+        if sess.get("state") != "running" or sess.get("preempt_requested"):
+            why = sess.get("preempt_requested") or f"session is {sess.get('state')}"
+            sp.log.warning("gpubudget: stopping %s's server (session %s): %s",
+                           sp.user.name, sp.session_id, why)
+            sp._stop_reason = "preempt"
+            try:
+                await sp.child.stop(now=False)
+            finally:
+                await sp._end_quietly("preempt")
+            return  # the hub's next poll sees the server gone and cleans up
+        try:
+            await check_idle(sp)
+        except Exception:  # noqa: BLE001 - idle detection must not kill the watcher
+            sp.log.exception("gpubudget: idle check failed")
+
+
+async def idle_seconds(sp: BudgetSpawner) -> tuple[float, str] | None:
+    """Seconds the session has been idle, and how that was measured."""
+    ids = sp.child.environment.get("CUDA_VISIBLE_DEVICES", "") if sp.child is not None else ""
+    if sp.use_nvml and ids:
+        busy = gpu_busy(ids.split(","), sp.gpu_idle_utilisation)
+        if busy is not None:
+            if busy:
+                sp._gpu_busy_at = time.time()
+            since = sp._gpu_busy_at or sp._session.get("started_at") or time.time()
+            return time.time() - since, "GPU utilisation (NVML)"
+    last = getattr(sp.orm_spawner, "last_activity", None)
+    if last is None:
+        return None
+    if last.tzinfo is None:
+        last = last.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - last).total_seconds(), "kernel activity"
+
+
+async def check_idle(sp: BudgetSpawner) -> None:
+    if sp.idle_limit <= 0 or sp._idle_reported or not sp.session_id:
+        return
+    got = await idle_seconds(sp)
+    if got is None or got[0] < sp.idle_limit:
+        return
+    idle_s, source = got
+    sp._idle_reported = True
+    sp.log.warning("gpubudget: %s's session %s idle for %s (%s): reported; now preemptible",
+                   sp.user.name, sp.session_id, hours(idle_s), source)
+    try:
+        await sp.api("POST", f"/sessions/{sp.session_id}/idle",
+                     {"idle_s": idle_s, "source": source})
+    except ServiceError as e:
+        sp.log.warning("gpubudget: idle report failed: %s", e)

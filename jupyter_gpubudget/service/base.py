@@ -1,0 +1,130 @@
+"""What every handler of the service shares: ``ApiError``, ``BaseHandler`` (identity, JSON
+bodies and answers, errors) and the catch-all ``NotFoundHandler``.
+
+Order of checks in every handler: identity (403), the object exists (404), authority (403),
+then the body (400); a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from tornado import web
+
+from jupyter_gpubudget.core.accounts import AccountTree
+from jupyter_gpubudget.ledger import LedgerError
+
+from .auth import Caller, Denied
+from .validate import Invalid
+
+if TYPE_CHECKING:
+    from .app import GpuBudgetService
+
+STATES = {"pending", "running", "done", "failed", "cancelled", "preempted"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+class BaseHandler(web.RequestHandler):
+    svc: GpuBudgetService
+
+    def initialize(self, svc: GpuBudgetService) -> None:
+        self.svc = svc
+        self.hub_auth = svc.hub_auth
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    def check_xsrf_cookie(self) -> None:  # token-authenticated API; HubOAuth guards cookies
+        return
+
+    # ---------------------------------------------------------------- errors
+    def write_error(self, status_code: int, **kw: Any) -> None:
+        exc = kw.get("exc_info", (None, None, None))[1]
+        body: dict[str, Any] = {"status": status_code}
+        if isinstance(exc, ApiError):
+            body["message"] = exc.message
+            if exc.field:
+                body["field"] = exc.field
+        elif isinstance(exc, web.HTTPError) and exc.log_message:
+            body["message"] = exc.log_message % exc.args if exc.args else exc.log_message
+        else:
+            body["message"] = self._reason
+        self.finish(json.dumps(body))
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, Denied):
+            e = ApiError(403, e.reason)
+        elif isinstance(e, Invalid):
+            e = ApiError(400, f"{e.field}: {e.message}", e.field)
+        elif isinstance(e, LedgerError):
+            e = ApiError(e.status, e.message, e.field)
+        if isinstance(e, ApiError):
+            if self._finished:
+                return
+            self.clear()
+            self.set_status(e.status)
+            self.set_default_headers()
+            self.write_error(e.status, exc_info=(type(e), e, None))
+            return
+        super()._handle_request_exception(e)
+
+    # ---------------------------------------------------------------- helpers
+    async def caller(self) -> Caller:
+        try:
+            model = await self.svc.hub_auth.get_user(self, sync=False)
+        except web.HTTPError as e:
+            if e.status_code < 500:
+                raise
+            raise ApiError(503, "JupyterHub cannot confirm the token right now; retry") from None
+        if not model:
+            raise ApiError(403, "missing, invalid or expired token")
+        return Caller.from_hub_model(model, self.svc.budgets.admins, self.svc.service_name)
+
+    def body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"body: not valid JSON ({e})", "body") from None
+
+    def send(self, obj: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(obj, allow_nan=False))
+
+    def idem_key(self, caller: Caller) -> str | None:
+        key = self.request.headers.get("Idempotency-Key")
+        if key is None:
+            return None
+        if not 1 <= len(key) <= 200:
+            raise ApiError(400, "Idempotency-Key: 1..200 characters", "Idempotency-Key")
+        return f"{caller.name}:{self.request.path}:{key}"
+
+    @property
+    def tree(self) -> AccountTree:
+        return self.svc.tree()
+
+    def account_or_404(self, name: str) -> None:
+        if name not in self.tree:
+            raise ApiError(404, f"no account {name!r}")
+
+    def query_states(self) -> tuple[str, ...] | None:
+        raw = self.get_query_argument("state", None)
+        if raw is None:
+            return None
+        states = tuple(s for s in raw.split(",") if s)
+        bad = [s for s in states if s not in STATES]
+        if bad or not states:
+            raise ApiError(400, f"state: unknown state {bad[0] if bad else raw!r} "
+                                f"(one of {', '.join(sorted(STATES))})", "state")
+        return states
+
+
+class NotFoundHandler(BaseHandler):
+    def prepare(self) -> None:
+        raise ApiError(404, f"no such endpoint {self.request.path}")

@@ -1,0 +1,54 @@
+"""Usage reported by an external backend (admin tokens only): start / checkpoint / stop."""
+
+from __future__ import annotations
+
+from jupyter_gpubudget.ledger import LedgerError
+
+from ..base import ApiError, BaseHandler
+from ..validate import parse_event
+
+
+class UsageEventsHandler(BaseHandler):
+    async def post(self) -> None:
+        c = await self.caller()
+        c.require_admin()
+        ev = parse_event(self.body())
+        led = self.svc.ledger
+        if ev["event"] == "start":
+            if ev["project"] not in self.tree or not self.tree.is_project(ev["project"]):
+                raise ApiError(400, f"project: no project {ev['project']!r}", "project")
+            self.svc.check_placement(ev["placement"])
+
+        def apply(s):  # noqa: ANN001, ANN202
+            wid, at = ev["workload"], ev["at"]
+            if ev["event"] == "start":
+                if led.get(wid, s=s) is not None:
+                    raise LedgerError(409, f"workload {wid} already exists")
+                led.submit(project=ev["project"], user=ev["user"], kind=ev["kind"], now=at,
+                           request={"kind": "gpu", "gpus": 0}, backend="external",
+                           workload_id=wid, s=s)
+                led.start(wid, placement=ev["placement"], milli=ev["milli"], backed=False,
+                          protected_until=None, now=at, actor=c.name, s=s)
+            else:
+                row = led.get(wid, s=s)
+                if row is None or row.backend != "external":
+                    raise LedgerError(404, f"no external workload {wid!r}")
+                if row.state != "running":
+                    raise LedgerError(409, f"workload {wid} is {row.state}")
+                if ev["event"] == "checkpoint":
+                    led.checkpoint(at, [wid], s=s)
+                else:
+                    led.stop(wid, now=at, state="done", closed_by="stop", actor=c.name, s=s)
+            return 200, {"workload": wid, "event": ev["event"], "at": at}
+
+        key = self.idem_key(c)
+        if key is None:
+            with led.tx() as s:
+                status, body = apply(s)
+        else:
+            status, body, _ = led.idempotent(key, apply, self.svc.clock())
+        self.svc.kick()
+        self.send(body, status)
+
+
+API_ROUTES = [("/usage/events", UsageEventsHandler)]

@@ -114,6 +114,10 @@ roles = [
                 "access:services!service=gpubudget"]},
     {"name": "gpubudget-spawner", "services": ["gpubudget-spawner"],
      "scopes": ["custom:gpubudget:admin"]},
+    # the service reconciles sessions with the hub's servers when it starts (a server stopped
+    # during the hub's shutdown, after the service, left its stop in the spawner's state)
+    {"name": "gpubudget-service", "services": ["gpubudget"],
+     "scopes": ["list:users", "read:servers", "admin:server_state"]},
     # the user's own server may read budgets (the JupyterLab sidebar uses this)
     {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
                                   "custom:gpubudget:read",

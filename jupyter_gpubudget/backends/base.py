@@ -40,6 +40,11 @@ class Backend(LoggingConfigurable):
 
     name = "abstract"
 
+    #: ``stop`` returns only once the workload has stopped (the local backend): the core may
+    #: then place other work on its slice in the same cycle. Engines that stop asynchronously
+    #: (Slurm, Kubernetes) set False: the slice stays held until ``status`` says it is gone.
+    synchronous_stop = True
+
     def launch(self, launch: Launch) -> str:
         """Start the attempt; return a backend reference (pid, job id, pod name)."""
         raise NotImplementedError

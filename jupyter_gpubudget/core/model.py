@@ -124,6 +124,13 @@ class Workload:
     backed: bool = False
     protected_until: float | None = None
     idle: bool = False  # reported idle past the limit: yields to any backed work
+    #: a preempted workload releases its slice at once (a local batch job, stopped before the
+    #: next decision is carried out); False: it keeps holding it until its holder reports it
+    #: stopped (a notebook session is snapshotted first; remote engines stop asynchronously)
+    stops_at_once: bool = True
+    #: asked to stop (preemption under way) and still holding its slice: never placed over,
+    #: never preempted again; work waiting for its slice waits for it to be released
+    stopping: bool = False
 
     @property
     def running(self) -> bool:
@@ -198,6 +205,9 @@ class Policy:
     # protected run — by more than this factor (1 + margin), at the first level where their
     # paths differ; 0 already stops two projects from taking turns preempting each other
     preemption_margin: float = 0.0
+    #: seconds a preempted workload that does not stop at once (``Workload.stops_at_once``)
+    #: is expected to take to release its slice (a notebook's snapshot grace period)
+    stop_grace: float = 120.0
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:

@@ -22,13 +22,15 @@ SetCost = tuple[int, int, int, float, float]
 
 
 def victim_cost(v: Workload, standing: float) -> tuple[int, float, int, float, float]:
-    """Lower is preempted first: unbacked, then idle, then most over its grant, resumable,
-    cheap to snapshot, most recently started."""
-    return (0 if not v.backed else 1 if v.idle else 2, -standing, 0 if v.resumable else 1,
-            v.snapshot_cost, -(v.started_at or 0.0))
+    """Lower is preempted first: already stopping (free to take), unbacked, then idle, then
+    most over its grant, resumable, cheap to snapshot, most recently started."""
+    return (-1 if v.stopping else 0 if not v.backed else 1 if v.idle else 2, -standing,
+            0 if v.resumable else 1, v.snapshot_cost, -(v.started_at or 0.0))
 
 
 def set_cost(vs: list[Workload], standing: Callable[[Workload], float]) -> SetCost:
+    """Workloads already stopping cost nothing: their slices are being released anyway."""
+    vs = [v for v in vs if not v.stopping]
     return (len(vs), sum(1 for v in vs if v.backed), sum(1 for v in vs if not v.resumable),
             sum(v.snapshot_cost for v in vs), -sum(min(standing(v), 1e9) for v in vs))
 

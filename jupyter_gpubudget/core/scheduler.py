@@ -25,13 +25,13 @@ import bisect
 import gc
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from . import mig as migtab
 from .accounts import AccountTree
 from .backfill import plan_reservation, predict_runtime
-from .capacity import Cluster
+from .capacity import CapacityError, Cluster
 from .inventory import Inventory
 from .model import (
     HOUR,
@@ -125,6 +125,9 @@ class Scheduler:
         self._demand: dict[str, float] = {}
         self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
+        #: running workloads left out of the state because their placement is impossible
+        #: (no placement, or a slice already held): (id, why), for the caller to report
+        self.inconsistent: list[tuple[str, str]] = []
 
     # ================================================================= building
     @classmethod
@@ -134,9 +137,25 @@ class Scheduler:
             s.meter.add(c)
         for w in state.running:
             if w.placement is None:
-                raise ValueError(f"running workload {w.id} has no placement")
+                s.inconsistent.append((w.id, "running without a placement"))
+                continue
             s.running[w.id] = w
-        s.cluster.load((w.id, w.placement) for w in state.running if w.placement)
+        try:
+            s.cluster.load((wid, w.placement) for wid, w in s.running.items()
+                           if w.placement is not None)
+        except CapacityError:
+            # one inconsistent record must not stop scheduling for everyone: load them one by
+            # one, leave out (and report) each that does not fit beside those before it
+            s.cluster = Cluster(s.inventory, s.unhealthy)
+            if s.policy.placement == "fgd":
+                fragmentation.index_for(s.cluster, fragmentation.MixView(s.mix))
+            for wid, w in list(s.running.items()):
+                assert w.placement is not None
+                try:
+                    s.cluster.allocate(wid, w.placement)
+                except CapacityError as e:
+                    del s.running[wid]
+                    s.inconsistent.append((wid, str(e)))
         for w in state.pending:
             s._enqueue(w, key=INF, bulk=True)
         s._order.sort()
@@ -277,9 +296,8 @@ class Scheduler:
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
         protected = now + self.policy.effective_min_runtime(w) if backed else None
-        started = Workload(w.id, w.project, w.user, w.request, w.submitted_at, w.kind,
-                           w.min_runtime, w.resumable, w.time_limit, w.snapshot_cost,
-                           now, placement, backed, protected)
+        started = replace(w, started_at=now, placement=placement, backed=backed,
+                          protected_until=protected, idle=False, stopping=False)
         self.running[w.id] = started
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None and w.project in self.accounts:
@@ -302,9 +320,15 @@ class Scheduler:
 
     def _preempt(self, v: Workload, now: float, reason: str, for_wid: str | None,
                  out: list[Decision]) -> None:
+        """Preempt ``v``. One that stops at once releases its slice now; one that does not
+        (a session being snapshotted) is marked stopping and holds its slice until its holder
+        reports it gone."""
         if v.is_protected(now):  # semantics 2: a guard, not a choice
             raise AssertionError(f"refusing to preempt protected workload {v.id}")
-        self._stop(v.id, now)
+        if v.stops_at_once:
+            self._stop(v.id, now)
+        else:
+            self.running[v.id] = replace(v, stopping=True)
         out.append(Preempt(v.id, reason, for_wid))
 
     # ================================================================= incremental path
@@ -489,8 +513,10 @@ class Scheduler:
                 out.append(Reserve(w.id, at, placement))
 
     def _victim_pool(self, now: float) -> dict[str, Workload]:
-        """Running work that may ever be preempted now: unprotected, on healthy nodes."""
-        return {wid: w for wid, w in self.running.items() if not w.is_protected(now)}
+        """Running work whose slice may be freed for others: unprotected, or already
+        stopping."""
+        return {wid: w for wid, w in self.running.items()
+                if w.stopping or not w.is_protected(now)}
 
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
                      st: Standings, out: list[Decision]) -> bool:
@@ -515,8 +541,8 @@ class Scheduler:
                 verdict[project] = ok
             return verdict[project]
 
-        eligible = {wid: v for wid, v in pool.items()
-                    if wid in self.running and (not v.backed or v.idle or (
+        eligible = {wid: self.running[wid] for wid, v in pool.items()
+                    if wid in self.running and (v.stopping or not v.backed or v.idle or (
                         v.project in st.path_standing and below_victim(v.project)))}
         if not eligible:
             return False
@@ -533,11 +559,30 @@ class Scheduler:
         if p is None:
             return False
         for v in victims:
+            if v.stopping:  # already asked to stop: nothing more to decide
+                continue
             reason = ("unbacked work yields to backed work" if not v.backed else
                       "an idle session yields to waiting work" if v.idle else
                       f"project {v.project} stands above {w.project}")
             self._preempt(v, now, reason, w.id, out)
             pool.pop(v.id, None)
+        holders = [v for v in victims if v.id in self.running]  # still holding: stopping
+        if holders:
+            # the slice is free only once they have really stopped (semantics 1): hold it for
+            # ``w`` meanwhile instead of placing onto it
+            for v in holders:
+                self.cluster.release(v.id)
+            p = place(self.cluster, w.request, end)
+            for v in holders:
+                v_placement = self.running[v.id].placement
+                assert v_placement is not None
+                self.cluster.allocate(v.id, v_placement)
+            assert p is not None
+            at = now + self.policy.stop_grace
+            self.cluster.reserve(p, at)
+            self.reservations[w.id] = (at, p)
+            out.append(Reserve(w.id, at, p))
+            return True
         p = place(self.cluster, w.request, end)
         assert p is not None
         self._start(w, p, True, now, out)
@@ -549,10 +594,11 @@ class Scheduler:
                 continue
             on_node = [w for w in self.running.values()
                        if w.placement and node in w.placement.nodes]
-            if any(w.is_protected(now) for w in on_node):
+            if any(w.is_protected(now) and not w.stopping for w in on_node):
                 continue
             for w in on_node:
-                self._preempt(w, now, f"node {node} is draining", None, out)
+                if not w.stopping:
+                    self._preempt(w, now, f"node {node} is draining", None, out)
             self.drained.add(node)
             out.append(Drain(node))
 

@@ -45,18 +45,6 @@ async def wait_for_grant(sp: BudgetSpawner, sess: dict, deadline: float) -> dict
     return sess
 
 
-async def wait_for_release(sp: BudgetSpawner, sess: dict, deadline: float) -> dict:
-    """Granted a slice a preempted session still holds: wait until it is released."""
-    while sess.get("blocked_by") and time.monotonic() < deadline:
-        sp._blocked = list(sess["blocked_by"])
-        sp._changed.set()
-        await asyncio.sleep(sp.queue_poll_interval)
-        sess = await sp.api("GET", f"/sessions/{sp.session_id}")
-        sp._set_session(sess)
-    sp._blocked = []
-    return sess
-
-
 async def _changed(sp: BudgetSpawner, timeout: float = 5) -> None:
     sp._changed.clear()
     try:
@@ -93,10 +81,6 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
         elif not s.get("backed"):
             prot = "; unbacked (not protected, preempted first)"
         yield {"progress": 50, "message": f"Granted {describe(sp.placement)}{prot}."}
-        while sp._blocked and sp._phase == "starting":
-            yield {"progress": 55, "message": "Waiting for a preempted session to release "
-                                              "the slice..."}
-            await _changed(sp)
         yield {"progress": 60, "message": "Starting the server..."}
         if sp.child is not None:
             async for ev in sp.child.progress():

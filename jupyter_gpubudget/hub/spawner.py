@@ -115,6 +115,7 @@ class BudgetSpawner(Spawner):
     session_id = Unicode("")
     placement = AnyTrait(None, allow_none=True)
     child_state = Dict({})
+    pending_end = Dict({})  # a stop the service could not be told of: session, reason, at
 
     @default("service_api_url")
     def _default_api(self) -> str:
@@ -144,7 +145,6 @@ class BudgetSpawner(Spawner):
         self._stop_reason = "stop"
         self._offer: dict | None = None
         self._discovery: Any = None
-        self._blocked: list[str] = []
         self._watch_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ the service
@@ -201,6 +201,7 @@ class BudgetSpawner(Spawner):
         return body
 
     async def start(self) -> Any:
+        await self._flush_pending_end()
         body = await self._session_body()
         self._phase, self._session, self._stop_reason = "queued", {}, "stop"
         self._idle_reported = False
@@ -220,7 +221,6 @@ class BudgetSpawner(Spawner):
             self.placement = sess.get("placement") or []
             self._phase = "starting"
             self._changed.set()
-            sess = await queue.wait_for_release(self, sess, deadline)
             child = self._construct_child()
             env = placement_env(self.placement, self._get_discovery())
             env.update({"GPUBUDGET_SESSION": self.session_id, "GPUBUDGET_PROJECT":
@@ -283,10 +283,29 @@ class BudgetSpawner(Spawner):
                 raise
 
     async def _end_quietly(self, reason: str) -> None:
+        """End the session's charge; if the service cannot be reached (the hub stops its
+        services before the users' servers when it shuts down), keep the stop in this
+        spawner's state — the service settles it from there when it is back."""
         try:
             await self._end(reason)
         except ServiceError as e:
-            self.log.warning("gpubudget: ending session %s failed: %s", self.session_id, e)
+            self.log.warning("gpubudget: ending session %s failed: %s; the stop is kept in the "
+                             "hub's database for the service", self.session_id, e)
+            if self.session_id and e.status >= 500:
+                self.pending_end = {"session": self.session_id, "reason": reason,
+                                    "at": time.time()}
+
+    async def _flush_pending_end(self) -> None:
+        """Tell the service about a stop it missed (it may have settled it already)."""
+        if not self.pending_end:
+            return
+        pe = self.pending_end
+        try:
+            await self.api("DELETE", f"/sessions/{pe['session']}?reason={pe['reason']}")
+        except ServiceError as e:
+            if e.status >= 500:
+                return  # still away: keep it
+        self.pending_end = {}
 
     async def progress(self) -> Any:
         async for event in queue.progress(self):
@@ -336,6 +355,8 @@ class BudgetSpawner(Spawner):
             self.child_state = self.child.get_state()
         if self.child_state:
             state["child_state"] = self.child_state
+        if self.pending_end:
+            state["gpubudget_pending_end"] = self.pending_end
         return state
 
     def load_state(self, state: dict) -> None:
@@ -343,6 +364,7 @@ class BudgetSpawner(Spawner):
         self.session_id = state.get("gpubudget_session", "")
         self.placement = state.get("placement")
         self.child_state = state.get("child_state", {})
+        self.pending_end = state.get("gpubudget_pending_end") or {}
         if self.child_state:
             self._construct_child()
 

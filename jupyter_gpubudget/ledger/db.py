@@ -19,12 +19,15 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def connect(url: str, *, sqlite_synchronous: str = "FULL", read_only: bool = False) -> Engine:
+def connect(url: str, *, sqlite_synchronous: str = "FULL", read_only: bool = False,
+            busy_timeout: float = 30.0) -> Engine:
     """An engine for the ledger. ``read_only`` (SQLite): transactions begin deferred, so
-    readers never queue behind the writer's lock (WAL readers see the last commit)."""
+    readers never queue behind the writer's lock (WAL readers see the last commit).
+    ``busy_timeout``: seconds a SQLite writer waits for the lock before failing."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+        engine = create_engine(url, connect_args={"timeout": busy_timeout,
+                                                  "check_same_thread": False},
                                poolclass=NullPool if ":memory:" in url else QueuePool,
                                pool_size=8, max_overflow=8)
 
@@ -35,7 +38,7 @@ def connect(url: str, *, sqlite_synchronous: str = "FULL", read_only: bool = Fal
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             cur.close()
 
         # pysqlite's own transaction handling defers BEGIN; emit BEGIN IMMEDIATE ourselves so a
@@ -73,3 +76,10 @@ def current_revision(engine: Engine) -> str | None:
 
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    """The newest migration shipped with this package."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()

@@ -137,6 +137,8 @@ class IdempotencyRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     status: Mapped[int] = mapped_column(Integer)
     response: Mapped[dict] = mapped_column(JSON)
+    #: digest of the request it answered: the same key with another request is refused
+    fingerprint: Mapped[str] = mapped_column(String(64), default="")
 
 
 class ServiceStateRow(Base):

@@ -50,6 +50,8 @@ class Ledger:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
         self.generation = 0  # bumped after every write transaction of this process
+        #: called (from any thread) after every write transaction of this process
+        self.on_write: Callable[[], None] | None = None
         self._by_user: dict[tuple, tuple[int, list[WorkloadRow]]] = {}
 
     def dispose(self) -> None:
@@ -77,24 +79,35 @@ class Ledger:
             with self._sessions.begin() as new:
                 yield new
         finally:
-            self.generation += 1
+            self._wrote()
+
+    def _wrote(self) -> None:
+        self.generation += 1
+        if self.on_write is not None:
+            self.on_write()
 
     def idempotent(self, key: str, fn: Callable[[Session], tuple[int, dict]],
-                   now: float) -> tuple[int, dict, bool]:
-        """Apply ``fn`` once per ``key``: returns (status, body, replayed)."""
+                   now: float, fingerprint: str = "") -> tuple[int, dict, bool]:
+        """Apply ``fn`` once per ``key``: returns (status, body, replayed). ``fingerprint``
+        identifies the request (a digest of its body): the same key with another request is
+        refused (422), as common APIs do, rather than answered with the first request's answer."""
         for _ in range(3):
             try:
                 with self._sessions.begin() as s:
                     row = s.get(IdempotencyRow, key)
                     if row is not None:
+                        if row.fingerprint and fingerprint and row.fingerprint != fingerprint:
+                            raise LedgerError(422, "Idempotency-Key was already used with a "
+                                                   "different request", "Idempotency-Key")
                         return row.status, row.response, True
                     status, body = fn(s)
-                    s.add(IdempotencyRow(key=key, created_at=now, status=status, response=body))
+                    s.add(IdempotencyRow(key=key, created_at=now, status=status, response=body,
+                                         fingerprint=fingerprint))
                 return status, body, False
             except IntegrityError:
                 continue  # a concurrent twin won the race: read its answer
             finally:
-                self.generation += 1
+                self._wrote()
         raise LedgerError(409, f"idempotency key {key!r} is contended")
 
     # ------------------------------------------------------------ accounts and grants
@@ -364,6 +377,16 @@ class Ledger:
             q = (select(DecisionRow.workload)
                  .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
                  .where(DecisionRow.kind == "idle", WorkloadRow.state == "running",
+                        DecisionRow.at >= WorkloadRow.started_at))
+            return {w for (w,) in s.execute(q)}
+
+    def stop_requested_running(self) -> set[str]:
+        """Running workloads asked to stop (``preempt-requested``) since they (last) started:
+        they still hold their slice until their holder reports them gone."""
+        with self.ro() as s:
+            q = (select(DecisionRow.workload)
+                 .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
+                 .where(DecisionRow.kind == "preempt-requested", WorkloadRow.state == "running",
                         DecisionRow.at >= WorkloadRow.started_at))
             return {w for (w,) in s.execute(q)}
 

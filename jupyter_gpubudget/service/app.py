@@ -22,6 +22,7 @@ from jupyter_gpubudget.backends.base import Backend
 from jupyter_gpubudget.backends.local import LocalBackend
 from jupyter_gpubudget.core.accounts import AccountTree, BudgetError, Budgets, load_budgets
 from jupyter_gpubudget.core.inventory import Inventory, load_inventory
+from jupyter_gpubudget.core.model import Policy
 from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_declared
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow
@@ -30,7 +31,7 @@ from .base import ApiError
 from .handlers import routes
 from .loop import SchedulingLoop
 from .metrics import make_registry
-from .reaper import reaper
+from .reaper import reaper, reconcile_with_hub
 from .views import grant_json
 
 
@@ -81,6 +82,15 @@ class GpuBudgetService(Application):
     auth_cache_max_age = Integer(60, help="Seconds a token's identity is cached after the "
                                  "Hub confirmed it.").tag(config=True)
     config_file = Unicode("", help="Python config file to load.").tag(config=True)
+    db_threads = Integer(4, help="Threads that run the API's ledger work (never the event "
+                         "loop): a slow or locked ledger delays those requests, not the "
+                         "service.").tag(config=True)
+    ledger_busy_timeout = Float(5.0, help="Seconds a ledger write waits for a lock (SQLite) "
+                                "before the request is answered 503 'ledger unavailable' with "
+                                "Retry-After.").tag(config=True)
+    unhealthy_after_intervals = Float(3.0, help="/healthz answers 503 when no scheduling "
+                                      "cycle succeeded for this many cycle intervals (plus 30 "
+                                      "s).").tag(config=True)
     session_stale_after = Float(help="Seconds without a word from the hub about a session "
                                 "(long-poll while queued, heartbeat while running) after which "
                                 "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
@@ -143,17 +153,23 @@ class GpuBudgetService(Application):
         self.log.info("gpubudget inventory: %s (%d GPUs)", self.inventory_message,
                       self.inventory.gpu_count)
         upgrade(self.db_url)  # Alembic migrations on every start (a no-op when current)
-        self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous)
+        self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous,
+                              busy_timeout=self.ledger_busy_timeout)
         read_engine = (connect(self.db_url, read_only=True)
                        if self.engine.url.get_backend_name() == "sqlite" else self.engine)
         self.ledger = Ledger(self.engine, read_engine)
         self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
         self.backend: Backend = self.backend_class(parent=self, log=self.log)
-        self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.budgets.policy,
+        self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.policy,
                                    self.backend, log=self.log, clock=self.clock,
                                    on_cycle=lambda s: self.cycle_hist.observe(s))
         self.registry, self.cycle_hist = make_registry(self)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")
+        self.db_pool = ThreadPoolExecutor(self.db_threads, thread_name_prefix="gpubudget-db")
+        self._ledger_error: tuple[float, str] | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._change = asyncio.Event()
+        self.ledger.on_write = self._ledger_wrote
         self.api_prefix = self.service_prefix.rstrip("/") + "/api/v1"
         from jupyterhub.services.auth import HubOAuth
 
@@ -183,6 +199,12 @@ class GpuBudgetService(Application):
             except (OSError, BudgetError) as e:
                 self.log.error("budgets file not reloaded: %s", e)
         return self.budgets.accounts
+
+    def policy(self) -> Policy:
+        """The budgets file's policy, reloaded with the file (one policy for everything: the
+        scheduling loop, quotes, caps)."""
+        self.tree()
+        return self.budgets.policy
 
     def check_placement(self, placement: list[dict]) -> None:
         for i, s in enumerate(placement):
@@ -222,6 +244,52 @@ class GpuBudgetService(Application):
                 "preemptions": sum(n for p, n in v.preemptions.items() if p in below),
                 "computed_at": v.at}
 
+    # ------------------------------------------------------------------ health
+    def ledger_failed(self, reason: str) -> None:
+        self._ledger_error = (self.clock(), reason)
+
+    def ledger_ok(self) -> None:
+        self._ledger_error = None
+
+    def health(self) -> tuple[bool, list[str]]:
+        """(healthy, reasons): a failing or stale scheduling cycle, or an unavailable ledger,
+        makes the service unhealthy."""
+        reasons = []
+        now = self.clock()
+        loop = self.loop
+        if loop.last_error is not None:
+            reasons.append(f"scheduling cycle failing ({loop.failed_cycles} so far): "
+                           f"{loop.last_error}")
+        limit = self.unhealthy_after_intervals * self.cycle_interval + 30
+        if loop.last_ok_at is None or now - loop.last_ok_at > limit:
+            since = "ever" if loop.last_ok_at is None else f"{now - loop.last_ok_at:.0f} s"
+            reasons.append(f"no successful scheduling cycle for {since}")
+        if self._ledger_error is not None:
+            reasons.append(f"ledger unavailable: {self._ledger_error[1]}")
+        return not reasons, reasons
+
+    # ------------------------------------------------------------------ changes
+    def _ledger_wrote(self) -> None:
+        """Called from any thread after this process wrote to the ledger: wake long-polls."""
+        aloop = self._aloop
+        if aloop is not None and not aloop.is_closed():
+            try:
+                aloop.call_soon_threadsafe(self._fire_change)
+            except RuntimeError:  # the loop is shutting down
+                pass
+
+    def _fire_change(self) -> None:
+        ev, self._change = self._change, asyncio.Event()
+        ev.set()
+
+    async def wait_for_change(self, timeout: float) -> bool:
+        """Wait until the ledger changes (True) or ``timeout`` passes (False)."""
+        try:
+            await asyncio.wait_for(self._change.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
     # ------------------------------------------------------------------ running
     def kick(self) -> None:
         """Something happened: run a cycle soon."""
@@ -258,10 +326,14 @@ class GpuBudgetService(Application):
     async def serve(self) -> None:
         sys.setswitchinterval(self.gil_switch_interval)
         self._kick_event = asyncio.Event()
-        aloop = asyncio.get_running_loop()
+        self._change = asyncio.Event()
+        aloop = self._aloop = asyncio.get_running_loop()
         self.backend.on_exit = lambda: aloop.call_soon_threadsafe(self.kick)
         await aloop.run_in_executor(self.worker, self.loop.reconcile)
-        await aloop.run_in_executor(self.worker, self.loop.cycle)
+        try:
+            await aloop.run_in_executor(self.worker, self.loop.cycle)
+        except Exception:  # reported by /healthz; the timer keeps trying
+            self.log.exception("first scheduling cycle failed")
         server = httpserver.HTTPServer(self.make_app(), xheaders=True)
         server.listen(self.port, self.ip)
         self.log.info("gpubudget service on http://%s:%d%s (ledger %s)", self.ip, self.port,
@@ -271,9 +343,11 @@ class GpuBudgetService(Application):
             aloop.add_signal_handler(sig, stop.set)
         timer = asyncio.create_task(self._timer())
         reaping = asyncio.create_task(reaper(self))
+        settling = asyncio.create_task(reconcile_with_hub(self))
         await stop.wait()
         timer.cancel()
         reaping.cancel()
+        settling.cancel()
         server.stop()
         self.log.info("stopping (running jobs keep running and are found again on restart)")
 

@@ -1,18 +1,20 @@
 """Who is calling, and what they may do.
 
-Identity comes from JupyterHub (``HubOAuth``: an ``Authorization: token`` header or the OAuth
-cookie). Authority has two sources:
+Identity comes from JupyterHub (``HubOAuth``: an ``Authorization: token`` header, or the OAuth
+cookie — then only with JupyterHub's XSRF check for state changes). Authority needs both:
 
-- JupyterHub RBAC custom scopes carried by the token:
-  ``custom:gpubudget:read`` (own workloads, own projects' figures),
+- a **scope on the token** (JupyterHub RBAC custom scopes), and only gpubudget's own:
+  ``custom:gpubudget:read`` (own workloads, own projects' figures; so does
+  ``access:services!service=gpubudget``, the OAuth login to this service),
   ``custom:gpubudget:submit`` (submit and cancel own jobs; implies read),
-  ``custom:gpubudget:manage`` (change grants of accounts one manages; implies read),
-  ``custom:gpubudget:admin`` (everything). ``access:services`` (the OAuth login to this
-  service) counts as read.
-- the budgets file: project membership (who may charge what), account managers, admins.
+  ``custom:gpubudget:manage`` (redistribute grants below the accounts one manages),
+  ``custom:gpubudget:admin`` (everything). A token's scopes bound what anyone can do, admins
+  included: an admin's token down-scoped to read can only read. Another service's
+  ``access:services`` scope counts for nothing here.
+- a **relation in the budgets file**: project membership (who may charge what) and account
+  managers.
 
-A user needs both: the scope for the kind of action and the budgets-file relation for the
-object. Every refusal is a 403 with the reason.
+Every refusal is a 403 with the reason.
 """
 
 from __future__ import annotations
@@ -48,27 +50,25 @@ class Caller:
     name: str
     kind: str  # "user" or "service"
     scopes: frozenset[str]
-    budget_admin: bool = False  # listed under `admins:` in the budgets file
+    service_name: str = "gpubudget"
 
     @classmethod
-    def from_hub_model(cls, model: dict, admins: frozenset[str], service_name: str) -> Caller:
+    def from_hub_model(cls, model: dict, service_name: str) -> Caller:
         scopes = frozenset(model.get("scopes") or ())
         return cls(name=model["name"], kind=model.get("kind", "user"), scopes=scopes,
-                   budget_admin=model["name"] in admins)
+                   service_name=service_name)
 
     def _has(self, scope: str) -> bool:
         return scope in self.scopes or SCOPE_ADMIN in self.scopes
 
     @property
     def is_admin(self) -> bool:
-        # the budgets file's admins still need a token that may act on this service
-        return SCOPE_ADMIN in self.scopes or (self.budget_admin and self.can_read)
+        return SCOPE_ADMIN in self.scopes
 
     @property
     def can_read(self) -> bool:
-        return any(self._has(s) for s in (SCOPE_READ, SCOPE_SUBMIT, SCOPE_MANAGE)) or any(
-            s == "access:services" or s.startswith("access:services!service=")
-            for s in self.scopes)
+        return any(self._has(s) for s in (SCOPE_READ, SCOPE_SUBMIT, SCOPE_MANAGE)) or (
+            f"access:services!service={self.service_name}" in self.scopes)
 
     # ------------------------------------------------------------------ checks
     def require_read(self) -> None:
@@ -88,12 +88,35 @@ class Caller:
             raise Denied(f"user {self.name!r} is not a member of project {project!r}")
 
     def require_manage(self, tree: AccountTree, account: str) -> None:
+        """May change ``account``'s grant: admins any; a manager only accounts strictly
+        below one they manage (an account's own grant is its parent's business)."""
         if self.is_admin:
             return
         if not self._has(SCOPE_MANAGE):
             raise Denied(f"token lacks scope {SCOPE_MANAGE}")
-        if not tree.can_manage(self.name, account):
+        if not any(self.name in tree.get(a).managers for a in tree.path(account)[:-1]):
+            if tree.can_manage(self.name, account):
+                raise Denied(f"user {self.name!r} manages {account!r} but only an admin "
+                             f"changes its own grant; managers redistribute below it")
             raise Denied(f"user {self.name!r} does not manage account {account!r}")
+
+    def require_within_parent(self, before: AccountTree, after: AccountTree, account: str,
+                              cluster_gpu_hours: float) -> None:
+        """A manager's change keeps the children of ``account``'s parent within the parent's
+        own grant (or at least does not add to an overrun that was already there)."""
+        if self.is_admin:
+            return
+        parent = before.get(account).parent
+        if parent is None:
+            return
+        g0 = before.effective_grants(cluster_gpu_hours)
+        g1 = after.effective_grants(cluster_gpu_hours)
+        kids = before.get(parent).children
+        old, new, cap = sum(g0[k] for k in kids), sum(g1[k] for k in kids), g1[parent]
+        if new > cap + 1e-6 and new > old + 1e-6:
+            raise Denied(f"the accounts below {parent!r} would be granted {new:g} GPU-hours, "
+                         f"more than {parent!r}'s own grant of {cap:g}; a manager "
+                         f"redistributes within it (an admin can raise {parent!r}'s grant)")
 
     def visible_accounts(self, tree: AccountTree) -> set[str]:
         """Accounts whose figures the caller may see: admins all; others the accounts on the

@@ -7,9 +7,14 @@ then the body (400); a refused request changes nothing.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from tornado import web
 
 from jupyter_gpubudget.core.accounts import AccountTree
@@ -22,12 +27,18 @@ if TYPE_CHECKING:
     from .app import GpuBudgetService
 
 STATES = {"pending", "running", "done", "failed", "cancelled", "preempted"}
+T = TypeVar("T")
+
+#: what a busy, locked, read-only or unreachable ledger raises: answered 503 + Retry-After
+LEDGER_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.field = status, message, field
+        self.retry_after = retry_after
 
 
 class BaseHandler(web.RequestHandler):
@@ -71,9 +82,25 @@ class BaseHandler(web.RequestHandler):
             self.clear()
             self.set_status(e.status)
             self.set_default_headers()
+            if e.retry_after is not None:
+                self.set_header("Retry-After", str(e.retry_after))
             self.write_error(e.status, exc_info=(type(e), e, None))
             return
         super()._handle_request_exception(e)
+
+    # ---------------------------------------------------------------- the ledger
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` — anything that touches the ledger — on the service's database
+        threads, never on the event loop; a busy, read-only or unreachable ledger becomes
+        ``503 {"message": "ledger unavailable: ..."}`` with ``Retry-After`` (health shows it)."""
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(self.svc.db_pool, fn, *args)
+        except LEDGER_DOWN as e:
+            reason = str(getattr(e, "orig", None) or e).splitlines()[0][:300]
+            self.svc.ledger_failed(reason)
+            raise ApiError(503, f"ledger unavailable: {reason}", retry_after=5) from None
+        self.svc.ledger_ok()
+        return out
 
     # ---------------------------------------------------------------- helpers
     async def caller(self) -> Caller:
@@ -85,7 +112,7 @@ class BaseHandler(web.RequestHandler):
             raise ApiError(503, "JupyterHub cannot confirm the token right now; retry") from None
         if not model:
             raise ApiError(403, "missing, invalid or expired token")
-        return Caller.from_hub_model(model, self.svc.budgets.admins, self.svc.service_name)
+        return Caller.from_hub_model(model, self.svc.service_name)
 
     def body(self) -> Any:
         try:
@@ -96,6 +123,14 @@ class BaseHandler(web.RequestHandler):
     def send(self, obj: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(obj, allow_nan=False))
+
+    def idempotent(self, key: str, apply: Callable[[Any], tuple[int, dict]],
+                   now: float) -> tuple[int, dict]:
+        """Apply once per Idempotency-Key (on the database threads); a retry with the same key
+        and the same body gets the first answer, one with another body is refused (422)."""
+        digest = hashlib.sha256(self.request.body or b"").hexdigest()
+        status, body, _ = self.svc.ledger.idempotent(key, apply, now, fingerprint=digest)
+        return status, body
 
     def idem_key(self, caller: Caller) -> str | None:
         key = self.request.headers.get("Idempotency-Key")

@@ -14,8 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
-from jupyter_gpubudget.core.model import Drain, Preempt, Reserve, Start
-from jupyter_gpubudget.core.scheduler import predicted_starts, queue_order, schedule, standings
+from jupyter_gpubudget.core.accounts import AccountTree
+from jupyter_gpubudget.core.model import Drain, Policy, Preempt, Reserve, Start
+from jupyter_gpubudget.core.scheduler import (
+    ClusterState,
+    Scheduler,
+    paused_gc,
+    predicted_starts,
+    queue_order,
+    standings,
+)
 from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
@@ -35,6 +43,8 @@ class View:
     pending: dict[tuple[str, str], int] = field(default_factory=dict)
     preemptions: dict[str, int] = field(default_factory=dict)  # project -> total
     cycle_seconds: float = 0.0
+    #: running records the core left out this cycle (impossible placement): id -> why
+    inconsistent: dict[str, str] = field(default_factory=dict)
 
     def position(self, wid: str) -> int | None:
         try:
@@ -44,15 +54,21 @@ class View:
 
 
 class SchedulingLoop:
-    def __init__(self, ledger: Ledger, tree_fn: Callable, inventory, policy,  # noqa: ANN001
-                 backend: Backend, log: logging.Logger | None = None,
-                 clock: Callable[[], float] = time.time,
+    def __init__(self, ledger: Ledger, tree_fn: Callable, inventory,  # noqa: ANN001
+                 policy_fn: Callable[[], Policy], backend: Backend,
+                 log: logging.Logger | None = None, clock: Callable[[], float] = time.time,
                  on_cycle: Callable[[float], None] | None = None) -> None:
         self.ledger = ledger
         self.tree_fn = tree_fn  # -> AccountTree of the budgets file (reloadable)
         self.inventory = inventory
-        self.policy = policy
+        self.policy_fn = policy_fn  # -> the budgets file's policy (reloaded with it)
         self.backend = backend
+        self.sync_backends = frozenset({backend.name} if backend.synchronous_stop else ())
+        #: health: the last failure of a cycle (None once one succeeds again) and when the
+        #: last cycle succeeded
+        self.last_error: str | None = None
+        self.failed_cycles = 0
+        self.last_ok_at: float | None = None
         self.log = log or logging.getLogger("gpubudget.loop")
         self.clock = clock
         self.on_cycle = on_cycle
@@ -128,8 +144,29 @@ class SchedulingLoop:
                 self._settle(row, st)
         return alive
 
+    @property
+    def policy(self) -> Policy:
+        return self.policy_fn()
+
+    def build_state(self, now: float, tree: AccountTree | None = None
+                    ) -> tuple[ClusterState, list[WorkloadRow]]:
+        """The ledger as the core sees it, with the budgets file's current tree and policy."""
+        return build_state(self.ledger, tree if tree is not None else self.tree_fn(),
+                           self.inventory, self.policy, now, sync_backends=self.sync_backends)
+
     # ------------------------------------------------------------------ cycle
     def cycle(self) -> list:
+        try:
+            decisions = self._cycle()
+        except Exception as e:
+            self.failed_cycles += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            raise
+        self.last_error = None
+        self.last_ok_at = self.clock()
+        return decisions
+
+    def _cycle(self) -> list:
         with self.lock:
             t0 = time.perf_counter()
             now = self.clock()
@@ -137,8 +174,14 @@ class SchedulingLoop:
             if alive:
                 self.ledger.checkpoint(now, alive)
             tree = self.tree_fn()
-            state, rows = build_state(self.ledger, tree, self.inventory, self.policy, now)
-            decisions = schedule(state, now)
+            state, rows = self.build_state(now, tree)
+            with paused_gc():
+                sched = Scheduler.from_state(state)
+                decisions = sched.cycle(now)
+            inconsistent = dict(sched.inconsistent)
+            for wid, why in inconsistent.items():
+                if wid not in self.view.inconsistent:  # log once, not every cycle
+                    self.log.error("workload %s left out of scheduling: %s", wid, why)
             by_id = {r.id: r for r in rows}
             for d in decisions:
                 try:
@@ -147,6 +190,7 @@ class SchedulingLoop:
                     self.log.exception("applying %r failed", d)
             changed = any(isinstance(d, Start | Preempt) for d in decisions)
             self._refresh_view(tree, now, changed=changed, state=state)
+            self.view.inconsistent = inconsistent
             self.view.cycle_seconds = time.perf_counter() - t0
             if self.on_cycle:
                 self.on_cycle(self.view.cycle_seconds)
@@ -209,7 +253,7 @@ class SchedulingLoop:
 
     def _refresh_view(self, tree, now: float, changed: bool, state) -> None:  # noqa: ANN001
         if changed:
-            state, _ = build_state(self.ledger, tree, self.inventory, self.policy, now)
+            state, _ = self.build_state(now, tree)
         v = View(at=now, cycle=self.view.cycle + 1, cycle_seconds=self.view.cycle_seconds)
         v.queue = queue_order(state, now)
         v.standings = standings(state, now)

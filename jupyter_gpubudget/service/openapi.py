@@ -153,8 +153,6 @@ def session_paths() -> dict:
                               "description": "Why the scheduler wants this session stopped"},
         "idle_reported": {"type": "number", "nullable": True,
                           "description": "When it was reported idle (protection ended)"},
-        "blocked_by": {"type": "array", "items": {"type": "string"},
-                       "description": "Preempted sessions still holding the granted slice"},
         "inventory": {"type": "string", "enum": ["declared", "nvml"]}}}
     body = {"type": "object", "required": ["user", "project"], "additionalProperties": False,
             "properties": {"user": NAME, "project": NAME,

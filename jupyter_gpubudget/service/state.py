@@ -40,13 +40,18 @@ def placement_from_list(items: list[dict]) -> Placement:
                            for d in items))
 
 
-def to_workload(row: WorkloadRow, idle: bool = False) -> Workload:
+def to_workload(row: WorkloadRow, idle: bool = False, stopping: bool = False,
+                sync_backends: frozenset[str] = frozenset({"local"})) -> Workload:
+    """A ledger row as the core sees it. Workloads of ``sync_backends`` are stopped by the
+    service itself before the next decision is carried out; any other (hub sessions, remote
+    engines, external usage) keeps its slice until reported gone."""
     return Workload(
         id=row.id, project=row.project, user=row.user, request=request_from_dict(row.request),
         submitted_at=row.submitted_at, kind=row.kind, min_runtime=row.min_runtime,
         resumable=row.resumable, time_limit=row.time_limit, started_at=row.started_at,
         placement=placement_from_list(row.placement) if row.placement is not None else None,
-        backed=row.backed, protected_until=row.protected_until, idle=idle)
+        backed=row.backed, protected_until=row.protected_until, idle=idle,
+        stops_at_once=row.backend in sync_backends, stopping=stopping)
 
 
 def tree_with_ledger_grants(tree: AccountTree, ledger: Ledger) -> AccountTree:
@@ -59,10 +64,12 @@ def tree_with_ledger_grants(tree: AccountTree, ledger: Ledger) -> AccountTree:
 
 
 def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float,  # noqa: ANN001
-                history_keep: int = 500) -> tuple[ClusterState, list[WorkloadRow]]:
+                history_keep: int = 500, sync_backends: frozenset[str] = frozenset({"local"})
+                ) -> tuple[ClusterState, list[WorkloadRow]]:
     rows = ledger.workloads(states=("pending", "running"))
     idle = ledger.idle_running()
-    running = [to_workload(r, r.id in idle) for r in rows
+    stopping = ledger.stop_requested_running()
+    running = [to_workload(r, r.id in idle, r.id in stopping, sync_backends) for r in rows
                if r.state == "running" and r.placement is not None]
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits
     # (visible in the API) until the project is back or the job is cancelled

@@ -89,11 +89,6 @@ def test_session_lifecycle_launches_nothing_locally_and_charges(env):
     st, beat = call("POST", f"{svc.api}/sessions/{wid}/heartbeat", t["root"])
     assert st == 200 and beat["state"] == "running"
 
-    # a restart of the service keeps the session running (it is not a local job)
-    svc.kill9()
-    svc.start()
-    assert wait_state(svc, t["bob"], wid, "running")["state"] == "running"
-
     st, idle = call("POST", f"{svc.api}/sessions/{wid}/idle", t["root"],
                     {"idle_s": 4000, "source": "kernel activity"})
     assert st == 200 and idle["idle_reported"] and idle["protected_left_s"] in (0, 0.0, None)
@@ -130,3 +125,27 @@ def test_pending_session_can_be_withdrawn(env):
     led = Ledger(connect(svc.db_url, read_only=True))
     assert led.charges(workload=ids[2]) == []  # withdrawn while queued: never charged
 
+
+
+def test_a_restarted_service_settles_sessions_the_hub_has_no_server_for(env):
+    """The hub stops its services before the users' servers: a server stopped meanwhile could
+    not end its session. On start, the service reads the hub's servers and closes every
+    session with no server behind it at its last heartbeat (here: no hub server at all)."""
+    hub, svc, t = env
+    st, s = call("POST", svc.api + "/sessions", t["root"],
+                 {"user": "bob", "project": "lattice", "slice": "gpu:1", "name": "bob/"})
+    assert st == 201, s
+    wid = s["id"]
+    wait_state(svc, t["bob"], wid, "running")
+    st, beat = call("POST", f"{svc.api}/sessions/{wid}/heartbeat", t["root"])
+    assert st == 200
+    led = Ledger(connect(svc.db_url, read_only=True))
+    (open_charge,) = led.charges(workload=wid)
+    last_beat = open_charge.checkpoint
+    svc.kill9()
+    time.sleep(1.5)  # the phantom would be charged for this time, and more
+    svc.start()
+    s = wait_state(svc, t["bob"], wid, "done")
+    assert "reconciled with the hub" in s["reason"]
+    (ch,) = led.charges(workload=wid)
+    assert ch.end == last_beat  # charged until the last heartbeat, not until the restart

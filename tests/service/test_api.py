@@ -96,13 +96,13 @@ def test_unbacked_job_is_preempted_requeued_and_noticed(service, tokens):
 
 def test_grant_change_is_versioned_and_audited(service, tokens):
     status, out = http("PUT", service.api + "/accounts/astro/grant", tokens["alice"],
-                       {"grant_hours": 45.5, "note": "conference"})
+                       {"grant_hours": 35.5, "note": "conference"})
     assert status == 200 and out["grant"]["changed_by"] == "alice"
     versions = http("GET", service.api + "/accounts/astro/grants", tokens["dave"])[1]["versions"]
     assert [(v["grant_hours"], v["changed_by"], v["note"]) for v in versions][-1] == (
-        45.5, "alice", "conference")
+        35.5, "alice", "conference")
     acct = http("GET", service.api + "/accounts/astro", tokens["dave"])[1]
-    assert acct["grant"]["grant_hours"] == 45.5
+    assert acct["grant"]["grant_hours"] == 35.5
 
 
 def test_idempotent_submit(service, tokens):

@@ -53,7 +53,7 @@ MATRIX = [
     ("foreign program", "GET", "/accounts/biology/usage", None, ADMIN_ONLY),
     ("unknown account", "GET", "/accounts/nope", None, expect(user=404, manager=404, admin=404,
                                                               other=404)),
-    ("set grant", "PUT", "/accounts/lattice/grant", {"grant_hours": 61},
+    ("set grant", "PUT", "/accounts/lattice/grant", {"grant_hours": 55},
      expect(user=403, manager=200, admin=200, other=403)),
     ("my workloads", "GET", "/workloads/me", None, ALL_READERS),
     ("a workload", "GET", "/workloads/{job}", None,

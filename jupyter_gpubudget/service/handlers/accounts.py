@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from jupyter_gpubudget.ledger.models import GrantRow
+
 from ..base import BaseHandler
+from ..state import tree_with_ledger_grants
 from ..validate import parse_grant
 from ..views import grant_json
 
@@ -12,7 +15,7 @@ class AccountsHandler(BaseHandler):
         c = await self.caller()
         c.require_read()
         visible = c.visible_accounts(self.tree)
-        grants = self.svc.ledger.current_grants()
+        grants = await self.db(self.svc.ledger.current_grants)
         self.send({"accounts": [self.svc.account_json(n, grants.get(n))
                                 for n in sorted(visible)]})
 
@@ -22,7 +25,8 @@ class AccountHandler(BaseHandler):
         c = await self.caller()
         self.account_or_404(name)
         c.require_see_account(self.tree, name)
-        self.send(self.svc.account_json(name, self.svc.ledger.current_grants().get(name)))
+        grants = await self.db(self.svc.ledger.current_grants)
+        self.send(self.svc.account_json(name, grants.get(name)))
 
 
 class GrantHistoryHandler(BaseHandler):
@@ -30,8 +34,8 @@ class GrantHistoryHandler(BaseHandler):
         c = await self.caller()
         self.account_or_404(name)
         c.require_see_account(self.tree, name)
-        self.send({"account": name,
-                   "versions": [grant_json(g) for g in self.svc.ledger.grant_history(name)]})
+        history = await self.db(self.svc.ledger.grant_history, name)
+        self.send({"account": name, "versions": [grant_json(g) for g in history]})
 
 
 class GrantHandler(BaseHandler):
@@ -40,8 +44,17 @@ class GrantHandler(BaseHandler):
         self.account_or_404(name)
         c.require_manage(self.tree, name)
         g = parse_grant(self.body())
-        row = self.svc.ledger.set_grant(name, g["grant_hours"], g["share_pct"], by=c.name,
-                                        now=self.svc.clock(), note=g["note"])
+        svc = self.svc
+
+        def apply() -> GrantRow:
+            before = tree_with_ledger_grants(self.tree, svc.ledger)
+            after = before.with_grant(name, g["grant_hours"], g["share_pct"])
+            c.require_within_parent(before, after, name, svc.inventory.gpu_count
+                                    * svc.budgets.policy.window / 3600)
+            return svc.ledger.set_grant(name, g["grant_hours"], g["share_pct"], by=c.name,
+                                        now=svc.clock(), note=g["note"])
+
+        row = await self.db(apply)
         self.svc.kick()
         self.send({"account": name, "grant": grant_json(row)})
 

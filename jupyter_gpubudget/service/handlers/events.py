@@ -41,12 +41,15 @@ class UsageEventsHandler(BaseHandler):
                     led.stop(wid, now=at, state="done", closed_by="stop", actor=c.name, s=s)
             return 200, {"workload": wid, "event": ev["event"], "at": at}
 
+        def once(s):  # noqa: ANN001, ANN202
+            with led.tx() as s:
+                return apply(s)
+
         key = self.idem_key(c)
         if key is None:
-            with led.tx() as s:
-                status, body = apply(s)
+            status, body = await self.db(once, None)
         else:
-            status, body, _ = led.idempotent(key, apply, self.svc.clock())
+            status, body = await self.db(self.idempotent, key, apply, self.svc.clock())
         self.svc.kick()
         self.send(body, status)
 

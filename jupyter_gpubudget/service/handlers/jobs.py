@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from ..auth import SCOPE_SUBMIT, Denied
 from ..base import ApiError, BaseHandler
 from ..state import request_to_dict
@@ -15,7 +13,8 @@ class JobsHandler(BaseHandler):
     async def get(self) -> None:
         c = await self.caller()
         c.require_read()
-        rows = self.svc.ledger.workloads(user=c.name, kind=None, states=self.query_states())
+        states = self.query_states()
+        rows = await self.db(lambda: self.svc.ledger.workloads(user=c.name, states=states))
         rows = [r for r in rows if r.kind in ("batch", "debug") and r.backend != "external"]
         now, view = self.svc.clock(), self.svc.loop.view
         self.send({"jobs": [workload_json(r, view, now) for r in rows]})
@@ -48,9 +47,9 @@ class JobsHandler(BaseHandler):
 
         key = self.idem_key(c)
         if key is None:
-            status, body = apply(None)
+            status, body = await self.db(apply, None)
         else:
-            status, body, _ = self.svc.ledger.idempotent(key, apply, now)
+            status, body = await self.db(self.idempotent, key, apply, now)
         self.svc.kick()
         self.send(body, status)
 
@@ -58,7 +57,7 @@ class JobsHandler(BaseHandler):
 class JobHandler(BaseHandler):
     async def delete(self, wid: str) -> None:
         c = await self.caller()
-        row = self.svc.ledger.get(wid)
+        row = await self.db(self.svc.ledger.get, wid)
         if row is None:
             raise ApiError(404, f"no workload {wid!r}")
         c.require_see_workload(row.user)
@@ -66,8 +65,7 @@ class JobHandler(BaseHandler):
             raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
         if row.backend == "external":
             raise ApiError(409, "this workload is run by an external backend; stop it there")
-        row = await asyncio.get_running_loop().run_in_executor(
-            self.svc.worker, self.svc.loop.cancel, wid, c.name)
+        row = await self.db(self.svc.loop.cancel, wid, c.name)
         self.svc.kick()
         self.send(workload_json(row, self.svc.loop.view, self.svc.clock()))
 

@@ -7,7 +7,6 @@ The endpoints are documented in docs/hub.md and the OpenAPI document.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from jupyter_gpubudget.core.offer import estimate_start, not_offered, quote, slice_choices
@@ -17,7 +16,7 @@ from jupyter_gpubudget.ledger.models import WorkloadRow
 from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
-from ..state import build_state, request_to_dict
+from ..state import request_to_dict
 from ..validate import Invalid, duration, parse_session, request_from_choice
 from ..views import workload_json
 
@@ -43,12 +42,22 @@ class _SessionBase(BaseHandler):
             raise Denied(f"only gpubudget admins may act for another user ({user!r})")
         return c, user
 
-    def session_or_404(self, wid: str) -> WorkloadRow:
-        row = self.svc.ledger.get(wid)
+    async def session_or_404(self, wid: str) -> WorkloadRow:
+        row = await self.db(self.svc.ledger.get, wid)
         if row is None or row.backend != SESSION_BACKEND:
             raise ApiError(404, f"no session {wid!r}")
         self.svc.session_seen[wid] = self.svc.clock()
         return row
+
+    async def send_session(self, wid: str, status: int = 200) -> None:
+        """Answer with the session as it is now in the ledger."""
+
+        def read() -> dict:
+            row = self.svc.ledger.get(wid)
+            assert row is not None
+            return self.session_json(row)
+
+        self.send(await self.db(read), status)
 
     def session_json(self, row: WorkloadRow) -> dict:
         now, view = self.svc.clock(), self.svc.loop.view
@@ -63,35 +72,12 @@ class _SessionBase(BaseHandler):
                     out["preempt_requested"] = d.reason or "preempted"
                 if d.kind == "idle" and out["idle_reported"] is None:
                     out["idle_reported"] = d.at
-        if row.state == "running" and row.placement:
-            out["blocked_by"] = self.blocked_by(row)
         if row.state == "pending" and out["predicted_start"] is None:
             pos = out["queue_position"] or 1
-            state, _ = build_state(self.svc.ledger, self.svc.tree(), self.svc.inventory,
-                                   self.svc.budgets.policy, now)
+            state, _ = self.svc.loop.build_state(now)
             out["predicted_start"] = estimate_start(state, pos, now)
             out["predicted_start_kind"] = "estimate"
         out["inventory"] = self.svc.inventory.source
-        return out
-
-    def blocked_by(self, row: WorkloadRow) -> list[str]:
-        """Running sessions asked to stop (preempted) that still hold a slice conflicting with
-        this session's placement: its server should start only once they are gone."""
-        mine = [(s.get("node"), s.get("gpu"), s.get("kind"), s.get("mig_start"))
-                for s in row.placement or [] if (s.get("gpu", -1) or 0) >= 0]
-        if not mine:
-            return []
-        out = []
-        for other in self.svc.ledger.workloads(states=("running",), backend=SESSION_BACKEND):
-            if other.id == row.id or not other.placement:
-                continue
-            clash = any(n == s.get("node") and g == s.get("gpu") and (
-                k == "gpu" or s.get("kind") == "gpu" or (k == s.get("kind") == "mig"
-                                                         and st == s.get("mig_start")))
-                for n, g, k, st in mine for s in other.placement)
-            if clash and any(d.kind == "preempt-requested" and d.at >= (other.started_at or 0)
-                             for d in self.svc.ledger.decisions(workloads=[other.id], limit=20)):
-                out.append(other.id)
         return out
 
 
@@ -110,13 +96,13 @@ class OfferHandler(_SessionBase):
             now = svc.clock()
             if not want_quotes:
                 return {"now": now, "quotes": {}}
-            state, _ = build_state(svc.ledger, tree, svc.inventory, svc.budgets.policy, now)
+            state, _ = svc.loop.build_state(now, tree)
             quotes = {p: {ch["key"]: quote(state, user, p, request_from_choice(ch["key"]),
                                            min_runtime, now) for ch in choices}
                       for p in projects}
             return {"now": now, "quotes": quotes}
 
-        q = await asyncio.get_running_loop().run_in_executor(None, work)
+        q = await self.db(work)
         pol = svc.budgets.policy
         self.send({"user": user, "projects": projects, "choices": choices,
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
@@ -129,9 +115,12 @@ class SessionsHandler(_SessionBase):
         c, user = await self.acting_for(self.get_query_argument("user", None))
         states = self.query_states()
         who = None if (c.is_admin and self.get_query_argument("user", None) is None) else user
-        rows = [r for r in self.svc.ledger.workloads(user=who, states=states)
-                if r.backend == SESSION_BACKEND]
-        self.send({"sessions": [self.session_json(r) for r in rows]})
+
+        def read() -> list[dict]:
+            return [self.session_json(r) for r in self.svc.ledger.workloads(
+                user=who, states=states, backend=SESSION_BACKEND)]
+
+        self.send({"sessions": await self.db(read)})
 
     async def post(self) -> None:
         c = await self.caller()
@@ -164,14 +153,12 @@ class SessionsHandler(_SessionBase):
 
         key = self.idem_key(c)
         if key is None:
-            status, body = apply(None)
+            status, body = await self.db(apply, None)
         else:
-            status, body, _ = self.svc.ledger.idempotent(key, apply, now)
+            status, body = await self.db(self.idempotent, key, apply, now)
         self.svc.session_seen[body["id"]] = now
         self.svc.kick()
-        row = self.svc.ledger.get(body["id"])
-        assert row is not None
-        self.send(self.session_json(row), status)
+        await self.send_session(body["id"], status)
 
 
 class SessionHandler(_SessionBase):
@@ -179,22 +166,26 @@ class SessionHandler(_SessionBase):
         """``?wait=S``: long-poll, answer as soon as the state changes (at most S seconds,
         S <= 30), so a spawn starts within one cycle of being granted."""
         c = await self.caller()
-        row = self.session_or_404(wid)
+        row = await self.session_or_404(wid)
         c.require_see_workload(row.user)
         try:
             wait = min(30.0, max(0.0, float(self.get_query_argument("wait", "0"))))
         except ValueError:
             raise ApiError(400, "wait: expected seconds", "wait") from None
-        if wait:
+        if wait and row.state in ("pending", "running"):
+            # woken by the ledger's own writes (a cycle, a stop), never by polling it; a
+            # finished session cannot change, so it is answered at once
             first, deadline = row.state, self.svc.clock() + wait
-            while row.state == first and self.svc.clock() < deadline:
-                await asyncio.sleep(0.01)
-                row = self.session_or_404(wid)
-        self.send(self.session_json(row))
+            while row.state == first:
+                left = deadline - self.svc.clock()
+                if left <= 0 or not await self.svc.wait_for_change(left):
+                    break
+                row = await self.session_or_404(wid)
+        self.send(await self.db(self.session_json, row))
 
     async def delete(self, wid: str) -> None:
         c = await self.caller()
-        row = self.session_or_404(wid)
+        row = await self.session_or_404(wid)
         c.require_see_workload(row.user)
         reason = self.get_query_argument("reason", "stop")
         if reason not in END_REASONS:
@@ -214,25 +205,25 @@ class SessionHandler(_SessionBase):
                         if e.status != 409:
                             raise
 
-            await asyncio.get_running_loop().run_in_executor(svc.worker, work)
+            await self.db(work)
             self.svc.kick()
-        self.send(self.session_json(self.svc.ledger.get(wid)))  # type: ignore[arg-type]
+        await self.send_session(wid)
 
 
 class HeartbeatHandler(_SessionBase):
     async def post(self, wid: str) -> None:
         c = await self.caller()
-        row = self.session_or_404(wid)
+        row = await self.session_or_404(wid)
         c.require_see_workload(row.user)
         if row.state == "running":
-            self.svc.ledger.checkpoint(self.svc.clock(), [wid])
-        self.send(self.session_json(row))
+            await self.db(self.svc.ledger.checkpoint, self.svc.clock(), [wid])
+        self.send(await self.db(self.session_json, row))
 
 
 class IdleHandler(_SessionBase):
     async def post(self, wid: str) -> None:
         c = await self.caller()
-        row = self.session_or_404(wid)
+        row = await self.session_or_404(wid)
         c.require_see_workload(row.user)
         body = self.body() or {}
         if not isinstance(body, dict):
@@ -244,19 +235,23 @@ class IdleHandler(_SessionBase):
         if row.state != "running":
             raise ApiError(409, f"session {wid} is {row.state}")
         now = self.svc.clock()
-        with self.svc.ledger.tx() as s:
-            w = s.get(WorkloadRow, wid)
-            if w is not None and (w.protected_until is None or w.protected_until > now):
-                w.protected_until = now  # idle past the limit: no longer protected
-            self.svc.ledger.record_decision(
-                now=now, kind="idle", workload=wid, actor=c.name,
-                reason=f"idle for {idle_s / 60:.0f} min ({source}); now preemptible",
-                detail={"idle_s": idle_s, "source": source}, s=s)
+
+        def record() -> None:
+            with self.svc.ledger.tx() as s:
+                w = s.get(WorkloadRow, wid)
+                if w is not None and (w.protected_until is None or w.protected_until > now):
+                    w.protected_until = now  # idle past the limit: no longer protected
+                self.svc.ledger.record_decision(
+                    now=now, kind="idle", workload=wid, actor=c.name,
+                    reason=f"idle for {idle_s / 60:.0f} min ({source}); now preemptible",
+                    detail={"idle_s": idle_s, "source": source}, s=s)
+
+        await self.db(record)
         self.svc.log.warning("session %s of %s (%s) idle for %.0f s (%s): reported to the user "
                              "and admins; now preemptible", wid, row.user, row.project, idle_s,
                              source)
         self.svc.kick()
-        self.send(self.session_json(self.svc.ledger.get(wid)))  # type: ignore[arg-type]
+        await self.send_session(wid)
 
 
 SESSION_ID = r"([A-Za-z0-9][A-Za-z0-9_.@+-]{0,199})"

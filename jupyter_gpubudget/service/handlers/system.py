@@ -42,10 +42,21 @@ class OAuthCallbackHandler(HubOAuthCallbackHandler):
 
 
 class HealthHandler(BaseHandler):
+    """Liveness for load balancers and monitoring: 503 with the reasons when scheduling
+    cycles fail or stop, or the ledger is unavailable. Never touches the ledger itself."""
+
     def get(self) -> None:
         v = self.svc.loop.view
-        self.send({"status": "ok", "cycle": v.cycle, "last_cycle_at": v.at,
-                   "inventory": self.svc.inventory.source, "version": "v1"})
+        healthy, reasons = self.svc.health()
+        body = {"status": "ok" if healthy else "unhealthy", "cycle": v.cycle,
+                "last_cycle_at": v.at, "last_ok_cycle_at": self.svc.loop.last_ok_at,
+                "inventory": self.svc.inventory.source, "version": "v1"}
+        if reasons:
+            body["reasons"] = reasons
+            body["message"] = "; ".join(reasons)
+        if v.inconsistent:
+            body["left_out"] = v.inconsistent  # running records the core could not place
+        self.send(body, 200 if healthy else 503)
 
 
 class OpenAPIHandler(BaseHandler):

@@ -11,7 +11,7 @@ class MyWorkloadsHandler(BaseHandler):
         c = await self.caller()
         c.require_read()
         states = self.query_states()
-        rows = self.svc.ledger.workloads_of(c.name, states)
+        rows = await self.db(self.svc.ledger.workloads_of, c.name, states)
         now, view = self.svc.clock(), self.svc.loop.view
         self.send({"user": c.name, "workloads": [workload_json(r, view, now) for r in rows]})
 
@@ -19,7 +19,7 @@ class MyWorkloadsHandler(BaseHandler):
 class WorkloadHandler(BaseHandler):
     async def get(self, wid: str) -> None:
         c = await self.caller()
-        row = self.svc.ledger.get(wid)
+        row = await self.db(self.svc.ledger.get, wid)
         if row is None:
             raise ApiError(404, f"no workload {wid!r}")
         c.require_see_workload(row.user)
@@ -32,7 +32,8 @@ class QueueHandler(BaseHandler):
         c.require_read()
         visible = c.visible_accounts(self.tree)
         view = self.svc.loop.view
-        rows = {r.id: r for r in self.svc.ledger.workloads(states=("pending",))}
+        pending = await self.db(lambda: self.svc.ledger.workloads(states=("pending",)))
+        rows = {r.id: r for r in pending}
         out = []
         for pos, wid in enumerate(view.queue, 1):
             r = rows.get(wid)
@@ -52,11 +53,12 @@ class NoticesHandler(BaseHandler):
     async def get(self) -> None:
         c = await self.caller()
         c.require_read()
+        notices = await self.db(self.svc.ledger.notices_for, c.name)
         self.send({"notices": [
             {"kind": d.kind, "workload": w.id, "name": w.name, "project": w.project, "at": d.at,
              "reason": d.reason, "requeued": bool((d.detail or {}).get("requeued")),
              "state": w.state}
-            for d, w in self.svc.ledger.notices_for(c.name)]})
+            for d, w in notices]})
 
 
 API_ROUTES = [

@@ -89,18 +89,23 @@ c.JupyterHub.services = [
         "name": "gpubudget",
         "url": f"http://127.0.0.1:{SERVICE_PORT}",
         "oauth_no_confirm": True,
+        # what a browser logged in to the service may do (never more than the user's own
+        # scopes); state changes by cookie need JupyterHub's XSRF token
+        "oauth_client_allowed_scopes": sorted(CUSTOM_SCOPES),
         "command": [sys.executable, "-m", "jupyter_gpubudget.service",
                     f"--budgets={BUDGETS}", f"--inventory={INVENTORY}",
                     # the demo schedules on its declared inventory; set "auto" to use this
                     # machine's GPUs through NVML when it has a driver
                     "--GpuBudgetService.inventory_source="
                     + env("GPUBUDGET_INVENTORY_SOURCE", "declared"),
-                    f"--db=sqlite:///{STATE / 'ledger.sqlite'}",
                     f"--jobs-dir={STATE / 'jobs'}",
                     f"--cycle-interval={env('GPUBUDGET_CYCLE_INTERVAL', '5')}",
                     # a spawn is an event: schedule it almost at once
                     "--GpuBudgetService.event_delay=0.01"],
         "cwd": str(STATE),
+        # the ledger URL (a PostgreSQL one carries a password) stays out of the command line,
+        # which JupyterHub logs
+        "environment": {"GPUBUDGET_DB_URL": f"sqlite:///{STATE / 'ledger.sqlite'}"},
     },
     # BudgetSpawner (inside the hub) talks to the service with this token
     {"name": "gpubudget-spawner", "api_token": spawner_token},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -44,9 +45,23 @@ class GpuBudgetService(Application):
     name = "gpubudget-service"
     description = "GPU budget service: ledger, scheduling loop and REST API for JupyterHub."
 
-    db_url = Unicode("sqlite:///gpubudget.sqlite", help="Ledger database URL (SQLAlchemy). "
-                     "SQLite (WAL) by default; postgresql://user@host/db is supported."
-                     ).tag(config=True)
+    db_url = Unicode(help="Ledger database URL (SQLAlchemy). SQLite (WAL) by default; "
+                     "postgresql://user:password@host/db is supported. Default: "
+                     "$GPUBUDGET_DB_URL, else the contents of db_url_file, else "
+                     "sqlite:///gpubudget.sqlite. Keep a password out of the command line "
+                     "(JupyterHub logs a managed service's command): use the environment "
+                     "variable or the file.").tag(config=True)
+    db_url_file = Unicode("", help="A file (mode 0600, readable only by the service's user) "
+                          "holding the ledger URL; used when GpuBudgetService.db_url and "
+                          "$GPUBUDGET_DB_URL are not set.").tag(config=True)
+
+    @default("db_url")
+    def _db_url_default(self) -> str:
+        if os.environ.get("GPUBUDGET_DB_URL"):
+            return os.environ["GPUBUDGET_DB_URL"]
+        if self.db_url_file:
+            return Path(self.db_url_file).read_text().strip()
+        return "sqlite:///gpubudget.sqlite"
     sqlite_synchronous = Unicode("FULL", help="SQLite PRAGMA synchronous (FULL survives power "
                                  "loss; NORMAL survives process crashes).").tag(config=True)
     budgets_file = Unicode("budgets.yaml", help="The budgets YAML: account tree, grants, "
@@ -110,7 +125,7 @@ class GpuBudgetService(Application):
                "inventory-source": "GpuBudgetService.inventory_source",
                "port": "GpuBudgetService.port", "ip": "GpuBudgetService.ip",
                "cycle-interval": "GpuBudgetService.cycle_interval",
-               "jobs-dir": "LocalBackend.state_dir"}
+               "jobs-dir": "LocalBackend.state_dir", "db-url-file": "GpuBudgetService.db_url_file"}
 
     @default("log_level")
     def _log_level(self) -> int:
@@ -173,7 +188,11 @@ class GpuBudgetService(Application):
         self.api_prefix = self.service_prefix.rstrip("/") + "/api/v1"
         from jupyterhub.services.auth import HubOAuth
 
-        self.hub_auth = HubOAuth(parent=self, cache_max_age=self.auth_cache_max_age)
+        # the login cookie is not sent with cross-site requests (XSRF is checked as well)
+        cookie_options = {"samesite": "Lax",
+                          **json.loads(os.environ.get("JUPYTERHUB_COOKIE_OPTIONS") or "{}")}
+        self.hub_auth = HubOAuth(parent=self, cache_max_age=self.auth_cache_max_age,
+                                 cookie_options=cookie_options)
         self._kick_event: asyncio.Event | None = None
         self.session_seen: dict[str, float] = {}  # session -> last word from the hub
 

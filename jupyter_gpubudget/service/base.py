@@ -42,6 +42,11 @@ class ApiError(Exception):
 
 
 class BaseHandler(web.RequestHandler):
+    """Token-authenticated requests need no XSRF token; a state change authenticated by the
+    OAuth cookie must carry JupyterHub's (``X-XSRFToken`` header or ``_xsrf`` argument, from
+    the ``_xsrf`` cookie): ``HubOAuth`` applies JupyterHub's check before it accepts the cookie,
+    so a forged cross-site request is simply unauthenticated (403)."""
+
     svc: GpuBudgetService
 
     def initialize(self, svc: GpuBudgetService) -> None:
@@ -51,9 +56,6 @@ class BaseHandler(web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-
-    def check_xsrf_cookie(self) -> None:  # token-authenticated API; HubOAuth guards cookies
-        return
 
     # ---------------------------------------------------------------- errors
     def write_error(self, status_code: int, **kw: Any) -> None:
@@ -93,13 +95,15 @@ class BaseHandler(web.RequestHandler):
         """Run ``fn(*args)`` — anything that touches the ledger — on the service's database
         threads, never on the event loop; a busy, read-only or unreachable ledger becomes
         ``503 {"message": "ledger unavailable: ..."}`` with ``Retry-After`` (health shows it)."""
+        generation = self.svc.ledger.generation
         try:
             out = await asyncio.get_running_loop().run_in_executor(self.svc.db_pool, fn, *args)
         except LEDGER_DOWN as e:
             reason = str(getattr(e, "orig", None) or e).splitlines()[0][:300]
             self.svc.ledger_failed(reason)
             raise ApiError(503, f"ledger unavailable: {reason}", retry_after=5) from None
-        self.svc.ledger_ok()
+        if self.svc.ledger.generation != generation:  # a write went through: writable again
+            self.svc.ledger_ok()
         return out
 
     # ---------------------------------------------------------------- helpers

@@ -2,10 +2,37 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from jupyter_gpubudget.core.capacity import CapacityError, Cluster
 from jupyter_gpubudget.ledger import LedgerError
 
 from ..base import ApiError, BaseHandler
+from ..state import placement_from_list
 from ..validate import parse_event
+
+if TYPE_CHECKING:
+    from ..app import GpuBudgetService
+
+
+def occupied_by(svc: GpuBudgetService, placement: list[dict]) -> str | None:
+    """Why ``placement`` cannot be held now (a slice already held, by whom), or None: a slice
+    is never allocated twice, whoever reports the start."""
+    state, _ = svc.loop.build_state(svc.clock())
+    cluster = Cluster(state.inventory)
+    for w in state.running:
+        if w.placement is not None:
+            try:
+                cluster.allocate(w.id, w.placement)
+            except CapacityError:
+                continue  # already inconsistent: reported by the cycle
+    try:
+        cluster.allocate("reported-start", placement_from_list(placement))
+    except CapacityError as e:
+        return f"{e}; the slice is held by running work"
+    except TypeError as e:
+        return f"not a placement ({e})"
+    return None
 
 
 class UsageEventsHandler(BaseHandler):
@@ -24,6 +51,9 @@ class UsageEventsHandler(BaseHandler):
             if ev["event"] == "start":
                 if led.get(wid, s=s) is not None:
                     raise LedgerError(409, f"workload {wid} already exists")
+                held = occupied_by(self.svc, ev["placement"])
+                if held:
+                    raise LedgerError(409, f"placement: {held}", "placement")
                 led.submit(project=ev["project"], user=ev["user"], kind=ev["kind"], now=at,
                            request={"kind": "gpu", "gpus": 0}, backend="external",
                            workload_id=wid, s=s)

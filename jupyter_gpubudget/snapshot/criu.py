@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -141,14 +142,29 @@ def _cuda_toggle(tool: str, pid: int) -> None:
                         f"{(p.stderr or p.stdout).strip()[:500]}")
 
 
+def _wait_stopped(pid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.005)
+
+
 def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
-              expect_uid: int | None = None, owner: tuple[int, int] | None = None,
-              criu: str | None = None, cuda_checkpoint: str | None = None,
-              timeout: float = 600) -> dict:
+              keep_stopped: bool = False, expect_uid: int | None = None,
+              owner: tuple[int, int] | None = None, criu: str | None = None,
+              cuda_checkpoint: str | None = None, timeout: float = 600) -> dict:
     """Dump the process tree rooted at ``pid`` (a kernel) into ``images_dir`` (created, mode
-    0700). The kernel is gone afterwards unless ``leave_running``. ``owner`` (uid, gid): the
-    images are handed to this account (the unprivileged service ingests them). GPU state is
-    captured with cuda-checkpoint when the tree uses a GPU; without it the dump is refused.
+    0700). The kernel is gone afterwards, unless ``leave_running`` (it runs on) or
+    ``keep_stopped``: its process group is stopped (SIGSTOP) before the dump and stays stopped
+    after it, so that the caller can store and verify the images and only then end it, or let
+    it go on if that failed (:func:`criu_finish`). ``owner`` (uid, gid): the images are handed
+    to this account (the unprivileged service ingests them). GPU state is captured with
+    cuda-checkpoint when the tree uses a GPU; without it the dump is refused.
     Returns ``{"pid", "seconds", "bytes", "gpu", "criu"}``."""
     pid = _check_kernel_pid(pid, expect_uid)
     images_dir = _check_dir(images_dir, must_exist=False)
@@ -164,6 +180,10 @@ def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
                             "installed: its GPU state cannot be captured")
     os.makedirs(images_dir, mode=0o700, exist_ok=True)
     t0 = time.perf_counter()
+    if keep_stopped:
+        os.killpg(pid, signal.SIGSTOP)
+        _wait_stopped(pid)
+        leave_running = True
     for p in gpu_pids:
         _cuda_toggle(tool, p)  # GPU memory moves into the process: CRIU then saves it
     argv = [binary, "dump", "-t", str(pid), "-D", images_dir, "-o", "dump.log", "-v2",
@@ -186,6 +206,8 @@ def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
                     _cuda_toggle(tool, gp)
                 except CriuError:
                     pass
+        if keep_stopped:
+            os.killpg(pid, signal.SIGCONT)
         log = _log_tail(os.path.join(images_dir, "dump.log"))
         raise CriuError("dump_failed", f"criu dump of {pid} failed (exit {p.returncode})", log)
     size = 0
@@ -198,6 +220,14 @@ def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
         os.chown(images_dir, *owner)
     return {"pid": pid, "seconds": seconds, "bytes": size, "gpu": bool(gpu_pids),
             "criu": binary}
+
+
+def criu_finish(pid: int, *, kill: bool, expect_uid: int | None = None) -> dict:
+    """End a kernel dumped with ``keep_stopped`` (``kill``: its snapshot is safe) or let it go
+    on (SIGCONT: its snapshot failed, the session keeps its kernel)."""
+    pid = _check_kernel_pid(pid, expect_uid)
+    os.killpg(pid, signal.SIGKILL if kill else signal.SIGCONT)
+    return {"pid": pid, "killed": kill}
 
 
 def criu_restore(images_dir: str, *, criu: str | None = None,
@@ -236,6 +266,10 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
         raise CriuError("restore_failed", f"criu restore failed (exit {p.returncode})", log)
     with open(pidfile) as f:
         pid = int(f.read().strip())
+    try:  # a tree dumped while stopped comes back stopped
+        os.killpg(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
     if tool:
         for gp in _tree(pid):
             if uses_gpu(gp):

@@ -5,9 +5,10 @@ this process is root, else through ``launcher`` (a command prefix such as
 ``["sudo", "-n", "/path/python", "-m", "jupyter_gpubudget.snapshot.privileged"]``). The images
 go through the store like every snapshot (chunked, checksummed, compressed, verified).
 
-A dump stops the kernel (it is preemption's snapshot) unless ``leave_running`` ("snapshot
-now"). When the dump worked but storing or verifying it fails, the kernel is restored at once
-from the images still at hand, so a failed snapshot never costs the session its kernel.
+A dump ends the kernel (it is preemption's snapshot) unless ``leave_running`` ("snapshot
+now"). The kernel is stopped (SIGSTOP) for the dump and killed only after its snapshot is
+stored and verified; when that fails it is let go on (SIGCONT), so a failed snapshot never
+costs the session its kernel.
 Whoever started the kernel must reap it after a dump (the pid must be free for the restore)
 and must not restart it meanwhile (a server's kernel restarter must be off for that kernel).
 """
@@ -27,7 +28,14 @@ from traitlets.config import LoggingConfigurable
 
 from . import chunkio, kernels
 from .base import Availability, KernelRef, RestoreReport, Snapshot, SnapshotError
-from .criu import CriuError, criu_dump, criu_restore, find_criu, find_cuda_checkpoint
+from .criu import (
+    CriuError,
+    criu_dump,
+    criu_finish,
+    criu_restore,
+    find_criu,
+    find_cuda_checkpoint,
+)
 from .store import Store
 
 
@@ -72,6 +80,8 @@ class CriuSnapshotter(LoggingConfigurable):
             try:
                 if cmd == "criu-dump":
                     return criu_dump(timeout=self.timeout, **args)  # type: ignore[arg-type]
+                if cmd == "criu-finish":
+                    return criu_finish(**args)  # type: ignore[arg-type]
                 return {"pid": criu_restore(timeout=self.timeout, **args)}  # type: ignore[arg-type]
             except CriuError as e:
                 raise self._error(cmd, e.reason, e.message, e.log) from None
@@ -152,30 +162,32 @@ class CriuSnapshotter(LoggingConfigurable):
             except FileNotFoundError:
                 uid = None
         t0 = time.perf_counter()
+        # the kernel is stopped, dumped, and ended only once its snapshot is stored and
+        # verified; if that fails it simply goes on: a failed snapshot never costs the kernel
         try:
             res = self._privileged("criu-dump", pid=kernel.pid, images_dir=images,
-                                   leave_running=self.leave_running, owner=owner,
-                                   expect_uid=uid)
+                                   keep_stopped=True, owner=owner, expect_uid=uid)
         except SnapshotError:
             self.store.abort(staging)
             shutil.rmtree(images, ignore_errors=True)
             raise
         t_dump = time.perf_counter() - t0
+        if self.leave_running:
+            self._privileged("criu-finish", pid=kernel.pid, kill=False, expect_uid=uid)
         try:
             snap = self._store_images(kernel, staging, images, res, t_dump)
         except Exception as e:
             msg = f"the CRIU dump could not be stored: {e}"
-            if not self.leave_running:  # give the session its kernel back
-                try:
-                    self._privileged("criu-restore", images_dir=images, gpu=res["gpu"])
-                    msg += "; the kernel was restored from the dump and runs on"
-                except SnapshotError as e2:
-                    msg += f"; restoring the kernel failed too: {e2.message}"
+            if not self.leave_running:
+                self._privileged("criu-finish", pid=kernel.pid, kill=False, expect_uid=uid)
+                msg += "; the kernel was not stopped and runs on"
             self.store.abort(staging)
             raise SnapshotError("verify_failed" if isinstance(e, SnapshotError) else
                                 "dump_failed", msg) from None
         finally:
             shutil.rmtree(images, ignore_errors=True)
+        if not self.leave_running:
+            self._privileged("criu-finish", pid=kernel.pid, kill=True, expect_uid=uid)
         return snap
 
     def _store_images(self, kernel: KernelRef, staging, images: str, res: dict,  # noqa: ANN001

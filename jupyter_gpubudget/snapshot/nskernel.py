@@ -43,6 +43,10 @@ UNSAFE_CALLS = {
     "input", "sleep", "connect", "execute", "commit", "upload", "download", "fit", "train",
     "backward", "step", "cuda", "to",
 }
+STATEMENTS = {"Expr": "an expression statement", "For": "a for loop", "AsyncFor": "a for loop",
+              "While": "a while loop", "If": "an if statement", "With": "a with block",
+              "AsyncWith": "a with block", "Try": "a try block", "AugAssign": "an augmented "
+              "assignment", "Delete": "a del statement"}
 # harmless on most objects, but not on these modules (os.replace, shutil.copy ...)
 UNSAFE_MODULE_CALLS = {"os", "shutil", "subprocess", "socket", "requests", "urllib", "pathlib"}
 
@@ -233,14 +237,14 @@ def _bound_names(tree: ast.Module) -> set[str]:
 
 
 def _top_bound(tree: ast.Module) -> set[str]:
-    """Names a cell binds at top level (what replaying it would overwrite)."""
+    """Names a cell binds at top level other than by import (what replaying it would
+    overwrite; importing a module again changes nothing)."""
     out: set[str] = set()
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(stmt.name)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            for a in stmt.names:
-                out.add((a.asname or a.name).split(".")[0])
+            continue
         else:
             for node in ast.walk(stmt):
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -283,12 +287,6 @@ def replay_verdict(code: str, restored: set[str]) -> str | None:
         tree = ast.parse(code)
     except SyntaxError as e:
         return f"does not parse ({e.msg})"
-    for stmt in tree.body:
-        if not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign,
-                                 ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-                continue
-            return f"has a {type(stmt).__name__.lower()} statement at top level"
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _call_name(node)
@@ -303,6 +301,13 @@ def replay_verdict(code: str, restored: set[str]) -> str | None:
                 return f"calls {f.value.id}.{f.attr}(), which may change something outside"
             if name in UNSAFE_CALLS:
                 return f"calls {name}(), which may change something outside the kernel"
+    for stmt in tree.body:
+        if not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign,
+                                 ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                continue
+            kind = STATEMENTS.get(type(stmt).__name__, type(stmt).__name__.lower() + " statement")
+            return f"has {kind} at top level (run for its effects)"
     clobbers = sorted(_top_bound(tree) & restored)
     if clobbers:
         return f"would overwrite restored variables {', '.join(clobbers)}"

@@ -1,7 +1,9 @@
 """Command line for the privileged launcher: ``python -m jupyter_gpubudget.snapshot.privileged``.
 
     criu-check
-    criu-dump --pid PID --images-dir DIR [--leave-running] [--expect-uid UID] [--owner UID:GID]
+    criu-dump --pid PID --images-dir DIR [--leave-running | --keep-stopped] [--expect-uid UID]
+              [--owner UID:GID]
+    criu-finish --pid PID (--kill | --resume) [--expect-uid UID]
     criu-restore --images-dir DIR [--gpu]
 
 Each prints one JSON object on stdout: the result, or ``{"error": reason, "message", "log"}``
@@ -14,7 +16,7 @@ import argparse
 import json
 import sys
 
-from .criu import CriuError, criu_check, criu_dump, criu_restore
+from .criu import CriuError, criu_check, criu_dump, criu_finish, criu_restore
 
 
 def _owner(text: str) -> tuple[int, int]:
@@ -30,8 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--pid", type=int, required=True)
     d.add_argument("--images-dir", required=True)
     d.add_argument("--leave-running", action="store_true")
+    d.add_argument("--keep-stopped", action="store_true")
     d.add_argument("--expect-uid", type=int)
     d.add_argument("--owner", type=_owner)
+    f = sub.add_parser("criu-finish")
+    f.add_argument("--pid", type=int, required=True)
+    g = f.add_mutually_exclusive_group(required=True)
+    g.add_argument("--kill", action="store_true")
+    g.add_argument("--resume", action="store_true")
+    f.add_argument("--expect-uid", type=int)
     r = sub.add_parser("criu-restore")
     r.add_argument("--images-dir", required=True)
     r.add_argument("--gpu", action="store_true")
@@ -41,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             out: dict = criu_check()
         elif a.cmd == "criu-dump":
             out = criu_dump(a.pid, a.images_dir, leave_running=a.leave_running,
-                            expect_uid=a.expect_uid, owner=a.owner)
+                            keep_stopped=a.keep_stopped, expect_uid=a.expect_uid, owner=a.owner)
+        elif a.cmd == "criu-finish":
+            out = criu_finish(a.pid, kill=a.kill, expect_uid=a.expect_uid)
         else:
             out = {"pid": criu_restore(a.images_dir, gpu=a.gpu)}
     except CriuError as e:

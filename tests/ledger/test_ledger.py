@@ -49,7 +49,7 @@ def test_migrations_create_every_table_and_are_idempotent(db_url):
         names = set(inspect(engine).get_table_names())
         assert {"accounts", "grants", "workloads", "charge_intervals", "snapshots",
                 "decisions", "idempotency", "alembic_version"} <= names
-        assert current_revision(engine) == "0001"
+        assert current_revision(engine) == "0002"
     finally:
         engine.dispose()
 

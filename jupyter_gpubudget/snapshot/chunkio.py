@@ -6,7 +6,9 @@ Python environment, and the kernel writes its chunks straight into the store wit
 
 A chunk is at most ``CHUNK`` bytes of raw data, named by the SHA-256 of those raw bytes, stored
 as ``<root>/<hh>/<sha256>.zst`` (zstd) or ``.raw`` (when compression would not save 3%). It is
-written to a temporary name, fsynced and renamed, so a chunk file is always complete; the same
+written to a temporary name, fsynced and renamed (all of a writer's chunks at once, at
+``close``, so the disk writes back while the next chunks are hashed), so a chunk file is
+always complete; the same
 content is never written twice (that is the deduplication between successive snapshots).
 A reference to a chunk is the list ``[sha256, raw_length, codec]``.
 """
@@ -55,9 +57,11 @@ class ChunkWriter:
         self.root = root
         self.compress = compress and _zstd is not None
         self.fsync = fsync
-        self._pool = ThreadPoolExecutor(max_workers=threads or min(4, os.cpu_count() or 1))
+        # threads overlap hashing, compressing and writing (they release the GIL)
+        self._pool = ThreadPoolExecutor(max_workers=threads or max(2, min(4, os.cpu_count() or 1)))
         self._local = threading.local()
         self._dirs: set[str] = set()
+        self._pending: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self.raw_bytes = 0
         self.written_bytes = 0  # stored bytes of the chunks this writer wrote (not deduplicated)
@@ -83,7 +87,7 @@ class ChunkWriter:
                 self.reused += 1
             return [digest, n, have]
         codec, data = "raw", view
-        if self.compress and n >= 512:
+        if self.compress and n >= 512 and self._worth_compressing(view):
             z = self._compressor().compress(view)
             if len(z) < 0.97 * n:
                 codec, data = "zst", z
@@ -93,22 +97,29 @@ class ChunkWriter:
             os.makedirs(d, exist_ok=True)
             with self._lock:
                 self._dirs.add(d)
-        tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+        tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}.{id(view):x}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
         try:
             mv = memoryview(data)
             while mv:
                 k = os.write(fd, mv)
                 mv = mv[k:]
-            if self.fsync:
-                os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        # renamed (and fsynced first) in close(): the page cache writes back meanwhile, and a
+        # chunk never has its final name before its bytes are on disk
         with self._lock:
+            self._pending.append((tmp, path))
             self.raw_bytes += n
             self.written_bytes += len(data)
         return [digest, n, codec]
+
+    def _worth_compressing(self, view: memoryview) -> bool:
+        """A 64 KiB probe from the middle of the chunk: noise (random floats, compressed or
+        encrypted data) is stored raw without spending a core on it."""
+        n = len(view)
+        probe = view[n // 2 - min(n // 2, 32768):n // 2 + min(n // 2, 32768)]
+        return len(self._compressor().compress(probe)) < 0.9 * len(probe)
 
     def put(self, buffer) -> list:  # noqa: ANN001
         view = memoryview(buffer).cast("B")
@@ -120,8 +131,23 @@ class ChunkWriter:
         return [f.result() for f in futures]
 
     def close(self) -> None:
-        """Wait for every chunk and make the renames durable (fsync the directories)."""
+        """Wait for every chunk, make it durable (fsync), give it its final name, and make
+        the renames durable (fsync the directories)."""
         self._pool.shutdown(wait=True)
+        pending, self._pending = self._pending, []
+
+        def sync(item: tuple[str, str]) -> None:
+            tmp, path = item
+            if self.fsync:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.replace(tmp, path)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(sync, pending))
         if self.fsync:
             for d in sorted(self._dirs):
                 fd = os.open(d, os.O_RDONLY)
@@ -129,6 +155,16 @@ class ChunkWriter:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+
+    def abandon(self) -> None:
+        """Drop what was written (a dump that failed half-way)."""
+        self._pool.shutdown(wait=True)
+        for tmp, _ in self._pending:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        self._pending = []
 
 
 def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | None:

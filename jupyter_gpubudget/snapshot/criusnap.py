@@ -212,10 +212,14 @@ class CriuSnapshotter(LoggingConfigurable):
                               "mode": os.stat(path).st_mode & 0o777})
             for entry, fut in zip(files, futures, strict=True):
                 entry["chunks"] = w.refs(fut)
+        except BaseException:
+            w.abandon()
+            raise
         finally:
-            w.close()
+            w._pool.shutdown(wait=True)
             for m in maps:
                 m.close()
+        w.close()
         conn = None
         try:
             with open(kernel.connection_file) as f:

@@ -205,8 +205,10 @@ def dump(chunk_root: str, options: dict) -> None:
         fut_bufs = [w.put(b) for b in buffers]
         refs_stream = w.refs(fut_stream)
         refs_bufs = [w.refs(f) for f in fut_bufs]
-    finally:
-        w.close()
+    except BaseException:
+        w.abandon()
+        raise
+    w.close()
     del buffers
     hm = ip.history_manager
     cells = list(hm.input_hist_raw)

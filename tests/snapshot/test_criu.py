@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jupyter_gpubudget.snapshot import KernelRef, SnapshotError, chunkio, choose, kernels
+from jupyter_gpubudget.snapshot import KernelRef, SnapshotError, choose, chunkio, kernels
 from jupyter_gpubudget.snapshot.criusnap import CriuSnapshotter
 from jupyter_gpubudget.snapshot.namespace import NamespaceSnapshotter
 from jupyter_gpubudget.snapshot.store import Store

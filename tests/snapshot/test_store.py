@@ -17,8 +17,7 @@ from jupyter_gpubudget.ledger.snapshots import (
     snapshot_bytes_by_project,
     snapshots_of,
 )
-from jupyter_gpubudget.snapshot import SnapshotError
-from jupyter_gpubudget.snapshot import chunkio
+from jupyter_gpubudget.snapshot import SnapshotError, chunkio
 from jupyter_gpubudget.snapshot.store import Store
 from tests.fixtures.postgres import db_url, postgres_server  # noqa: F401
 

@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 
-.PHONY: run test install sysdeps lint typecheck bench demo clean
+.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,postgres,hub]'
+	$(BIN)/pip install -q -e '.[test,postgres,hub,snapshot]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,22 +25,31 @@ $(SYSSTAMP): | $(STAMP)
 
 sysdeps: $(SYSSTAMP)
 
+## CRIU >= 4.1 for the snapshot suites: found, or built once from Debian trixie's source into
+## ~/.cache/jupyter-gpubudget (reused while .ci/build-criu.sh and its patches are unchanged)
+criu:
+	@bash .ci/build-criu.sh >/dev/null
+
 ## run: install and run the main job: the embedded demo hub (local processes, SQLite,
 ## declared demo inventory, the gpubudget service managed by the hub)
 run: install sysdeps
 	$(BIN)/gpubudget hub
 
 ## test: install everything the tests need and run every suite
-test: install sysdeps
+test: install sysdeps criu
 	$(BIN)/ruff check jupyter_gpubudget tests bench
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	GPUBUDGET_CRIU="$$(bash .ci/build-criu.sh)" $(BIN)/python -m pytest -q
 
 lint: install
 	$(BIN)/ruff check jupyter_gpubudget tests bench
 
 bench: install
 	$(BIN)/python bench/cycle.py
+
+## bench-snapshot: CRIU and namespace snapshots of 1 GiB and 4 GiB kernels against dill
+bench-snapshot: install criu
+	GPUBUDGET_CRIU="$$(bash .ci/build-criu.sh)" $(BIN)/python bench/snapshot.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,8 @@ from typing import Any
 
 
 def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from .sim.costs import RESTORE_COST_S, SNAPSHOT_COST_S
+
     p = subparsers.add_parser(
         "simulate", help="replay a workload trace through the scheduler (what-if)",
         description="Replay a trace (native CSV, Microsoft ITP, Alibaba openb) or the built-in "
@@ -47,10 +49,11 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     sim = p.add_argument_group("simulation")
     sim.add_argument("--cycle-interval", type=float, default=600.0,
                      help="seconds between full scheduling cycles while work waits (600)")
-    sim.add_argument("--snapshot-cost", type=float, default=60.0,
-                     help="seconds to snapshot a preempted interactive session (60)")
-    sim.add_argument("--restore-cost", type=float, default=60.0,
-                     help="seconds to restore it (60)")
+    sim.add_argument("--snapshot-cost", type=float, default=SNAPSHOT_COST_S,
+                     help="seconds to snapshot a preempted interactive session "
+                     f"({SNAPSHOT_COST_S:g}, measured by bench/snapshot.py)")
+    sim.add_argument("--restore-cost", type=float, default=RESTORE_COST_S,
+                     help=f"seconds to restore it ({RESTORE_COST_S:g}, measured likewise)")
     sim.add_argument("--nonresumable", choices=("restart", "drop"), default="restart",
                      help="what a preempted non-resumable job does (restart from scratch)")
     sim.add_argument("--checkpoint-interval", type=float, default=0.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -102,7 +103,12 @@ class ChargeRow(Base):
 
 
 class SnapshotRow(Base):
-    """A saved state of an interactive session (written by the snapshot issue)."""
+    """A saved state of an interactive session (see ``jupyter_gpubudget.snapshot``).
+
+    ``status``: ``ok`` (verified when taken), ``bad`` (failed verification: never used, kept
+    and shown with ``problem``), ``deleted`` (removed by retention, quota or a user, with
+    ``problem`` saying which). ``size`` is the bytes it occupies in the store, ``raw_size`` the
+    bytes of state it captured; ``detail`` what the dump saw (variables, unsaved objects)."""
 
     __tablename__ = "snapshots"
     id: Mapped[str] = mapped_column(String(80), primary_key=True)
@@ -111,8 +117,15 @@ class SnapshotRow(Base):
     method: Mapped[str] = mapped_column(String(20))
     location: Mapped[str] = mapped_column(Text)
     digest: Mapped[str] = mapped_column(String(128))
-    size: Mapped[int] = mapped_column(Integer, default=0)
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
     verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    project: Mapped[str] = mapped_column(String(200), default="", index=True)
+    status: Mapped[str] = mapped_column(String(20), default="ok")
+    problem: Mapped[str] = mapped_column(Text, default="")
+    raw_size: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+    changed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class DecisionRow(Base):

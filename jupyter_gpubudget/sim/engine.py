@@ -42,6 +42,7 @@ from ..core.inventory import Inventory
 from ..core.model import HOUR, MILLI, Drain, Policy, Preempt, Reserve, Start, Workload
 from ..core.scheduler import Scheduler, request_milli
 from . import fastmeter
+from .costs import RESTORE_COST_S, SNAPSHOT_COST_S  # measured: see costs.py
 from .traces import Trace, TraceJob
 
 # event kinds, in the order they are handled at equal times
@@ -65,8 +66,8 @@ class BudgetChange:
 class SimConfig:
     cycle_interval: float = 600.0  # full cycle every 10 simulated minutes (while work waits)
     idle_cycle_interval: float = 3600.0  # ... but only this often when nothing changed
-    snapshot_cost: float = 60.0  # seconds to snapshot an interactive session
-    restore_cost: float = 60.0  # seconds to restore it
+    snapshot_cost: float = SNAPSHOT_COST_S  # seconds to snapshot an interactive session
+    restore_cost: float = RESTORE_COST_S  # seconds to restore it
     nonresumable: str = "restart"  # or "drop"
     checkpoint_interval: float = 0.0  # resumable jobs keep progress up to their last
     # checkpoint, taken every this many seconds of progress (0: progress is never lost)

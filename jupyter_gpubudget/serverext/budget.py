@@ -28,12 +28,13 @@ from .service import FEATURE_PATHS, ServiceClient, ServiceUnavailable
 
 AUTH_RESOURCE = "gpubudget"
 _SEG = r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}"
+_SID = r"(?!offer$)[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}"  # a session id, not /sessions/offer
 
 # (method, service path under /api/v1, query parameters passed on)
 ALLOWED: list[tuple[str, re.Pattern[str], frozenset[str]]] = [
     (m, re.compile(p), frozenset(q)) for m, p, q in [
-        ("GET", rf"sessions/{_SEG}", ()),
-        ("DELETE", rf"sessions/{_SEG}", ()),  # queued sessions only: checked below
+        ("GET", rf"sessions/{_SID}", ()),
+        ("DELETE", rf"sessions/{_SID}", ()),  # queued sessions only: checked below
         ("GET", r"workloads/me", ("state",)),
         ("GET", r"accounts", ()),
         ("GET", rf"accounts/{_SEG}", ()),

@@ -11,24 +11,32 @@ from traitlets.config import LoggingConfigurable
 
 
 def service_url_from_env(env: Mapping[str, str]) -> str:
-    """``$GPUBUDGET_URL``, else the hub's host (from ``$JUPYTERHUB_API_URL``) +
-    ``$JUPYTERHUB_BASE_URL`` + ``services/gpubudget``; empty when neither is set."""
+    """Where the service is, from the server's environment; empty when nothing says.
+
+    1. ``$GPUBUDGET_URL`` (the service's base URL, as for the ``gpubudget`` CLI);
+    2. the hub's public address (``$JUPYTERHUB_PUBLIC_HUB_URL``, set when JupyterHub has a
+       ``public_url``) + ``services/gpubudget``: the proxy routes services;
+    3. the hub API's host (``$JUPYTERHUB_API_URL``) + ``$JUPYTERHUB_BASE_URL`` +
+       ``services/gpubudget``: right only where that host is the proxy.
+    """
     if env.get("GPUBUDGET_URL"):
         return env["GPUBUDGET_URL"].rstrip("/")
-    api = env.get("JUPYTERHUB_API_URL")
-    if not api:
-        return ""
-    u = urlsplit(api)
     base = "/" + env.get("JUPYTERHUB_BASE_URL", "/").strip("/")
-    return f"{u.scheme}://{u.netloc}{base.rstrip('/')}/services/gpubudget"
+    for var in ("JUPYTERHUB_PUBLIC_HUB_URL", "JUPYTERHUB_API_URL"):
+        u = urlsplit(env.get(var, ""))
+        if u.scheme in ("http", "https") and u.netloc:
+            return f"{u.scheme}://{u.netloc}{base.rstrip('/')}/services/gpubudget"
+    return ""
 
 
 class GpuBudgetLab(LoggingConfigurable):
     """How the user's Jupyter server reaches the gpubudget service for the JupyterLab sidebar."""
 
     service_url = Unicode(help=(
-        "The gpubudget service's base URL (without /api/v1). Default: $GPUBUDGET_URL, else the "
-        "hub's address from $JUPYTERHUB_API_URL + $JUPYTERHUB_BASE_URL + services/gpubudget."
+        "The gpubudget service's base URL (without /api/v1), e.g. "
+        "http://127.0.0.1:10101/services/gpubudget. Default: $GPUBUDGET_URL, else the hub's "
+        "public address ($JUPYTERHUB_PUBLIC_HUB_URL) or the hub API's host ($JUPYTERHUB_API_URL) "
+        "+ $JUPYTERHUB_BASE_URL + services/gpubudget."
     )).tag(config=True)
     api_token = Unicode(help=(
         "Token sent to the service (never to the browser). Default: $JUPYTERHUB_API_TOKEN, the "

@@ -77,7 +77,8 @@ class ServiceClient:
         except ValueError:
             raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
                                           f"answered {r.code} with something other than "
-                                          "JSON (is the URL right?)") from None
+                                          "JSON: is the URL right? (set $GPUBUDGET_URL or "
+                                          "GpuBudgetLab.service_url)") from None
         return Answer(r.code, body)
 
     async def features(self) -> tuple[dict[str, bool], str | None]:

@@ -49,10 +49,10 @@ export function spokenDuration(totalSeconds: number): string {
   return rh ? `${d} days ${rh} h` : `${d} days`;
 }
 
-/** "in 12 min", "3 min ago", "now" (within 30 s). */
+/** "in 12 min", "3 min ago"; within 30 s: "now" (coming) or "just now" (past). */
 export function formatRelative(deltaSeconds: number): string {
   if (Math.abs(deltaSeconds) < 30) {
-    return 'now';
+    return deltaSeconds < 0 ? 'just now' : 'now';
   }
   return deltaSeconds > 0
     ? `in ${spokenDuration(deltaSeconds)}`
@@ -137,47 +137,70 @@ export function placementFraction(slices: IPlacementSlice[] | null | undefined):
   return (slices ?? []).filter(s => s.gpu >= 0).reduce((a, s) => a + (s.milli ?? 0), 0) / 1000;
 }
 
-/** "MIG 1g.10gb on h100-a GPU 6", "2 whole GPUs on h100-a (GPU 0, 1)", "CPU only". */
-export function describePlacement(slices: IPlacementSlice[] | null | undefined): string {
+function gpuList(gpus: number[]): string {
+  const sorted = [...gpus].sort((a, b) => a - b);
+  const run = sorted.every((g, i) => i === 0 || g === sorted[i - 1] + 1);
+  if (sorted.length === 1) {
+    return `GPU ${sorted[0]}`;
+  }
+  return run && sorted.length > 2
+    ? `GPUs ${sorted[0]}–${sorted[sorted.length - 1]}`
+    : `GPUs ${sorted.join(', ')}`;
+}
+
+/** What was given: "MIG 1g.10gb", "2 whole GPUs", "MPS share 25%", "CPU only". */
+export function sliceName(slices: IPlacementSlice[] | null | undefined): string {
   const gpuSlices = (slices ?? []).filter(s => s.gpu >= 0);
   if (!gpuSlices.length) {
-    const node = slices && slices.length ? ` on ${slices[0].node}` : '';
-    return `CPU only${node}`;
+    return 'CPU only';
   }
-  const whole = gpuSlices.filter(s => s.kind === 'gpu');
+  const whole = gpuSlices.filter(s => s.kind === 'gpu').length;
   const out: string[] = [];
-  if (whole.length) {
-    const byNode = new Map<string, number[]>();
-    for (const s of whole) {
-      byNode.set(s.node, [...(byNode.get(s.node) ?? []), s.gpu]);
-    }
-    for (const [node, gpus] of byNode) {
-      out.push(
-        gpus.length === 1
-          ? `whole GPU ${gpus[0]} on ${node}`
-          : `${gpus.length} whole GPUs on ${node} (GPU ${gpus.join(', ')})`
-      );
-    }
+  if (whole) {
+    out.push(whole === 1 ? '1 whole GPU' : `${whole} whole GPUs`);
   }
   for (const s of gpuSlices) {
     if (s.kind === 'mig') {
-      out.push(`MIG ${s.profile ?? '?'} on ${s.node} GPU ${s.gpu}`);
+      out.push(`MIG ${s.profile ?? '?'}`);
     } else if (s.kind === 'mps') {
-      out.push(`MPS share ${Math.round((s.milli ?? 0) / 10)}% of ${s.node} GPU ${s.gpu}`);
+      out.push(`MPS share ${Math.round((s.milli ?? 0) / 10)}%`);
     }
   }
-  return out.join('; ');
+  return out.join(' + ');
+}
+
+/** Where it runs: "h100-a GPU 6", "h100-b GPUs 0–7", "h100-a (no GPU)". */
+export function placementWhere(slices: IPlacementSlice[] | null | undefined): string {
+  const byNode = new Map<string, number[]>();
+  for (const s of slices ?? []) {
+    const gpus = byNode.get(s.node) ?? [];
+    if (s.gpu >= 0 && !gpus.includes(s.gpu)) {
+      gpus.push(s.gpu);
+    }
+    byNode.set(s.node, gpus);
+  }
+  return [...byNode]
+    .map(([node, gpus]) => (gpus.length ? `${node} ${gpuList(gpus)}` : `${node} (no GPU)`))
+    .join('; ');
+}
+
+/** "MIG 1g.10gb on h100-a GPU 6", "2 whole GPUs on h100-b GPUs 0, 1", "CPU only". */
+export function describePlacement(slices: IPlacementSlice[] | null | undefined): string {
+  if (!slices || !slices.length) {
+    return 'CPU only';
+  }
+  return `${sliceName(slices)} on ${placementWhere(slices)}`;
 }
 
 /** What a standing (usage / grant) means for the account's work. */
 export function standingWords(standing: number | null | undefined): string {
   if (standing === null || standing === undefined || !Number.isFinite(standing)) {
-    return 'no grant: its work is unbacked (never protected, preempted first)';
+    return 'no grant: its work is unbacked';
   }
   if (standing < 1) {
-    return 'under its grant: its work goes ahead of siblings that used more of theirs';
+    return 'under its grant';
   }
-  return 'grant used up: new work is unbacked (never protected, preempted first)';
+  return 'grant used up: new work is unbacked';
 }
 
 /** "7 days", "1 day", "12 h": the usage window. */

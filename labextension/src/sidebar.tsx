@@ -16,6 +16,8 @@ import {
   formatWhen,
   formatWindow,
   placementFraction,
+  placementWhere,
+  sliceName,
   standingWords
 } from './format';
 import { BudgetModel } from './model';
@@ -88,11 +90,7 @@ function SessionSection(props: IProps) {
   }
   const fraction = placementFraction(s.placement);
   const inventory =
-    s.inventory === 'declared'
-      ? ' (declared demo inventory: no real GPU behind it)'
-      : s.inventory === 'nvml'
-        ? ''
-        : '';
+    s.inventory === 'declared' ? 'declared inventory (demo or test): no real GPU behind it' : '';
   const started = s.started_at !== null ? toLocalMs(s.started_at, snap.offsetMs) : null;
   let protection: React.ReactNode;
   switch (v.phase) {
@@ -159,11 +157,13 @@ function SessionSection(props: IProps) {
       <dl className="jp-GpuBudget-rows">
         <Row label="Project">{s.project}</Row>
         <Row label="Slice" title="What this session was given">
-          {s.placement ? `${formatFraction(fraction, s.placement)}` : 'not placed yet'}
+          {s.placement
+            ? `${sliceName(s.placement)} (${formatFraction(fraction, s.placement)})`
+            : 'not placed yet'}
         </Row>
         <Row label="Runs on">
-          {s.placement ? describePlacement(s.placement) : '–'}
-          {inventory}
+          {s.placement ? placementWhere(s.placement) : '–'}
+          {inventory && <div className="jp-GpuBudget-muted">{inventory}</div>}
         </Row>
         {started !== null && (
           <Row label="Started">{`${formatClock(started, now)} (${formatRelative((started - now) / 1000)})`}</Row>
@@ -209,16 +209,19 @@ function AccountCard(props: { a: IAccount; settings: ISettings; window: number |
       <dl className="jp-GpuBudget-rows">
         <Row label="Grant">
           {formatGpuHours(a.effective_grant_hours)}
-          {props.window ? ` per ${formatWindow(props.window)}` : ''}
+          {props.window ? ` / ${formatWindow(props.window)}` : ''}
           {a.grant?.share_pct !== null && a.grant?.share_pct !== undefined
             ? ` (${a.grant.share_pct}% share)`
             : ''}
         </Row>
-        <Row label="Used">{formatGpuHours(a.usage_hours)}</Row>
+        <Row label="Used">
+          {formatGpuHours(a.usage_hours)}
+          {g.usedPct !== null ? ` (${Math.round(g.usedPct)}%)` : ''}
+        </Row>
         <Row label="Left">{formatGpuHours(g.left === null ? null : Math.max(0, g.left))}</Row>
-        <Row label="Standing" title="usage ÷ grant; lower standing runs first">
-          {a.standing === null ? '–' : a.standing.toFixed(2)}
-          <div className="jp-GpuBudget-muted">{standingWords(a.standing)}</div>
+        <Row label="Standing" title="used ÷ grant: the lower, the sooner its work starts">
+          {a.standing === null ? '–' : `${a.standing.toFixed(2)} · `}
+          {standingWords(a.standing)}
         </Row>
       </dl>
     </div>
@@ -277,8 +280,9 @@ function BudgetSection(props: IProps) {
   return (
     <Section title="Budget" id="jp-GpuBudget-budget">
       <p className="jp-GpuBudget-muted">
-        Grants are GPU-hours per {window ? formatWindow(window) : 'window'}; a whole GPU for one
-        hour is 1 GPU-hour, a slice counts its share.
+        GPU-hours per {window ? formatWindow(window) : 'window'} (a whole GPU for an hour is 1
+        GPU-h; a slice counts its share). Standing = used ÷ grant: lower standing starts first.
+        Over its grant, new work is unbacked: never protected, preempted first.
       </p>
       <DailyChart snap={snap} now={props.now} />
       {snap.chain.map(a => (
@@ -328,11 +332,14 @@ function WorkItem(props: IProps & { w: IWorkload }) {
   const canLog = !isSession && !!snap.info?.features.job_log;
   const title = w.name || w.id;
   const cancel = async () => {
-    const what = isSession ? 'queued session' : 'job';
+    const running = w.state === 'running';
     const result = await showDialog({
-      title: isSession ? 'Leave the queue?' : 'Cancel this job?',
-      body: `${what} ${title} (${w.project})${w.state === 'running' ? ' will be stopped' : ' will leave the queue'}. Time already used stays charged.`,
-      buttons: [Dialog.cancelButton({ label: 'Keep it' }), Dialog.warnButton({ label: isSession ? 'Leave queue' : 'Cancel job' })]
+      title: isSession ? 'Leave the queue?' : running ? 'Stop this job?' : 'Cancel this job?',
+      body: running
+        ? `Job ${title} (${w.project}) will be stopped. The GPU time it used so far stays charged.`
+        : `${isSession ? 'Session' : 'Job'} ${title} (${w.project}) will leave the queue. ` +
+          'Nothing has been charged for it.',
+      buttons: [Dialog.cancelButton({ label: 'Keep it' }), Dialog.warnButton({ label: isSession ? 'Leave queue' : running ? 'Stop job' : 'Cancel job' })]
     });
     if (!result.button.accept) {
       return;
@@ -385,9 +392,9 @@ function WorkItem(props: IProps & { w: IWorkload }) {
             className="jp-GpuBudget-button jp-mod-warn"
             onClick={() => void cancel()}
             disabled={busy}
-            aria-label={`${isSession ? 'Leave the queue' : 'Cancel job'} ${title}`}
+            aria-label={`${isSession ? 'Leave the queue' : w.state === 'running' ? 'Stop job' : 'Cancel job'} ${title}`}
           >
-            {isSession ? 'Leave queue' : 'Cancel'}
+            {isSession ? 'Leave queue' : w.state === 'running' ? 'Stop' : 'Cancel'}
           </button>
         )}
         {canLog && (

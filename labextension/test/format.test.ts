@@ -10,6 +10,8 @@ import {
   formatWhen,
   formatWindow,
   placementFraction,
+  placementWhere,
+  sliceName,
   spokenDuration,
   standingWords
 } from '../src/format';
@@ -48,6 +50,7 @@ describe('relative and clock times', () => {
     expect(formatRelative(12 * 60)).toBe('in 12 min');
     expect(formatRelative(-3 * 60)).toBe('3 min ago');
     expect(formatRelative(10)).toBe('now');
+    expect(formatRelative(-10)).toBe('just now');
   });
 
   it('shows a 24-hour local clock, with the weekday or date when not today', () => {
@@ -84,12 +87,18 @@ describe('GPU-hours and slices', () => {
     expect(placementFraction(null)).toBe(0);
   });
 
-  it('describes where a session runs', () => {
+  it('describes what a session was given and where it runs', () => {
     expect(describePlacement(mig)).toBe('MIG 1g.10gb on h100-a GPU 6');
-    expect(describePlacement(two)).toBe('2 whole GPUs on h100-b (GPU 0, 1)');
-    expect(describePlacement(mps)).toBe('MPS share 25% of h100-a GPU 3');
-    expect(describePlacement(cpu)).toBe('CPU only on h100-a');
-    expect(describePlacement([two[0]])).toBe('whole GPU 0 on h100-b');
+    expect(describePlacement(two)).toBe('2 whole GPUs on h100-b GPUs 0, 1');
+    expect(describePlacement(mps)).toBe('MPS share 25% on h100-a GPU 3');
+    expect(describePlacement(cpu)).toBe('CPU only on h100-a (no GPU)');
+    expect(describePlacement([two[0]])).toBe('1 whole GPU on h100-b GPU 0');
+    expect(describePlacement(null)).toBe('CPU only');
+    const eight = [...Array(8).keys()].map(g => ({ node: 'h100-b', gpu: g, kind: 'gpu', milli: 1000 }));
+    expect(describePlacement(eight)).toBe('8 whole GPUs on h100-b GPUs 0–7');
+    const gang = [...two, { node: 'h100-c', gpu: 3, kind: 'gpu', milli: 1000 }];
+    expect(sliceName(gang)).toBe('3 whole GPUs');
+    expect(placementWhere(gang)).toBe('h100-b GPUs 0, 1; h100-c GPU 3');
   });
 
   it('names the share of a GPU', () => {
@@ -103,7 +112,7 @@ describe('GPU-hours and slices', () => {
 
 describe('standing and window', () => {
   it('explains a standing in words', () => {
-    expect(standingWords(0.2)).toMatch(/^under its grant/);
+    expect(standingWords(0.2)).toBe('under its grant');
     expect(standingWords(1.0)).toMatch(/unbacked/);
     expect(standingWords(null)).toMatch(/^no grant/);
   });

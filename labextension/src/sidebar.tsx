@@ -237,9 +237,7 @@ function DailyChart(props: { snap: ISnapshot; now: number }) {
   const w = 240;
   const h = 64;
   const bw = w / daily.days.length;
-  const label = daily.days
-    .map(d => `${formatClock(toLocalMs(d.start, props.snap.offsetMs), props.now).split(' ')[0]} ${formatGpuHours(d.gpu_hours)}`)
-    .join(', ');
+  const label = daily.days.map(d => `${d.date} ${formatGpuHours(d.gpu_hours)}`).join(', ');
   return (
     <figure className="jp-GpuBudget-chart">
       <svg viewBox={`0 0 ${w} ${h + 14}`} role="img" aria-label={`Usage per day: ${label}`}>
@@ -372,7 +370,7 @@ function WorkItem(props: IProps & { w: IWorkload }) {
       w.protected_left_s !== null ? Math.max(0, w.protected_left_s - (now - snap.receivedAt) / 1000) : 0;
     detail =
       (started !== null ? `started ${formatClock(started, now)}` : 'running') +
-      (protectedLeft > 0 ? `, protected ${formatDuration(protectedLeft)} more` : ', unprotected') +
+      (protectedLeft >= 1 ? `, protected ${formatDuration(protectedLeft)} more` : ', unprotected') +
       `, ${formatGpuHours(costSoFar(w, snap, now))} so far`;
   }
   return (

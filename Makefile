@@ -20,12 +20,14 @@ install: $(STAMP) lab
 
 ## lab: the JupyterLab extension (labextension/ -> jupyter_gpubudget/labextension, prebuilt),
 ## rebuilt only when its sources change (hash in labextension/.build-stamp), linked into the
-## venv's JupyterLab (`jupyter-builder develop`, like `jupyter labextension develop`); node modules from the lockfile (npm ci)
+## venv's JupyterLab (`jupyter-builder develop`, formerly `jupyter labextension develop`);
+## node modules from the lockfile (npm ci)
 LAB := labextension
 LABOUT := jupyter_gpubudget/labextension
 LABSRC = $(sort $(wildcard $(LAB)/src/*.ts $(LAB)/src/*.tsx $(LAB)/style/* $(LAB)/schema/*)) \
 	$(LAB)/package.json $(LAB)/package-lock.json $(LAB)/tsconfig.json
 NODEMODS := $(LAB)/node_modules/.package-lock.json
+LABLINK := $(VENV)/share/jupyter/labextensions/jupyter-gpubudget
 
 $(NODEMODS): $(LAB)/package.json $(LAB)/package-lock.json
 	@command -v npm >/dev/null || { echo "npm (Node.js >= 20.19) is needed to build $(LAB)/" >&2; exit 1; }
@@ -39,8 +41,9 @@ lab: $(STAMP) $(NODEMODS)
 	else \
 	  (cd $(LAB) && npm run --silent build:prod) && echo $$h > $(LAB)/.build-stamp; \
 	fi
-	@test -L $(VENV)/share/jupyter/labextensions/jupyter-gpubudget || \
-	  $(BIN)/jupyter-builder develop --overwrite . >/dev/null
+	@[ "$$(readlink $(LABLINK))" = "$(CURDIR)/$(LABOUT)" ] || \
+	  { $(BIN)/jupyter-builder develop --overwrite . || \
+	    $(BIN)/jupyter labextension develop --overwrite . ; } >/dev/null
 
 ## labtest: unit tests of the extension's TypeScript (vitest)
 labtest: $(NODEMODS)

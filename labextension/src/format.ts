@@ -49,10 +49,13 @@ export function spokenDuration(totalSeconds: number): string {
   return rh ? `${d} days ${rh} h` : `${d} days`;
 }
 
-/** "in 12 min", "3 min ago"; within 30 s: "now" (coming) or "just now" (past). */
+/** "in 12 min", "in 13 s", "3 min ago"; "just now" within 30 s past, "now" within 5 s. */
 export function formatRelative(deltaSeconds: number): string {
-  if (Math.abs(deltaSeconds) < 30) {
-    return deltaSeconds < 0 ? 'just now' : 'now';
+  if (deltaSeconds < 0 && deltaSeconds > -30) {
+    return 'just now';
+  }
+  if (Math.abs(deltaSeconds) < 5) {
+    return 'now';
   }
   return deltaSeconds > 0
     ? `in ${spokenDuration(deltaSeconds)}`

@@ -49,7 +49,8 @@ describe('relative and clock times', () => {
   it('says in / ago / now', () => {
     expect(formatRelative(12 * 60)).toBe('in 12 min');
     expect(formatRelative(-3 * 60)).toBe('3 min ago');
-    expect(formatRelative(10)).toBe('now');
+    expect(formatRelative(13)).toBe('in 13 s');
+    expect(formatRelative(3)).toBe('now');
     expect(formatRelative(-10)).toBe('just now');
   });
 

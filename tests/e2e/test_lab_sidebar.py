@@ -244,6 +244,7 @@ def test_protection_running_out_turns_red_and_notifies(cluster, tmp_path):
             assert "jp-GpuBudget-warn" in status.get_attribute("class")
             toast = page.locator(".Toastify__toast", has_text="Protection of this GPU session ends")
             toast.wait_for()
+            time.sleep(0.6)  # let it slide in
             b.shot("lab-dark-protection-ending.png")
             page.locator(".Toastify__toast", has_text="Protected time of this GPU session is over"
                          ).wait_for(timeout=60_000)
@@ -255,6 +256,34 @@ def test_protection_running_out_turns_red_and_notifies(cluster, tmp_path):
             b.shot("lab-dark-unprotected.png")
             assert http("GET", f"{svc.api}/sessions/{sess['id']}", token)[1][
                 "protected_left_s"] == 0
+            assert not b.errors, b.errors
+        finally:
+            b.close()
+            lab.stop()
+
+
+def test_settings_from_the_settings_registry_drive_warnings_and_notifications(cluster, tmp_path):
+    """protectionWarningMinutes above the protected time left: amber at once; notifications
+    off: no toast, although the warning is due."""
+    from playwright.sync_api import sync_playwright
+
+    hub, svc, root = cluster
+    token = hub.token("erin", scopes=SERVER_SCOPES)
+    sess = _session(svc, root, user="erin", project="genomics", slice="gpu:1", min_runtime="2h")
+    mine = tmp_path / "lab" / "settings" / "jupyter-gpubudget"
+    mine.mkdir(parents=True)
+    (mine / "plugin.jupyterlab-settings").write_text(
+        '{"protectionWarningMinutes": 180, "notifications": false}')
+    lab = _lab(tmp_path / "lab", svc, token, sess)
+    with sync_playwright() as p:
+        b = Browser(p, lab.url + f"lab?token={lab.token}")
+        try:
+            page = b.page
+            status = page.locator(".jp-GpuBudget-statusButton.jp-GpuBudget-warn")
+            status.wait_for()
+            assert re.fullmatch(r"protected 1h5\dm · 0\.0\d GPU-h", status.inner_text())
+            time.sleep(3)  # ticks and a refresh happen; the warning stays silent
+            assert page.locator(".Toastify__toast").count() == 0
             assert not b.errors, b.errors
         finally:
             b.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpubudget.backends.local import LocalBackend
 from tests.fixtures.hub import ServiceProc, http, start_hub
 from tests.fixtures.jupyter import start_jupyter
 from tests.hub.hubproc import require
@@ -76,10 +77,11 @@ def cluster(parts, tmp_path_factory):
         http("DELETE", f"{svc.api}/sessions/{sid}", root)
     for e in http("GET", f"{svc.api}/queue", root)[1]["queue"]:
         http("DELETE", f"{svc.api}/jobs/{e['id']}", root)
-    for j in http("GET", f"{svc.api}/workloads/me?state=running", root)[1]["workloads"]:
-        http("DELETE", f"{svc.api}/jobs/{j['id']}", root)
     svc.stop()
     hub.stop()
+    jobs = LocalBackend(state_dir=str(svc.dir / "jobs"), stop_grace=2)
+    for wid, attempt in jobs.orphans(set()):  # nothing outlives the test
+        jobs.stop(wid, attempt)
 
 
 def _session(svc: ServiceProc, root: str, **body) -> dict:

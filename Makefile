@@ -6,15 +6,48 @@ STAMP := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 
-.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot demo clean
+.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot demo clean lab labtest
 
+# the JupyterLab extension is built here (`make lab`), so the editable install skips
+# hatch-jupyter-builder's build hook (SKIP_JUPYTER_BUILDER)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,postgres,hub,snapshot]'
+	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install -q -e '.[test,postgres,hub,snapshot]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) lab
+
+## lab: the JupyterLab extension (labextension/ -> jupyter_gpubudget/labextension, prebuilt),
+## rebuilt only when its sources change (hash in labextension/.build-stamp), linked into the
+## venv's JupyterLab (`jupyter-builder develop`, formerly `jupyter labextension develop`);
+## node modules from the lockfile (npm ci)
+LAB := labextension
+LABOUT := jupyter_gpubudget/labextension
+LABSRC = $(sort $(wildcard $(LAB)/src/*.ts $(LAB)/src/*.tsx $(LAB)/style/* $(LAB)/schema/*)) \
+	$(LAB)/package.json $(LAB)/package-lock.json $(LAB)/tsconfig.json
+NODEMODS := $(LAB)/node_modules/.package-lock.json
+LABLINK := $(VENV)/share/jupyter/labextensions/jupyter-gpubudget
+
+$(NODEMODS): $(LAB)/package.json $(LAB)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm (Node.js >= 20.19) is needed to build $(LAB)/" >&2; exit 1; }
+	cd $(LAB) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODEMODS)
+
+lab: $(STAMP) $(NODEMODS)
+	@h=$$(sha256sum $(LABSRC) | sha256sum | cut -c1-16); \
+	if [ "$$(cat $(LAB)/.build-stamp 2>/dev/null)" = "$$h" ] && [ -f $(LABOUT)/package.json ]; then \
+	  echo "lab extension unchanged ($$h): reusing $(LABOUT)"; \
+	else \
+	  (cd $(LAB) && npm run --silent build:prod) && echo $$h > $(LAB)/.build-stamp; \
+	fi
+	@[ "$$(readlink $(LABLINK))" = "$(CURDIR)/$(LABOUT)" ] || \
+	  { $(BIN)/jupyter-builder develop --overwrite . || \
+	    $(BIN)/jupyter labextension develop --overwrite . ; } >/dev/null
+
+## labtest: unit tests of the extension's TypeScript (vitest)
+labtest: $(NODEMODS)
+	cd $(LAB) && npm test --silent
 
 ## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy
 $(SYSSTAMP): | $(STAMP)
@@ -36,7 +69,7 @@ run: install sysdeps
 	$(BIN)/gpubudget hub
 
 ## test: install everything the tests need and run every suite
-test: install sysdeps criu
+test: install sysdeps criu labtest
 	$(BIN)/ruff check jupyter_gpubudget tests bench
 	$(BIN)/mypy
 	GPUBUDGET_CRIU="$$(bash .ci/build-criu.sh)" $(BIN)/python -m pytest -q
@@ -53,3 +86,4 @@ bench-snapshot: install criu
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(LAB)/node_modules $(LAB)/lib $(LAB)/tsconfig.tsbuildinfo $(LAB)/.build-stamp $(LABOUT)

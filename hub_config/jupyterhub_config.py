@@ -123,9 +123,10 @@ roles = [
     # during the hub's shutdown, after the service, left its stop in the spawner's state)
     {"name": "gpubudget-service", "services": ["gpubudget"],
      "scopes": ["list:users", "read:servers", "admin:server_state"]},
-    # the user's own server may read budgets (the JupyterLab sidebar uses this)
+    # the user's own server reads budgets and cancels the user's queued work (the JupyterLab
+    # sidebar, through the gpubudget server extension)
     {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
-                                  "custom:gpubudget:read",
+                                  "custom:gpubudget:read", "custom:gpubudget:submit",
                                   "access:services!service=gpubudget"]},
 ]
 if env("GPUBUDGET_TEST_TOKEN"):
@@ -157,4 +158,6 @@ lab_settings = STATE / "lab-settings"
 (lab_settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
  ).write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
 c.Spawner.environment = {"JUPYTERLAB_SETTINGS_DIR": str(lab_settings),
-                         "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+                         "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                         # where the server extension (and the CLI) reach the service
+                         "GPUBUDGET_URL": f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget"}

@@ -1,0 +1,105 @@
+"""Calls from the user's Jupyter server to the gpubudget service, with the server's token."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .config import GpuBudgetLab
+
+# optional endpoints: the sidebar shows their sections only when the service has them
+FEATURE_PATHS = {
+    "usage_daily": "/accounts/{}/usage/daily",
+    "job_log": "/jobs/{}/log",
+}
+
+
+class ServiceUnavailable(Exception):
+    """The service is not configured, not reachable, or answered something unreadable."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any  # parsed JSON
+
+
+def _shape(path: str) -> str:
+    """``/accounts/{name}/usage`` -> ``/accounts/{}/usage``: compare paths, not param names."""
+    out, depth = [], 0
+    for ch in path:
+        if ch == "{":
+            depth += 1
+            if depth == 1:
+                out.append("{}")
+        elif ch == "}":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+@dataclass
+class ServiceClient:
+    lab: GpuBudgetLab
+    _features: dict[str, bool] = field(default_factory=dict)
+    _features_at: float = 0.0
+    _features_error: str | None = None
+    _checked_at: float = 0.0
+
+    async def call(self, method: str, path: str, query: str = "") -> Answer:
+        problem = self.lab.problem()
+        if problem:
+            raise ServiceUnavailable(503, f"not connected to a gpubudget service: {problem}")
+        url = self.lab.api_url(path) + (f"?{query}" if query else "")
+        req = HTTPRequest(url, method=method, headers={
+            "Authorization": f"token {self.lab.api_token}", "Accept": "application/json"},
+            request_timeout=self.lab.request_timeout, follow_redirects=False,
+            allow_nonstandard_methods=True)
+        try:
+            r = await AsyncHTTPClient().fetch(req, raise_error=False)
+        except (OSError, HTTPClientError) as e:
+            raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
+                                          f"cannot be reached: {e}") from None
+        if r.code == 599:  # tornado: connection refused, timeout, DNS ...
+            raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
+                                          f"cannot be reached: {r.error}")
+        try:
+            body = json.loads(r.body or b"null")
+        except ValueError:
+            raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
+                                          f"answered {r.code} with something other than "
+                                          "JSON: is the URL right? (set $GPUBUDGET_URL or "
+                                          "GpuBudgetLab.service_url)") from None
+        return Answer(r.code, body)
+
+    async def features(self) -> tuple[dict[str, bool], str | None]:
+        """Which optional endpoints the service has (from its OpenAPI document), and why the
+        service could not be asked (None when it answered)."""
+        now = time.monotonic()
+        fresh = now - self._features_at < self.lab.features_ttl and self._features_error is None
+        if fresh or (self._features_error is not None and now - self._checked_at < 5.0):
+            return dict(self._features), self._features_error
+        self._checked_at = now
+        try:
+            a = await self.call("GET", "openapi.json")
+            if a.status != 200 or not isinstance(a.body, dict):
+                raise ServiceUnavailable(502, f"the gpubudget service at "
+                                              f"{self.lab.service_url} answered {a.status} "
+                                              "for its API document")
+            paths = {_shape(p) for p in (a.body.get("paths") or {})}
+            self._features = {k: v in paths for k, v in FEATURE_PATHS.items()}
+            self._features["snapshots"] = any(p.startswith("/snapshots") or "/snapshot" in p
+                                              for p in paths)
+            self._features_at, self._features_error = now, None
+        except ServiceUnavailable as e:
+            self._features_error = e.message
+        return dict(self._features), self._features_error

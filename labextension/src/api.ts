@@ -1,0 +1,261 @@
+/**
+ * The browser's view of the gpubudget service, through the user's own Jupyter server.
+ *
+ * Every request goes to `<base_url>gpubudget/api/...` on the Jupyter server (the server
+ * extension `jupyter_gpubudget.serverext`), which forwards an allow-list of service paths
+ * with the server's own token: no token ever reaches the browser.
+ *
+ * The transport is injected (`Fetcher`), so the client is tested without JupyterLab; in the
+ * lab it is `ServerConnection.makeRequest` (cookies + XSRF as JupyterLab does everywhere).
+ */
+
+/** Seconds since the epoch (the service's clock). */
+export type Epoch = number;
+
+export interface IPlacementSlice {
+  node: string;
+  gpu: number;
+  kind: 'gpu' | 'mig' | 'mps' | 'cpu' | string;
+  milli: number;
+  profile?: string | null;
+  mig_start?: number;
+  gpu_memory_mib?: number;
+}
+
+export interface IWorkload {
+  id: string;
+  name: string;
+  project: string;
+  user: string;
+  kind: 'interactive' | 'batch' | 'debug' | string;
+  state: 'pending' | 'running' | 'done' | 'failed' | 'cancelled' | 'preempted' | string;
+  request: Record<string, unknown> | null;
+  placement: IPlacementSlice[] | null;
+  submitted_at: Epoch;
+  started_at: Epoch | null;
+  ended_at: Epoch | null;
+  backed: boolean;
+  protected_until: Epoch | null;
+  protected_left_s: number | null;
+  queue_position: number | null;
+  predicted_start: Epoch | null;
+  predicted_start_kind?: 'estimate' | string;
+  min_runtime: number;
+  resumable: boolean;
+  time_limit: number | null;
+  preemptions: number;
+  exit_code: number | null;
+  reason: string;
+  backend: string;
+  /** GPU-hours charged so far (proposed for the service; computed here when absent). */
+  charged_gpu_hours?: number | null;
+}
+
+export interface ISession extends IWorkload {
+  preempt_requested: string | null;
+  idle_reported: Epoch | null;
+  blocked_by?: string[];
+  inventory?: 'declared' | 'nvml' | string;
+  /** When the server will be stopped after a preemption was asked for (proposed field). */
+  preempt_deadline?: Epoch | null;
+}
+
+export interface IGrant {
+  version: number;
+  grant_hours: number | null;
+  share_pct: number | null;
+  changed_by: string;
+  changed_at: Epoch;
+  source: string;
+  note: string | null;
+}
+
+export interface IAccount {
+  name: string;
+  parent: string | null;
+  project: boolean;
+  children: string[];
+  members: string[];
+  managers: string[];
+  grant: IGrant | null;
+  usage_hours: number | null;
+  effective_grant_hours: number | null;
+  standing: number | null;
+}
+
+export interface IUsage {
+  account: string;
+  usage_hours: number | null;
+  grant_hours: number | null;
+  standing: number | null;
+  window_s: number;
+  half_life_s: number | null;
+  running: number;
+  pending: number;
+  preemptions: number;
+  computed_at: Epoch | null;
+}
+
+/** Proposed: GET /accounts/{name}/usage/daily?tz=<IANA zone>. */
+export interface IUsageDaily {
+  account: string;
+  tz: string;
+  window_s: number;
+  days: Array<{ date: string; start: Epoch; end: Epoch; gpu_hours: number }>;
+  computed_at: Epoch;
+}
+
+/** Proposed: GET /jobs/{id}/log?offset=N&limit=B. */
+export interface IJobLog {
+  id: string;
+  attempt: number;
+  offset: number;
+  next_offset: number;
+  size: number;
+  text: string;
+  truncated: boolean;
+  state: string;
+}
+
+export interface INotice {
+  kind: 'preempt' | 'idle' | string;
+  workload: string;
+  name: string;
+  project: string;
+  at: Epoch;
+  reason: string;
+  requeued: boolean;
+  state: string;
+}
+
+/** What the server extension says about itself (`GET gpubudget/api/info`). */
+export interface IInfo {
+  user: string | null;
+  session: string | null;
+  project: string | null;
+  server_time: Epoch;
+  service: {
+    configured: boolean;
+    reachable: boolean;
+    url: string | null;
+    message: string | null;
+  };
+  features: { usage_daily: boolean; job_log: boolean; snapshots: boolean };
+}
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly field: string | null = null
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+/** `fetch`-like transport: path relative to `<base_url>gpubudget/api/`. */
+export type Fetcher = (path: string, init?: RequestInit) => Promise<Response>;
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$/;
+
+function seg(value: string, what: string): string {
+  if (!NAME.test(value)) {
+    throw new ApiError(400, `${what}: ${JSON.stringify(value)} is not a valid name`, what);
+  }
+  return encodeURIComponent(value);
+}
+
+export class GpuBudgetClient {
+  constructor(private readonly fetcher: Fetcher) {}
+
+  /** JSON of a request; a non-2xx answer raises ApiError with the service's message. */
+  async request<T>(path: string, init?: RequestInit): Promise<T> {
+    let response: Response;
+    try {
+      response = await this.fetcher(path, init);
+    } catch (e) {
+      throw new ApiError(0, `the Jupyter server cannot be reached (${String(e)})`);
+    }
+    const text = await response.text();
+    let body: unknown = null;
+    if (text) {
+      try {
+        body = JSON.parse(text);
+      } catch {
+        body = null;
+      }
+    }
+    if (!response.ok) {
+      const b = (body ?? {}) as { message?: unknown; field?: unknown };
+      const message =
+        typeof b.message === 'string' && b.message
+          ? b.message
+          : `${response.status} ${response.statusText || 'error'}`.trim();
+      throw new ApiError(
+        response.status,
+        message,
+        typeof b.field === 'string' ? b.field : null
+      );
+    }
+    return body as T;
+  }
+
+  /** Like `request`, but an endpoint the service does not have yet gives `null`. */
+  async optional<T>(path: string, init?: RequestInit): Promise<T | null> {
+    try {
+      return await this.request<T>(path, init);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404 && /no such endpoint/i.test(e.message)) {
+        return null;
+      }
+      throw e;
+    }
+  }
+
+  info(): Promise<IInfo> {
+    return this.request<IInfo>('info');
+  }
+
+  async session(id: string): Promise<ISession> {
+    return this.request<ISession>(`v1/sessions/${seg(id, 'session')}`);
+  }
+
+  accounts(): Promise<IAccount[]> {
+    return this.request<{ accounts: IAccount[] }>('v1/accounts').then(r => r.accounts);
+  }
+
+  async usage(account: string): Promise<IUsage> {
+    return this.request<IUsage>(`v1/accounts/${seg(account, 'account')}/usage`);
+  }
+
+  async usageDaily(account: string, tz: string): Promise<IUsageDaily | null> {
+    return this.optional<IUsageDaily>(
+      `v1/accounts/${seg(account, 'account')}/usage/daily?tz=${encodeURIComponent(tz)}`
+    );
+  }
+
+  myWork(states: string[] = ['pending', 'running']): Promise<IWorkload[]> {
+    const q = states.length ? `?state=${states.map(encodeURIComponent).join(',')}` : '';
+    return this.request<{ workloads: IWorkload[] }>(`v1/workloads/me${q}`).then(
+      r => r.workloads
+    );
+  }
+
+  notices(): Promise<INotice[]> {
+    return this.request<{ notices: INotice[] }>('v1/notices').then(r => r.notices);
+  }
+
+  async jobLog(id: string, offset = 0): Promise<IJobLog | null> {
+    return this.optional<IJobLog>(`v1/jobs/${seg(id, 'job')}/log?offset=${Math.max(0, offset)}`);
+  }
+
+  async cancelJob(id: string): Promise<IWorkload> {
+    return this.request<IWorkload>(`v1/jobs/${seg(id, 'job')}`, { method: 'DELETE' });
+  }
+
+  /** Leave the queue: only a queued session can be cancelled from the lab. */
+  async cancelSession(id: string): Promise<ISession> {
+    return this.request<ISession>(`v1/sessions/${seg(id, 'session')}`, { method: 'DELETE' });
+  }
+}

@@ -1,0 +1,520 @@
+/**
+ * The left sidebar panel "GPU budget": this session, its project chain with a usage chart,
+ * my other work (with cancel and logs), and notices.
+ */
+import { Dialog, ReactWidget, showDialog, Notification } from '@jupyterlab/apputils';
+import React from 'react';
+
+import type { IAccount, IJobLog, IWorkload } from './api';
+import {
+  describePlacement,
+  formatClock,
+  formatDuration,
+  formatFraction,
+  formatGpuHours,
+  formatRelative,
+  formatWhen,
+  formatWindow,
+  placementFraction,
+  placementWhere,
+  sliceName,
+  standingWords
+} from './format';
+import { BudgetModel } from './model';
+import {
+  costSoFar,
+  grantLeft,
+  ISettings,
+  ISnapshot,
+  sessionView,
+  toLocalMs
+} from './state';
+
+interface IProps {
+  model: BudgetModel;
+  settings: ISettings;
+  now: number;
+}
+
+function Section(props: { title: string; id: string; children: React.ReactNode }) {
+  return (
+    <section className="jp-GpuBudget-section" aria-labelledby={props.id}>
+      <h3 id={props.id} className="jp-GpuBudget-sectionTitle">
+        {props.title}
+      </h3>
+      {props.children}
+    </section>
+  );
+}
+
+function Row(props: { label: string; children: React.ReactNode; title?: string }) {
+  return (
+    <div className="jp-GpuBudget-row" title={props.title}>
+      <dt>{props.label}</dt>
+      <dd>{props.children}</dd>
+    </div>
+  );
+}
+
+function Meter(props: { fraction: number; level: string; label: string }) {
+  const pct = Math.max(0, Math.min(100, props.fraction * 100));
+  return (
+    <div
+      className={`jp-GpuBudget-meter jp-GpuBudget-${props.level}`}
+      role="meter"
+      aria-label={props.label}
+      aria-valuemin={0}
+      aria-valuemax={100}
+      aria-valuenow={Math.round(pct)}
+    >
+      <div className="jp-GpuBudget-meterFill" style={{ width: `${pct}%` }} />
+    </div>
+  );
+}
+
+// ------------------------------------------------------------------ this session
+function SessionSection(props: IProps) {
+  const snap = props.model.snapshot;
+  const s = snap.session;
+  const now = props.now;
+  const v = sessionView(snap, now, props.settings);
+  if (!s) {
+    return (
+      <Section title="This session" id="jp-GpuBudget-session">
+        <p className="jp-GpuBudget-muted">
+          This JupyterLab was not started through the GPU queue, so it has no GPU session of its
+          own. Your projects and other work are shown below.
+        </p>
+      </Section>
+    );
+  }
+  const fraction = placementFraction(s.placement);
+  const inventory =
+    s.inventory === 'declared' ? 'declared inventory (demo or test): no real GPU behind it' : '';
+  const started = s.started_at !== null ? toLocalMs(s.started_at, snap.offsetMs) : null;
+  let protection: React.ReactNode;
+  switch (v.phase) {
+    case 'protected':
+    case 'ending':
+      protection = (
+        <div className={`jp-GpuBudget-countdown jp-GpuBudget-${v.phase === 'ending' ? 'warn' : 'ok'}`}>
+          <div className="jp-GpuBudget-big" role="timer" aria-label="protected time left">
+            {formatDuration(v.protectedLeft, true)}
+          </div>
+          <div>
+            protected time left, until {formatClock(v.protectedUntil!, now)}. Until then this
+            session cannot be preempted.
+          </div>
+        </div>
+      );
+      break;
+    case 'unprotected':
+      protection = (
+        <div className="jp-GpuBudget-countdown jp-GpuBudget-danger">
+          <div className="jp-GpuBudget-big">unprotected</div>
+          <div>
+            May be preempted when backed work needs this slice ({v.why}). Save your work
+            regularly.
+          </div>
+        </div>
+      );
+      break;
+    case 'preempting':
+      protection = (
+        <div className="jp-GpuBudget-countdown jp-GpuBudget-danger" role="alert">
+          <div className="jp-GpuBudget-big">being preempted</div>
+          <div>
+            {s.preempt_requested}.{' '}
+            {typeof s.preempt_deadline === 'number'
+              ? `This server will be stopped ${formatRelative(
+                  (toLocalMs(s.preempt_deadline, snap.offsetMs) - now) / 1000
+                )}.`
+              : 'This server will be stopped shortly.'}{' '}
+            Save your work now.
+          </div>
+        </div>
+      );
+      break;
+    case 'queued':
+      protection = (
+        <div className="jp-GpuBudget-countdown jp-GpuBudget-neutral">
+          <div className="jp-GpuBudget-big">queued</div>
+          <div>
+            {s.queue_position ? `Position ${s.queue_position} in the queue. ` : ''}
+            {s.predicted_start
+              ? `Predicted start ${formatWhen(toLocalMs(s.predicted_start, snap.offsetMs), now)}.`
+              : ''}
+          </div>
+        </div>
+      );
+      break;
+    default:
+      protection = <p>This session is {s.state}.</p>;
+  }
+  return (
+    <Section title="This session" id="jp-GpuBudget-session">
+      {protection}
+      <dl className="jp-GpuBudget-rows">
+        <Row label="Project">{s.project}</Row>
+        <Row label="Slice" title="What this session was given">
+          {s.placement
+            ? `${sliceName(s.placement)} (${formatFraction(fraction, s.placement)})`
+            : 'not placed yet'}
+        </Row>
+        <Row label="Runs on">
+          {s.placement ? placementWhere(s.placement) : '–'}
+          {inventory && <div className="jp-GpuBudget-muted">{inventory}</div>}
+        </Row>
+        {started !== null && (
+          <Row label="Started">{`${formatClock(started, now)} (${formatRelative((started - now) / 1000)})`}</Row>
+        )}
+        <Row
+          label="Cost so far"
+          title="GPU-hours charged to the project: slice fraction × time running"
+        >
+          {formatGpuHours(v.cost)}
+          {fraction > 0 && started !== null && (
+            <span className="jp-GpuBudget-muted">
+              {' '}
+              ({formatFraction(fraction, s.placement)} × {formatDuration((now - started) / 1000)})
+            </span>
+          )}
+        </Row>
+        <Row label="Backed" title="Backed: the project's grant covers this session's protected time">
+          {s.backed ? 'yes: the grant covers its protected time' : 'no: unbacked, preempted first'}
+        </Row>
+      </dl>
+    </Section>
+  );
+}
+
+// ------------------------------------------------------------------ budget
+function AccountCard(props: { a: IAccount; settings: ISettings; window: number | null }) {
+  const a = props.a;
+  const g = grantLeft(a, props.settings);
+  const level = g.usedPct === null ? 'neutral' : g.low ? 'danger' : g.usedPct > 75 ? 'warn' : 'ok';
+  return (
+    <div className="jp-GpuBudget-account">
+      <div className="jp-GpuBudget-accountName">
+        {a.name}{' '}
+        <span className="jp-GpuBudget-muted">{a.project ? 'project' : 'program'}</span>
+      </div>
+      {g.usedPct !== null && (
+        <Meter
+          fraction={g.usedPct / 100}
+          level={level}
+          label={`${a.name}: ${Math.round(g.usedPct)}% of its grant used`}
+        />
+      )}
+      <dl className="jp-GpuBudget-rows">
+        <Row label="Grant">
+          {formatGpuHours(a.effective_grant_hours)}
+          {props.window ? ` / ${formatWindow(props.window)}` : ''}
+          {a.grant?.share_pct !== null && a.grant?.share_pct !== undefined
+            ? ` (${a.grant.share_pct}% share)`
+            : ''}
+        </Row>
+        <Row label="Used">
+          {formatGpuHours(a.usage_hours)}
+          {g.usedPct !== null ? ` (${Math.round(g.usedPct)}%)` : ''}
+        </Row>
+        <Row label="Left">{formatGpuHours(g.left === null ? null : Math.max(0, g.left))}</Row>
+        <Row label="Standing" title="used ÷ grant: the lower, the sooner its work starts">
+          {a.standing === null ? '–' : `${a.standing.toFixed(2)} · `}
+          {standingWords(a.standing)}
+        </Row>
+      </dl>
+    </div>
+  );
+}
+
+function DailyChart(props: { snap: ISnapshot; now: number }) {
+  const daily = props.snap.daily;
+  if (!daily || !daily.days.length) {
+    return null;
+  }
+  const max = Math.max(...daily.days.map(d => d.gpu_hours), 0.01);
+  const w = 240;
+  const h = 64;
+  const bw = w / daily.days.length;
+  const label = daily.days.map(d => `${d.date} ${formatGpuHours(d.gpu_hours)}`).join(', ');
+  return (
+    <figure className="jp-GpuBudget-chart">
+      <svg viewBox={`0 0 ${w} ${h + 14}`} role="img" aria-label={`Usage per day: ${label}`}>
+        {daily.days.map((d, i) => {
+          const bh = (d.gpu_hours / max) * h;
+          const day = new Date(toLocalMs(d.start, props.snap.offsetMs));
+          return (
+            <g key={d.date}>
+              <rect
+                x={i * bw + 2}
+                y={h - bh}
+                width={Math.max(1, bw - 4)}
+                height={bh}
+                className="jp-GpuBudget-bar"
+              >
+                <title>{`${d.date}: ${formatGpuHours(d.gpu_hours)}`}</title>
+              </rect>
+              <text x={i * bw + bw / 2} y={h + 11} textAnchor="middle" className="jp-GpuBudget-axis">
+                {day.toLocaleDateString(undefined, { weekday: 'narrow' })}
+              </text>
+            </g>
+          );
+        })}
+      </svg>
+      <figcaption className="jp-GpuBudget-muted">
+        {daily.account}: GPU-hours per day over the window (max {formatGpuHours(max)})
+      </figcaption>
+    </figure>
+  );
+}
+
+function BudgetSection(props: IProps) {
+  const snap = props.model.snapshot;
+  if (!snap.chain.length) {
+    return null;
+  }
+  const window = snap.usage?.window_s ?? null;
+  return (
+    <Section title="Budget" id="jp-GpuBudget-budget">
+      <p className="jp-GpuBudget-muted">
+        GPU-hours per {window ? formatWindow(window) : 'window'} (a whole GPU for an hour is 1
+        GPU-h; a slice counts its share). Standing = used ÷ grant: lower standing starts first.
+        Over its grant, new work is unbacked: never protected, preempted first.
+      </p>
+      <DailyChart snap={snap} now={props.now} />
+      {snap.chain.map(a => (
+        <AccountCard key={a.name} a={a} settings={props.settings} window={window} />
+      ))}
+    </Section>
+  );
+}
+
+// ------------------------------------------------------------------ my other work
+function LogView(props: { model: BudgetModel; id: string }) {
+  const [log, setLog] = React.useState<IJobLog | null>(null);
+  const [error, setError] = React.useState<string | null>(null);
+  const load = React.useCallback(() => {
+    props.model.api
+      .jobLog(props.id)
+      .then(l => {
+        setLog(l);
+        setError(l ? null : 'this service does not serve job logs');
+      })
+      .catch(e => setError(String(e.message ?? e)));
+  }, [props.id]);
+  React.useEffect(load, [load]);
+  return (
+    <div className="jp-GpuBudget-log">
+      {error && <div className="jp-GpuBudget-error">{error}</div>}
+      {log && (
+        <pre tabIndex={0} aria-label={`log of ${props.id}`}>
+          {log.truncated ? '…\n' : ''}
+          {log.text || '(empty so far)'}
+        </pre>
+      )}
+      <button className="jp-GpuBudget-link" onClick={load}>
+        Reload log
+      </button>
+    </div>
+  );
+}
+
+function WorkItem(props: IProps & { w: IWorkload }) {
+  const { w, model, now } = props;
+  const snap = model.snapshot;
+  const [showLog, setShowLog] = React.useState(false);
+  const [busy, setBusy] = React.useState(false);
+  const isSession = w.kind === 'interactive';
+  const canCancel = w.state === 'pending' || (!isSession && w.state === 'running');
+  const canLog = !isSession && !!snap.info?.features.job_log;
+  const title = w.name || w.id;
+  const cancel = async () => {
+    const running = w.state === 'running';
+    const result = await showDialog({
+      title: isSession ? 'Leave the queue?' : running ? 'Stop this job?' : 'Cancel this job?',
+      body: running
+        ? `Job ${title} (${w.project}) will be stopped. The GPU time it used so far stays charged.`
+        : `${isSession ? 'Session' : 'Job'} ${title} (${w.project}) will leave the queue. ` +
+          'Nothing has been charged for it.',
+      buttons: [Dialog.cancelButton({ label: 'Keep it' }), Dialog.warnButton({ label: isSession ? 'Leave queue' : running ? 'Stop job' : 'Cancel job' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    setBusy(true);
+    try {
+      if (isSession) {
+        await model.api.cancelSession(w.id);
+      } else {
+        await model.api.cancelJob(w.id);
+      }
+      Notification.success(`${isSession ? 'Session' : 'Job'} ${title} cancelled.`, { autoClose: 4000 });
+    } catch (e: any) {
+      Notification.error(`Could not cancel ${title}: ${e?.message ?? e}`);
+    } finally {
+      setBusy(false);
+      void model.refresh();
+    }
+  };
+  let detail: string;
+  if (w.state === 'pending') {
+    const pos = w.queue_position ? `#${w.queue_position} in the queue` : 'in the queue';
+    const start = w.predicted_start
+      ? `, predicted start ${formatWhen(toLocalMs(w.predicted_start, snap.offsetMs), now)}`
+      : ', no predicted start yet';
+    detail = pos + start;
+  } else {
+    const started = w.started_at !== null ? toLocalMs(w.started_at, snap.offsetMs) : null;
+    const protectedLeft =
+      w.protected_left_s !== null ? Math.max(0, w.protected_left_s - (now - snap.receivedAt) / 1000) : 0;
+    detail =
+      (started !== null ? `started ${formatClock(started, now)}` : 'running') +
+      (protectedLeft >= 1 ? `, protected ${formatDuration(protectedLeft)} more` : ', unprotected') +
+      `, ${formatGpuHours(costSoFar(w, snap, now))} so far`;
+  }
+  return (
+    <li className="jp-GpuBudget-work">
+      <div className="jp-GpuBudget-workHead">
+        <span className={`jp-GpuBudget-state jp-GpuBudget-state-${w.state}`}>{w.state}</span>{' '}
+        <strong>{title}</strong>{' '}
+        <span className="jp-GpuBudget-muted">
+          {isSession ? 'session' : `${w.kind} job`} · {w.project}
+          {w.placement ? ` · ${describePlacement(w.placement)}` : ''}
+        </span>
+      </div>
+      <div className="jp-GpuBudget-muted">{detail}</div>
+      <div className="jp-GpuBudget-actions">
+        {canCancel && (
+          <button
+            className="jp-GpuBudget-button jp-mod-warn"
+            onClick={() => void cancel()}
+            disabled={busy}
+            aria-label={`${isSession ? 'Leave the queue' : w.state === 'running' ? 'Stop job' : 'Cancel job'} ${title}`}
+          >
+            {isSession ? 'Leave queue' : w.state === 'running' ? 'Stop' : 'Cancel'}
+          </button>
+        )}
+        {canLog && (
+          <button
+            className="jp-GpuBudget-button"
+            onClick={() => setShowLog(!showLog)}
+            aria-expanded={showLog}
+          >
+            {showLog ? 'Hide log' : 'Log'}
+          </button>
+        )}
+      </div>
+      {showLog && <LogView model={model} id={w.id} />}
+    </li>
+  );
+}
+
+function WorkSection(props: IProps) {
+  const work = props.model.snapshot.work;
+  return (
+    <Section title="My other work" id="jp-GpuBudget-work">
+      {work.length ? (
+        <ul className="jp-GpuBudget-workList">
+          {work.map(w => (
+            <WorkItem key={w.id} {...props} w={w} />
+          ))}
+        </ul>
+      ) : (
+        <p className="jp-GpuBudget-muted">No other sessions or batch jobs running or queued.</p>
+      )}
+    </Section>
+  );
+}
+
+// ------------------------------------------------------------------ notices
+function NoticesSection(props: IProps) {
+  const snap = props.model.snapshot;
+  const items = snap.notices.slice(0, 5);
+  if (!items.length) {
+    return null;
+  }
+  return (
+    <Section title="Notices" id="jp-GpuBudget-notices">
+      <ul className="jp-GpuBudget-notices" aria-live="polite">
+        {items.map(n => (
+          <li key={`${n.kind}:${n.workload}:${n.at}`} className={`jp-GpuBudget-notice-${n.kind}`}>
+            <span className="jp-GpuBudget-muted">
+              {formatClock(toLocalMs(n.at, snap.offsetMs), props.now)}
+            </span>{' '}
+            {n.kind === 'preempt' ? 'preempted' : n.kind}: <strong>{n.name || n.workload}</strong>{' '}
+            ({n.project}){n.reason ? ` — ${n.reason}` : ''}
+            {n.requeued ? ' (queued again)' : ''}
+          </li>
+        ))}
+      </ul>
+    </Section>
+  );
+}
+
+// ------------------------------------------------------------------ panel
+export function BudgetView(props: IProps) {
+  const snap = props.model.snapshot;
+  const info = snap.info;
+  const updated = snap.info ? formatClock(snap.receivedAt, props.now) : null;
+  return (
+    <div className="jp-GpuBudget-panel">
+      <header className="jp-GpuBudget-header">
+        <h2>GPU budget</h2>
+        <button
+          className="jp-GpuBudget-button"
+          onClick={() => void props.model.refresh()}
+          title="Ask the gpubudget service again now"
+        >
+          Refresh
+        </button>
+      </header>
+      {!info && !snap.error && <p className="jp-GpuBudget-muted">Loading…</p>}
+      {snap.error && (
+        <div className="jp-GpuBudget-error" role="alert">
+          {info && !info.service.configured
+            ? 'Not connected to a gpubudget service: '
+            : 'The gpubudget service did not answer: '}
+          {snap.error}
+        </div>
+      )}
+      {info && info.service.configured && info.service.reachable && (
+        <>
+          <SessionSection {...props} />
+          <NoticesSection {...props} />
+          <BudgetSection {...props} />
+          <WorkSection {...props} />
+        </>
+      )}
+      {updated && (
+        <footer className="jp-GpuBudget-muted">
+          Updated {updated}; refreshes every {props.settings.refreshInterval} s.
+        </footer>
+      )}
+    </div>
+  );
+}
+
+export class BudgetPanel extends ReactWidget {
+  now = Date.now();
+
+  constructor(
+    readonly model: BudgetModel,
+    public settings: ISettings
+  ) {
+    super();
+    this.addClass('jp-GpuBudget');
+    model.changed.connect(() => this.update(), this);
+  }
+
+  tick(now: number): void {
+    this.now = now;
+    if (this.isVisible) {
+      this.update();
+    }
+  }
+
+  render(): JSX.Element {
+    return <BudgetView model={this.model} settings={this.settings} now={this.now} />;
+  }
+}

@@ -186,7 +186,7 @@ def _chain_dra_hooks(child: Any, claim: str, requests: list[dict], m: ko.Meta) -
             if asyncio.iscoroutine(pod):
                 pod = await pod
         c = pod.spec.containers[0]
-        c.resources.claims = [*(c.resources.claims or []), CoreCoreV1ResourceClaim(name=ko.CLAIM_NAME)]
+        c.resources.claims = [*(c.resources.claims or []), CoreV1ResourceClaim(name=ko.CLAIM_NAME)]
         return pod
 
     async def created(spawner: Any, pod: dict) -> None:
@@ -289,25 +289,33 @@ class KubernetesBackend(Backend):
         self._tasks: list[asyncio.Future] = []
         self.jobs = self.pods = self.nodes = None  # type: ignore[assignment]
         self._ended: set[str] = set()
+        self._connected = False
+        self.api_client: Any = None
 
     # ------------------------------------------------------------------ loop plumbing
     def _ensure(self) -> None:
         with self._lock:
-            if self._loop is not None:
+            if self._connected:
                 return
-            loop = asyncio.new_event_loop()
-            started = threading.Event()
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                started = threading.Event()
 
-            def run() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(started.set)
-                loop.run_forever()
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(started.set)
+                    loop.run_forever()
 
-            self._thread = threading.Thread(target=run, daemon=True, name="k8s-backend")
-            self._thread.start()
-            started.wait(10)
-            self._loop = loop
-        self._call(self._connect(), timeout=self.request_timeout * 2)
+                self._thread = threading.Thread(target=run, daemon=True, name="k8s-backend")
+                self._thread.start()
+                started.wait(10)
+                self._loop = loop
+            try:
+                self._call(self._connect(), timeout=self.request_timeout * 2)
+            except BaseException:
+                self._call(self._disconnect(), timeout=10)
+                raise
+            self._connected = True
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         assert self._loop is not None
@@ -319,19 +327,23 @@ class KubernetesBackend(Backend):
         if self._loop is None:
             return
 
-        async def shutdown() -> None:
-            for t in self._tasks:
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.api_client.close()
-
         try:
-            self._call(shutdown(), timeout=10)
+            self._call(self._disconnect(), timeout=10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(10)
             self._loop = None
+            self._connected = False
+
+    async def _disconnect(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if getattr(self, "api_client", None) is not None:
+            await self.api_client.close()
+            self.api_client = None
 
     async def _connect(self) -> None:
         from kubernetes_asyncio import client, config

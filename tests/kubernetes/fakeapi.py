@@ -241,6 +241,7 @@ class FakeApiServer:
         self.objects: dict[str, dict[tuple[str, str], dict]] = {k.plural: {} for k in KINDS}
         self.rv = 1
         self.history: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, obj)
+        self.gone_sent = 0  # 410 Gone answers given
         self.compacted = 0  # watches from a resourceVersion below this get 410 Gone
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str, str]] = []  # (method, path, query)
@@ -613,7 +614,7 @@ class FakeApiServer:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             kind, ns, name, sub = self._route(request.path)
             if request.method == "GET" and name is None:
-                if request.query.get("watch") in ("1", "true"):
+                if request.query.get("watch", "").lower() in ("1", "true"):
                     return await self._watch(request, kind, ns)
                 return web.json_response(self._list(kind, ns, request.query))
             if request.method == "GET":
@@ -697,6 +698,7 @@ class FakeApiServer:
             await resp.write(json.dumps({"type": typ, "object": obj}).encode() + b"\n")
 
         if rv not in (None, "", "0") and int(rv) < self.compacted:
+            self.gone_sent += 1
             await send("ERROR", ApiError(410, "Expired",
                                          f"too old resource version: {rv} "
                                          f"({self.compacted})").status())

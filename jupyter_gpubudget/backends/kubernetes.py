@@ -374,7 +374,8 @@ class KubernetesBackend(Backend):
                                                 {"namespace": ns, "label_selector": sel},
                                                 self._on_job)),
             asyncio.ensure_future(self._reflect(self.pods, self.core.list_namespaced_pod,
-                                                {"namespace": ns, "label_selector": sel})),
+                                                {"namespace": ns, "label_selector": sel},
+                                                self._on_pod)),
             asyncio.ensure_future(self._reflect(self.nodes, self.core.list_node,
                                                 {"label_selector": self.node_selector})),
         ]
@@ -447,6 +448,16 @@ class KubernetesBackend(Backend):
                         not _terminal(other):
                     self._tasks.append(asyncio.ensure_future(
                         self._delete_job(other["metadata"]["name"])))
+        self._kick()
+
+    def _on_pod(self, typ: str, pod: dict) -> None:
+        """A job pod ended or went away: its attempt may have ended (the Job's and the pods'
+        watches are separate streams, either may tell first)."""
+        phase = (pod.get("status") or {}).get("phase")
+        if typ == "DELETED" or phase in ("Succeeded", "Failed"):
+            self._kick()
+
+    def _kick(self) -> None:
         if self.on_exit is not None:
             try:
                 self.on_exit()
@@ -535,9 +546,12 @@ class KubernetesBackend(Backend):
                     await self.resource.create_namespaced_resource_claim_template(
                         self.namespace, o, _request_timeout=self.request_timeout)
                 else:
-                    await self.batch.create_namespaced_job(
-                        self.namespace, o, _request_timeout=self.request_timeout)
                     names.append(o["metadata"]["name"])
+                    made = await self.batch.create_namespaced_job(
+                        self.namespace, o, _request_timeout=self.request_timeout)
+                    # read-your-writes: the watch may deliver the new Job a moment later
+                    self.jobs.items.setdefault(
+                        o["metadata"]["name"], self.api_client.sanitize_for_serialization(made))
             except ApiException as e:
                 if e.status != 409:  # 409: created before a restart of the service
                     raise RuntimeError(f"creating {o['kind']} {o['metadata']['name']}: "
@@ -554,6 +568,8 @@ class KubernetesBackend(Backend):
         pods = [p for p in self._mine(self.pods, workload, attempt)
                 if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
         if not jobs:
+            jobs = await self._read_jobs(workload, attempt)
+        if not jobs:
             # no Job (deleted, or never created); pods still stopping hold their slices
             return BackendStatus(True) if pods else BackendStatus(False, launched=False)
         if pods or not all(_terminal(j) for j in jobs):
@@ -562,6 +578,22 @@ class KubernetesBackend(Backend):
         if any(_failed(j) for j in jobs):
             return BackendStatus(False, self._exit_code(workload, attempt), ended)
         return BackendStatus(False, 0, ended)
+
+    async def _read_jobs(self, workload: str, attempt: int) -> list[dict]:
+        """One direct read when the watch has not (yet) shown the attempt's Job."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            resp = await self.batch.read_namespaced_job(
+                ko.job_name(workload, attempt), self.namespace, _preload_content=False,
+                _request_timeout=self.request_timeout)
+            job = json.loads(await resp.read())
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        return [job] if (job["metadata"].get("annotations") or {}).get(ko.A_WORKLOAD) \
+            == workload else []
 
     def _exit_code(self, workload: str, attempt: int) -> int:
         for p in self._mine(self.pods, workload, attempt):

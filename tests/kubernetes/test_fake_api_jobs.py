@@ -57,9 +57,9 @@ def test_job_runs_on_the_core_node_and_succeeds_seen_through_the_watch(api, back
     ref = b.launch(launch("aaaa000000000001", whole("h2", 1), code))
     assert ref == "gb-aaaa000000000001-1"
     assert b.status("aaaa000000000001", 1).alive
-    assert exits.wait(30), "no on_exit from the Job watch"
-    st = b.status("aaaa000000000001", 1)
-    assert not st.alive and st.exit_code == 0 and st.ended_at is not None
+    assert exits.wait(30), "no on_exit from the watches"
+    st = wait(lambda: (s := b.status("aaaa000000000001", 1)) and not s.alive and s, "end")
+    assert st.exit_code == 0 and st.ended_at is not None
     (pod,) = pods_of(api, "aaaa000000000001")
     assert pod["spec"]["nodeName"] == "h2"  # the fake scheduler honoured the core's node
     assert pod["status"]["phase"] == "Succeeded"
@@ -249,7 +249,8 @@ def test_watch_relists_after_410_gone_and_keeps_reporting(api, backend):
     b.on_exit = ended.set
     b.launch(launch("jjjj000000000001", whole("h1", 0), "print('after 410')"))
     assert ended.wait(30)
-    assert b.status("jjjj000000000001", 1).exit_code == 0
+    st = wait(lambda: (s := b.status("jjjj000000000001", 1)) and not s.alive and s, "end")
+    assert st.exit_code == 0
 
 
 def test_in_cluster_configuration_with_tls_and_service_account_token(tmp_path, monkeypatch,

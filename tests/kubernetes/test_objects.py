@@ -11,8 +11,9 @@ import json
 import pytest
 
 from jupyter_gpubudget.backends import k8s_objects as ko
+from tests.kubernetes.conftest import need
 
-kv = pytest.importorskip("kubernetes_validate")
+kv = need("kubernetes_validate")
 
 VERSIONS = ["1.32", "1.33", "1.34", "1.35", "1.36", "1.37"]
 DRA_VERSIONS = ["1.34", "1.35", "1.36", "1.37"]  # resource.k8s.io/v1 is GA from 1.34
@@ -388,7 +389,7 @@ def test_cordon_and_uncordon_patches():
 @pytest.fixture
 def kubespawner(tmp_path, monkeypatch):
     """A real KubeSpawner (its own test mode: mock user and hub; no API calls are made)."""
-    pytest.importorskip("kubespawner")
+    need("kubespawner")
     from traitlets.config import Config
 
     from tests.kubernetes.fakeapi import kubeconfig

@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,postgres,hub]'
+	$(BIN)/pip install -q -e '.[test,postgres,hub,kubernetes]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -372,7 +372,8 @@ def batch_jobs(*, meta: Meta, command: list[str], env: dict[str, str], placement
                naming: Naming, namespace: str, image: str, grace_seconds: int = 30,
                ttl_seconds: int | None = 3600, service_account: str | None = None,
                pod_security: dict | None = None,
-               container_security: dict | None = None) -> list[dict]:
+               container_security: dict | None = None,
+               tolerations: list[dict] | None = None) -> list[dict]:
     """The objects that run one attempt of a batch job: Indexed Jobs (and, with DRA, the
     ResourceClaimTemplates their pods claim from).
 
@@ -427,6 +428,8 @@ def batch_jobs(*, meta: Meta, command: list[str], env: dict[str, str], placement
             spec["securityContext"] = dict(pod_security)
         if service_account:
             spec["serviceAccountName"] = service_account
+        if tolerations:
+            spec["tolerations"] = [dict(t) for t in tolerations]
         if plan.node_selector:
             spec["nodeSelector"] = dict(plan.node_selector)
         pin(spec, nodes, naming, plan.uses_dra)

@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, Enum, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default
 from traitlets.config import Configurable
 
 from . import k8s_objects as ko
@@ -264,9 +264,17 @@ class KubernetesBackend(Backend):
         dict(ko.RESTRICTED_CONTAINER), config=True,
         help="Container securityContext of job pods (no privilege escalation, all "
              "capabilities dropped, non-root, RuntimeDefault seccomp).")
+    tolerations = List(
+        Dict(), [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        config=True, help="Tolerations of job pods (GPU nodes are often tainted "
+                          "nvidia.com/gpu:NoSchedule by the GPU operator).")
     node_selector = Unicode("", config=True,
                             help="Label selector of the nodes that form the inventory "
                                  "(empty: every node).")
+    cordon_nodes = Bool(True, config=True,
+                        help="Carry the core's drain into the cluster by cordoning the node "
+                             "(needs 'patch' on nodes). False: the core still gives a drained "
+                             "node nothing new; the node is not touched.")
     request_timeout = Float(30.0, config=True, help="Seconds for one API request.")
     watch_timeout = Integer(60, config=True,
                             help="Seconds a watch stays open before it is renewed from its "
@@ -506,7 +514,8 @@ class KubernetesBackend(Backend):
             image=self.image, grace_seconds=self.stop_grace, ttl_seconds=self.job_ttl,
             service_account=self.service_account or None,
             pod_security=dict(self.pod_security_context),
-            container_security=dict(self.container_security_context))
+            container_security=dict(self.container_security_context),
+            tolerations=list(self.tolerations))
 
     def _check_nodes(self, objs: list[dict]) -> None:
         """Refuse at once what would stay Pending forever: a node that does not exist or
@@ -657,6 +666,10 @@ class KubernetesBackend(Backend):
         return ko.node_health(list(self.nodes.items.values()))
 
     def drain_node(self, node: str, reason: str) -> None:
+        if not self.cordon_nodes:
+            self.log.info("kubernetes backend: drain of %s not carried out (cordon_nodes is "
+                          "off): %s", node, reason)
+            return
         self._ensure()
         cur = self.nodes.items.get(node)
         if cur is not None and (cur.get("spec") or {}).get("unschedulable") and \
@@ -670,6 +683,8 @@ class KubernetesBackend(Backend):
         self.log.warning("kubernetes backend: cordoned node %s (%s)", node, reason)
 
     def undrain_node(self, node: str) -> None:
+        if not self.cordon_nodes:
+            return
         self._ensure()
         cur = self.nodes.items.get(node)
         if cur is None or not ko.drained_by_us(cur):

@@ -46,7 +46,9 @@ NODENAME = ko.Naming(pin="nodeName")
 def jobs_of(placement, naming=MIXED):  # noqa: ANN001, ANN201
     return ko.batch_jobs(meta=META, command=["python", "-c", "print(1)"], env={"A": "1"},
                          placement=placement, naming=naming, namespace="gpu-jobs",
-                         image="python:3.12-slim", pod_security={"runAsNonRoot": True})
+                         image="python:3.12-slim", pod_security={"runAsNonRoot": True},
+                         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists",
+                                       "effect": "NoSchedule"}])
 
 
 def job_pod(job: dict) -> tuple[dict, dict]:

@@ -245,6 +245,7 @@ class FakeApiServer:
         self.compacted = 0  # watches from a resourceVersion below this get 410 Gone
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str, str]] = []  # (method, path, query)
+        self.timeline: list[tuple[float, str, str]] = []  # (time, method, path)
         self.kubelet_log: list[tuple[float, str, str]] = []  # (time, pod, what)
         self.runtimes: dict[tuple[str, str], PodRuntime] = {}
         self._ip_base = random.randint(64, 250)
@@ -608,6 +609,7 @@ class FakeApiServer:
     # ------------------------------------------------------------------ HTTP
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path, request.query_string))
+        self.timeline.append((time.time(), request.method, request.path))
         try:
             if self.token is not None and \
                     request.headers.get("Authorization") != f"Bearer {self.token}":

@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install -q -e '.[test,postgres,hub,snapshot]'
+	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install -q -e '.[test,postgres,hub,snapshot,kubernetes]'
 	touch $(STAMP)
 
 install: $(STAMP) lab

@@ -19,6 +19,12 @@ class Launch:
     command: list[str]
     placement: list[dict]  # SliceAlloc fields, one dict per slice
     env: dict[str, str] = field(default_factory=dict)
+    # the contract, for engines that label what they run (Kubernetes annotations)
+    kind: str = "batch"
+    min_runtime: float = 0.0
+    protected_until: float | None = None
+    backed: bool | None = None
+    resumable: bool | None = None
 
 
 @dataclass(frozen=True)

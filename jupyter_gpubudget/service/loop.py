@@ -233,7 +233,9 @@ class SchedulingLoop:
                 ref = self.backend.launch(Launch(
                     workload=row.id, attempt=charge.seq, user=row.user, project=row.project,
                     command=list(row.command or []), placement=placement,
-                    env=dict(row.env or {})))
+                    env=dict(row.env or {}), kind=row.kind, min_runtime=row.min_runtime,
+                    protected_until=d.protected_until, backed=d.backed,
+                    resumable=row.resumable))
             except Exception as e:  # noqa: BLE001
                 self.ledger.stop(row.id, now=self.clock(), state="failed", closed_by="exit",
                                  reason=f"launch failed: {e}")

@@ -38,7 +38,7 @@ def make_loop(tmp_path, backend):  # noqa: ANN001, ANN201
     budgets = load_budgets(BUDGETS, "budgets.yaml")
     ledger.sync_budgets(budgets, time.time(), "budgets.yaml")
     inventory = backend.discover_inventory()  # from the Node objects
-    return ledger, SchedulingLoop(ledger, lambda: budgets.accounts, inventory, budgets.policy,
+    return ledger, SchedulingLoop(ledger, lambda: budgets.accounts, inventory, lambda: budgets.policy,
                                   backend)
 
 

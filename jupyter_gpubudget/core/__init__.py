@@ -21,14 +21,8 @@ from .model import (
     Start,
     Workload,
 )
-from .scheduler import (
-    ClusterState,
-    Scheduler,
-    predicted_starts,
-    queue_order,
-    schedule,
-    standings,
-)
+from .offer import Forecast, Quoter, forecast
+from .scheduler import ClusterState, Scheduler, queue_order, schedule, standings
 from .yamlnodes import ConfigError
 
 __all__ = [
@@ -36,6 +30,7 @@ __all__ = [
     "GpuSpec", "Inventory", "NodeSpec", "load_inventory", "make_node",
     "ChargeInterval", "Decision", "Drain", "Placement", "Policy", "Preempt", "Reserve",
     "RuntimeHistory", "SliceAlloc", "SliceRequest", "Start", "Workload",
-    "ClusterState", "Scheduler", "predicted_starts", "queue_order", "schedule", "standings",
+    "ClusterState", "Scheduler", "queue_order", "schedule", "standings",
+    "Forecast", "Quoter", "forecast",
     "ConfigError",
 ]

@@ -1,18 +1,26 @@
 """What a session could get: the slice choices an inventory offers, whether a request could
-ever be held, and quotes (predicted start, protection, its cost, backed or not).
+ever be held, the forecast of when queued work starts, and quotes (predicted start,
+protection, its cost, backed or not).
 
-Pure like the rest of the core: the spawn form's quotes come from the same scheduling code
-that will later decide, run on a copy of the state with the would-be session added.
+Pure like the rest of the core. One start-time predictor: :func:`forecast` replays the queue
+with the scheduler itself; pending work reads its start there, and a quote reads the start
+of its slice shape there unless it fits now. Quotes are answered from the last cycle's
+scheduler (:class:`Quoter`), so the spawn form never runs a cycle per choice.
 """
 
 from __future__ import annotations
 
+import heapq
+import threading
+from dataclasses import dataclass
 from typing import Any
 
-from .backfill import predict_runtime
 from .inventory import Inventory
 from .mig import profiles_for
-from .model import Policy, Reserve, SliceRequest, Start, Workload
+from .model import Decision, SliceRequest, Start, Workload
+from .placement import place
+from .preemption import choose_victims
+from .ranking import INF
 from .scheduler import ClusterState, Scheduler, request_milli
 
 MPS_SHARES = (250, 500)
@@ -72,56 +80,151 @@ def not_offered(inventory: Inventory, req: SliceRequest) -> tuple[str, str] | No
     return None
 
 
-def estimate_start(state: ClusterState, position: int, now: float) -> float | None:
-    """A rough predicted start for work queued at ``position`` without a reservation: the
-    position-th earliest predicted end of running work (never before its protection ends)."""
-    pol: Policy = state.policy
-    ends = []
-    for w in state.running:
-        if w.started_at is None or not w.placement or w.placement.milli <= 0:
-            continue
-        end = w.started_at + (predict_runtime(w, state.history, pol) if state.history
-                              else pol.default_runtime)
-        if w.protected_until:
-            end = max(end, w.protected_until)
-        ends.append(max(end, now))
-    ends.sort()
-    if not ends:
-        return None
-    return ends[min(len(ends), max(1, position)) - 1]
+def request_for(key: str) -> SliceRequest:
+    """A slice choice's key (``cpu``, ``gpu:N``, ``mig:<profile>``, ``mps:<milli>``) as the
+    request it stands for (keys come from :func:`slice_choices`)."""
+    kind, _, arg = key.partition(":")
+    if kind == "gpu":
+        return SliceRequest.whole(int(arg))
+    if kind == "mig":
+        return SliceRequest.mig(arg)
+    if kind == "mps":
+        return SliceRequest.mps(int(arg))
+    return SliceRequest.cpu_only()
 
 
-def quote(state: ClusterState, user: str, project: str, req: SliceRequest,
-          min_runtime: float, now: float) -> dict:
-    """What a session would get if submitted now (nothing is kept)."""
-    w = Workload(id=QUOTE_ID, project=project, user=user, request=req, submitted_at=now,
-                 kind="interactive", min_runtime=min_runtime)
-    state.pending = [*state.pending, w]
-    try:
-        s = Scheduler.from_state(state)
-        backed = s.is_backed(w, now)
-        decisions = s.cycle(now)
-    finally:
-        state.pending = state.pending[:-1]
-    protected = state.policy.effective_min_runtime(w)
-    fraction = request_milli(req) / 1000
-    out: dict[str, Any] = {"backed": backed, "predicted_start": None, "starts_now": False,
-                           "protected_s": protected if backed else 0.0,
-                           "fraction": fraction}
-    for d in decisions:
-        if isinstance(d, Start) and d.workload == QUOTE_ID:
-            out.update(predicted_start=now, starts_now=True, backed=d.backed,
-                       protected_s=(d.protected_until - now) if d.protected_until else 0.0)
+# ---------------------------------------------------------------------------- the forecast
+@dataclass(frozen=True)
+class Forecast:
+    """The core's one start-time prediction: the queue replayed forward by the scheduler
+    itself, running work ending at its predicted time, nothing new arriving.
+
+    ``starts``: when each pending workload starts. ``probe_starts``: for each offered slice
+    choice, the first time a request of that shape fits once the queue ahead has been served
+    (what a newcomer queued behind today's work can expect)."""
+
+    starts: dict[str, float]
+    probe_starts: dict[str, float]
+
+
+def forecast(state: ClusterState, now: float, probes: dict[str, SliceRequest] | None = None,
+             horizon: float | None = None, max_fills: int = 200) -> Forecast:
+    """Replay the queue from ``state``: the cycle at ``now``, then departures in time order,
+    the freed capacity filled in rank order. Departures are taken in steps that grow with
+    the distance from now (a minute at first, a twentieth of the distance later), so the
+    replay does at most ``max_fills`` fills whatever the queue's length: near-term starts are
+    exact to the minute, distant ones to a few percent of their distance."""
+    s = Scheduler.from_state(state)
+    limit = now + (horizon if horizon is not None else s.policy.window)
+    starts: dict[str, float] = {}
+    open_probes = dict(probes or {})
+    probe_starts: dict[str, float] = {}
+    ends: list[tuple[float, str]] = []
+
+    def started(decisions: list[Decision], t: float) -> None:
+        for d in decisions:
+            if isinstance(d, Start):
+                starts[d.workload] = t
+                heapq.heappush(ends, (t + s.predict(s.running[d.workload]), d.workload))
+
+    def probe(t: float) -> None:
+        for key, req in list(open_probes.items()):
+            if place(s.cluster, req, t + s.policy.default_runtime) is not None:
+                probe_starts[key] = t
+                del open_probes[key]
+
+    for w in s.running.values():
+        end = (w.started_at if w.started_at is not None else now) + s.predict(w)
+        heapq.heappush(ends, (max(end, now), w.id))
+    started(s.cycle(now), now)
+    probe(now)
+    fills = 0
+    while ends and (s.pending or open_probes) and fills < max_fills:
+        t = ends[0][0]
+        if t > limit:
             break
-        if isinstance(d, Reserve) and d.workload == QUOTE_ID:
-            out["predicted_start"] = d.at
-            break
-    else:
-        out["predicted_start"] = estimate_start(state, len(state.pending) + 1, now)
-    if not out["backed"]:
-        out["protected_s"] = 0.0
-        out["note"] = ("unbacked: the project's grant does not cover this session's protected "
-                       "time; it may run on idle capacity but is never protected and is "
-                       "preempted first")
-    out["cost_gpu_hours"] = round(fraction * out["protected_s"] / 3600, 4)
-    return out
+        step_end = t + max(60.0, (t - now) / 20)
+        while ends and ends[0][0] <= step_end:  # every departure of this step, then one fill
+            _, wid = heapq.heappop(ends)
+            if wid in s.running:
+                s._stop(wid, t)
+        fills += 1
+        started(s._fill(t), t)
+        probe(t)
+    return Forecast(starts, probe_starts)
+
+
+# ---------------------------------------------------------------------------- quotes
+class Quoter:
+    """Quotes against the scheduler of the last cycle (the state after its decisions) and
+    that cycle's forecast: no cycle is run per quote, so a form with many projects and slices
+    is answered in milliseconds. The scheduler is only read (under a lock: placement keeps
+    caches)."""
+
+    def __init__(self, sched: Scheduler, fc: Forecast, now: float) -> None:
+        self.sched = sched
+        self.forecast = fc
+        self.at = now
+        self._lock = threading.Lock()
+
+    def quote(self, user: str, project: str, key: str, req: SliceRequest, min_runtime: float,
+              now: float) -> dict:
+        """What a session would get if submitted now (nothing is kept)."""
+        s = self.sched
+        w = Workload(id=QUOTE_ID, project=project, user=user, request=req, submitted_at=now,
+                     kind="interactive", min_runtime=min_runtime, stops_at_once=False)
+        with self._lock:
+            backed = s.is_backed(w, now)
+            end = now + s.predict(w)
+            fits = place(s.cluster, req, end) is not None
+            yields = None if fits or not backed else self._yielding(w, end, now)
+        fraction = request_milli(req) / 1000
+        protected = s.policy.effective_min_runtime(w) if backed else 0.0
+        out: dict[str, Any] = {"backed": backed, "fraction": fraction,
+                               "protected_s": protected, "starts_now": fits}
+        if fits:
+            out["predicted_start"] = now
+            out["why"] = "fits free capacity now"
+        elif yields is not None:
+            out["predicted_start"] = yields
+            out["starts_now"] = yields <= now
+            out["why"] = "unbacked or idle work yields to it"
+        else:
+            at = self.forecast.probe_starts.get(key)
+            out["predicted_start"] = max(at, now) if at is not None else None
+            out["why"] = ("when running work ends and the queue ahead is served" if at
+                          is not None else "not within the forecast (the usage window)")
+        if not backed:
+            out["note"] = ("unbacked: the project's grant does not cover this session's "
+                           "protected time; it may run on idle capacity but is never "
+                           "protected and is preempted first")
+        out["cost_gpu_hours"] = round(fraction * protected / 3600, 4)
+        return out
+
+    def _yielding(self, w: Workload, end: float, now: float) -> float | None:
+        """When ``w`` would start by preempting work that always yields to backed work
+        (unbacked or idle, unprotected): now, or after such sessions' stop grace."""
+        s = self.sched
+        eligible = {wid: v for wid, v in s.running.items()
+                    if not v.is_protected(now) and (not v.backed or v.idle or v.stopping)}
+        if not eligible:
+            return None
+        victims = choose_victims(s.cluster, w.request, end, eligible,
+                                 lambda v: s._st.standing.get(v.project, INF) if s._st else INF)
+        if not victims:
+            return None
+        slow = any(v.stopping or not v.stops_at_once for v in victims)
+        return now + s.policy.stop_grace if slow else now
+
+    def offer(self, user: str, projects: list[str], keys: list[str], min_runtime: float,
+              now: float) -> dict[str, dict[str, dict]]:
+        return {p: {k: self.quote(user, p, k, request_for(k), min_runtime, now) for k in keys}
+                for p in projects}
+
+
+def standings_of(sched: Scheduler, now: float) -> dict[str, dict[str, float]]:
+    """Usage (GPU-hours in the window), grant and standing of every account, as the
+    scheduler's last cycle saw them."""
+    st = sched._st if sched._st is not None else sched._standings(now)
+    return {a: {"usage_hours": st.usage[a], "grant_hours": st.grant.get(a, 0.0),
+                "standing": st.standing[a]} for a in sched.accounts.accounts}

@@ -625,36 +625,3 @@ def standings(state: ClusterState, now: float) -> dict[str, dict[str, float]]:
     st = s._standings(now)
     return {a: {"usage_hours": st.usage[a], "grant_hours": st.grant.get(a, 0.0),
                 "standing": st.standing[a]} for a in s.accounts.accounts}
-
-
-def predicted_starts(state: ClusterState, now: float, horizon: float | None = None,
-                     max_events: int = 5000) -> dict[str, float]:
-    """When each pending workload is expected to start: the queue replayed forward by this
-    same scheduler, with running work ending at its predicted time, nothing new arriving and
-    nothing preempted. Workloads that would not start within ``horizon`` (default: the usage
-    window) or ``max_events`` departures are left out."""
-    import heapq
-
-    s = Scheduler.from_state(state)
-    limit = now + (horizon if horizon is not None else s.policy.window)
-    out: dict[str, float] = {}
-    ends: list[tuple[float, str]] = []
-
-    def started(decisions: list[Decision], t: float) -> None:
-        for d in decisions:
-            if isinstance(d, Start):
-                out[d.workload] = t
-                heapq.heappush(ends, (t + s.predict(s.running[d.workload]), d.workload))
-
-    for w in s.running.values():
-        end = (w.started_at if w.started_at is not None else now) + s.predict(w)
-        heapq.heappush(ends, (max(end, now), w.id))
-    started(s.cycle(now), now)
-    events = 0
-    while ends and s.pending and events < max_events:
-        t, wid = heapq.heappop(ends)
-        if t > limit:
-            break
-        events += 1
-        started(s.finish(wid, t), t)
-    return out

@@ -103,6 +103,11 @@ class GpuBudgetService(Application):
     ledger_busy_timeout = Float(5.0, help="Seconds a ledger write waits for a lock (SQLite) "
                                 "before the request is answered 503 'ledger unavailable' with "
                                 "Retry-After.").tag(config=True)
+    forecast_interval = Float(60.0, help="Seconds at most between two forecasts of when "
+                              "queued work starts (the core replays the queue; at scale it "
+                              "costs about one cycle).").tag(config=True)
+    forecast_min_interval = Float(2.0, help="Seconds at least between two forecasts when the "
+                                  "queue or the running set changed.").tag(config=True)
     unhealthy_after_intervals = Float(3.0, help="/healthz answers 503 when no scheduling "
                                       "cycle succeeded for this many cycle intervals (plus 30 "
                                       "s).").tag(config=True)
@@ -178,6 +183,8 @@ class GpuBudgetService(Application):
         self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.policy,
                                    self.backend, log=self.log, clock=self.clock,
                                    on_cycle=lambda s: self.cycle_hist.observe(s))
+        self.loop.forecast_interval = self.forecast_interval
+        self.loop.forecast_min_interval = self.forecast_min_interval
         self.registry, self.cycle_hist = make_registry(self)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")
         self.db_pool = ThreadPoolExecutor(self.db_threads, thread_name_prefix="gpubudget-db")

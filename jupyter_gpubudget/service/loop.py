@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
 from jupyter_gpubudget.core.accounts import AccountTree
 from jupyter_gpubudget.core.model import Drain, Policy, Preempt, Reserve, Start
-from jupyter_gpubudget.core.scheduler import (
-    ClusterState,
-    Scheduler,
-    paused_gc,
-    predicted_starts,
-    queue_order,
-    standings,
+from jupyter_gpubudget.core.offer import (
+    Forecast,
+    Quoter,
+    forecast,
+    request_for,
+    slice_choices,
+    standings_of,
 )
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, paused_gc
 from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
@@ -45,6 +46,8 @@ class View:
     cycle_seconds: float = 0.0
     #: running records the core left out this cycle (impossible placement): id -> why
     inconsistent: dict[str, str] = field(default_factory=dict)
+    #: quotes against this cycle's scheduler (None before the first cycle)
+    quoter: Quoter | None = None
 
     def position(self, wid: str) -> int | None:
         try:
@@ -69,6 +72,11 @@ class SchedulingLoop:
         self.last_error: str | None = None
         self.failed_cycles = 0
         self.last_ok_at: float | None = None
+        self.forecast_interval = 60.0
+        self.forecast_min_interval = 2.0
+        self._forecast: Forecast | None = None
+        self._forecast_at = 0.0
+        self._forecast_key: tuple = ()
         self.log = log or logging.getLogger("gpubudget.loop")
         self.clock = clock
         self.on_cycle = on_cycle
@@ -188,8 +196,7 @@ class SchedulingLoop:
                     self._apply(d, by_id, now)
                 except Exception:  # one failed decision must not stop the others
                     self.log.exception("applying %r failed", d)
-            changed = any(isinstance(d, Start | Preempt) for d in decisions)
-            self._refresh_view(tree, now, changed=changed, state=state)
+            self._refresh_view(now, state, sched)
             self.view.inconsistent = inconsistent
             self.view.cycle_seconds = time.perf_counter() - t0
             if self.on_cycle:
@@ -253,23 +260,44 @@ class SchedulingLoop:
                 self.ledger.record_decision(now=now, kind="drain", cycle=cycle,
                                             detail={"node": d.node})
 
-    def _refresh_view(self, tree, now: float, changed: bool, state) -> None:  # noqa: ANN001
-        if changed:
-            state, _ = self.build_state(now, tree)
+    def _forecast_for(self, state: ClusterState, now: float) -> Forecast:
+        """The forecast (core/offer.py), recomputed when the queue or the running set changed
+        (at most every ``forecast_min_interval`` s) and at least every ``forecast_interval``
+        s: at scale it costs about a cycle, so it is not redone when nothing changed."""
+        key = (frozenset(w.id for w in state.pending), frozenset(w.id for w in state.running))
+        age = now - self._forecast_at
+        if self._forecast is None or age >= self.forecast_interval or (
+                key != self._forecast_key and age >= self.forecast_min_interval):
+            self._forecast = forecast(state, now, probes={
+                c["key"]: request_for(c["key"]) for c in slice_choices(self.inventory)})
+            self._forecast_at, self._forecast_key = now, key
+        return self._forecast
+
+    def _refresh_view(self, now: float, state: ClusterState, sched: Scheduler) -> None:
+        """The figures the API serves until the next cycle, from this cycle's scheduler (the
+        state after its decisions) and one forecast — no second read of the ledger."""
+        fc = self._forecast_for(state, now)
         v = View(at=now, cycle=self.view.cycle + 1, cycle_seconds=self.view.cycle_seconds)
-        v.queue = queue_order(state, now)
-        v.standings = standings(state, now)
+        v.queue = sched.queue()
+        v.standings = standings_of(sched, now)
         pend = set(v.queue)
-        # predicted start: the core's replay of the queue, or the reservation when there is one
-        v.reservations = {w: t for w, t in predicted_starts(state, now).items() if w in pend}
+        # predicted start: the forecast, or the reservation when there is one
+        v.reservations = {w: t for w, t in fc.starts.items() if w in pend}
+        # work that arrived since the forecast: when its slice shape frees up behind the queue
+        by_shape = {request_for(k).shape: t for k, t in fc.probe_starts.items()}
+        for wid in pend - v.reservations.keys():
+            t = by_shape.get(sched.pending[wid].request.shape) if wid in sched.pending else None
+            if t is not None:
+                v.reservations[wid] = max(t, now)
         v.reservations.update({w: t for w, t in self._reserved.items() if w in pend})
-        for w in state.running:
+        for w in sched.running.values():
             k = (w.project, w.kind)
             v.running[k] = v.running.get(k, 0) + 1
-        for w in state.pending:
+        for w in sched.pending.values():
             k = (w.project, w.kind)
             v.pending[k] = v.pending.get(k, 0) + 1
         v.preemptions = self.ledger.preemptions_by_project()
+        v.quoter = Quoter(sched, fc, now)
         self.view = v
 
     # ------------------------------------------------------------------ user actions

@@ -274,8 +274,8 @@ def test_cancel_frees_capacity_without_teaching_prediction():
     assert s.cancel("nope", NOW) == [] and s.cancel("b1", NOW + 120) == []
 
 
-def test_predicted_starts_replay_the_queue():
-    from jupyter_gpubudget.core.scheduler import predicted_starts
+def test_the_forecast_replays_the_queue_and_probes_offered_shapes():
+    from jupyter_gpubudget.core.offer import forecast
 
     s = Scheduler(tree(), inventory(gpus=2))
     s.submit(job("r1", "a", gpus=1, limit=2 * HOUR), NOW)
@@ -284,10 +284,18 @@ def test_predicted_starts_replay_the_queue():
                          pending=[job("p1", "b", gpus=1, at=2, limit=HOUR),
                                   job("p2", "b", gpus=2, at=3, limit=HOUR),
                                   job("big", "b", gpus=3, at=4)])
-    got = predicted_starts(state, NOW)
+    fc = forecast(state, NOW, probes={"gpu:1": SliceRequest.whole(1),
+                                      "gpu:2": SliceRequest.whole(2),
+                                      "gpu:4": SliceRequest.whole(4)})
+    got = fc.starts
     assert got["p1"] == NOW + 2 * HOUR  # when r1 is predicted to end
     assert got["p2"] == NOW + 5 * HOUR  # both GPUs free once r2 ends
     assert "big" not in got  # never fits on two GPUs
+    # a newcomer behind the queue: one GPU once p1 (started at 2 h, 1 h long) has ended
+    # and r2 still runs; two GPUs once p2 (5 h + 1 h) is done
+    assert fc.probe_starts["gpu:1"] == NOW + 3 * HOUR
+    assert fc.probe_starts["gpu:2"] == NOW + 6 * HOUR
+    assert "gpu:4" not in fc.probe_starts
 
 
 def test_preemption_needs_a_clear_margin_in_standing():

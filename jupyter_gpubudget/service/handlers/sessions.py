@@ -7,9 +7,10 @@ The endpoints are documented in docs/hub.md and the OpenAPI document.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from jupyter_gpubudget.core.offer import estimate_start, not_offered, quote, slice_choices
+from jupyter_gpubudget.core.offer import not_offered, slice_choices
 from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
@@ -17,7 +18,7 @@ from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
 from ..state import request_to_dict
-from ..validate import Invalid, duration, parse_session, request_from_choice
+from ..validate import Invalid, duration, parse_session
 from ..views import workload_json
 
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
@@ -72,16 +73,14 @@ class _SessionBase(BaseHandler):
                     out["preempt_requested"] = d.reason or "preempted"
                 if d.kind == "idle" and out["idle_reported"] is None:
                     out["idle_reported"] = d.at
-        if row.state == "pending" and out["predicted_start"] is None:
-            pos = out["queue_position"] or 1
-            state, _ = self.svc.loop.build_state(now)
-            out["predicted_start"] = estimate_start(state, pos, now)
-            out["predicted_start_kind"] = "estimate"
         out["inventory"] = self.svc.inventory.source
         return out
 
 
 class OfferHandler(_SessionBase):
+    """Projects, slice choices and quotes for a spawn form: answered from the last cycle's
+    scheduler and forecast (core/offer.py), never by running a cycle per choice."""
+
     async def get(self) -> None:
         _, user = await self.acting_for(self.get_query_argument("user", None))
         tree = self.tree
@@ -89,25 +88,32 @@ class OfferHandler(_SessionBase):
         min_runtime = duration(self.get_query_argument("min_runtime", "1h"), "min_runtime")
         choices = slice_choices(self.svc.inventory)
         svc = self.svc
-
+        keys = [c["key"] for c in choices]
+        want = self.get_query_argument("slice", None)
+        if want is not None:  # one quote (the form's live quote for the current choice)
+            if want not in keys:
+                raise ApiError(400, f"slice: not offered here (one of {', '.join(keys)})",
+                               "slice")
+            keys = [want]
+        only = self.get_query_argument("project", None)
+        if only is not None:
+            if only not in projects:
+                raise ApiError(403, f"user {user!r} is not a member of project {only!r}",
+                               "project")
+            projects = [only]
+        now = svc.clock()
+        quoter = svc.loop.view.quoter
         want_quotes = self.get_query_argument("quotes", "1") not in ("0", "false", "no")
-
-        def work() -> dict:
-            now = svc.clock()
-            if not want_quotes:
-                return {"now": now, "quotes": {}}
-            state, _ = svc.loop.build_state(now, tree)
-            quotes = {p: {ch["key"]: quote(state, user, p, request_from_choice(ch["key"]),
-                                           min_runtime, now) for ch in choices}
-                      for p in projects}
-            return {"now": now, "quotes": quotes}
-
-        q = await self.db(work)
+        quotes = {}
+        if want_quotes and quoter is not None:  # CPU work: off the event loop
+            quotes = await asyncio.get_running_loop().run_in_executor(
+                svc.db_pool, quoter.offer, user, projects, keys, min_runtime, now)
         pol = svc.budgets.policy
         self.send({"user": user, "projects": projects, "choices": choices,
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
-                   "inventory": svc.inventory.source,
-                   "inventory_gpus": svc.inventory.gpu_count, **q})
+                   "inventory": svc.inventory.source, "now": now,
+                   "quotes_computed_at": quoter.at if quoter is not None else None,
+                   "inventory_gpus": svc.inventory.gpu_count, "quotes": quotes})
 
 
 class SessionsHandler(_SessionBase):

@@ -51,10 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file")
     c.set_defaults(func=_cmd_budgets_check)
 
-    from . import cli_hub, cli_service, cli_sim
+    from . import cli_hub, cli_service, cli_sim, cli_slurm
 
     cli_hub.add_hub_parser(sub)
     cli_sim.add_simulate_parser(sub)
+    cli_slurm.add_slurm_parser(sub)
     cli_service.register(sub)  # submit, jobs, cancel, service
     return p
 

@@ -146,12 +146,17 @@ if env("GPUBUDGET_TEST_TOKEN"):
     c.JupyterHub.services.append({"name": "gpubudget-test",
                                   "api_token": env("GPUBUDGET_TEST_TOKEN")})
     roles.append({"name": "gpubudget-test", "services": ["gpubudget-test"],
-                  "scopes": ["admin:users", "admin:servers", "read:servers",
+                  "scopes": ["admin:users", "tokens", "admin:servers", "read:servers",
                              "admin:server_state", "custom:gpubudget:admin",
                              "access:services!service=gpubudget"]})
 c.JupyterHub.load_roles = roles
 
 # ---------------------------------------------------------------- notebooks: BudgetSpawner + SlurmSpawner
+# importing batchspawner registers the hub API route (/hub/api/batchspawner) through which the
+# server in the job reports its port; the hub only imports the spawner it runs itself
+# (BudgetSpawner), so import it here, before the hub builds its routes
+import batchspawner  # noqa: E402,F401
+
 c.JupyterHub.spawner_class = "jupyter_gpubudget.hub.BudgetSpawner"
 node_addrs = json.loads(env("GPUBUDGET_SLURM_NODE_ADDRS", "{}"))
 if node_addrs:  # node names that do not resolve (several slurmd -N on one host)
@@ -171,11 +176,15 @@ c.BudgetSpawner.use_nvml = False                # the GPUs are on the compute no
 # batchspawner: sbatch/squeue/scancel as the user (sudoers rule in docs/backends.md); the
 # server runs in the job through batchspawner-singleuser, which reports its port
 c.SlurmSpawner.exec_prefix = "sudo -E -u {username}"
-c.SlurmSpawner.batchspawner_singleuser_cmd = str(BIN / "batchspawner-singleuser")
+# the commands as the compute nodes have them (a shared software path, a module, a venv)
+JOB_BIN = Path(env("GPUBUDGET_SLURM_JOB_BIN", str(BIN)))                     # ADAPT
+c.SlurmSpawner.batchspawner_singleuser_cmd = str(JOB_BIN / "batchspawner-singleuser")
 c.SlurmSpawner.startup_poll_interval = 0.5
-c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
+c.Spawner.cmd = [str(JOB_BIN / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 120
 c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
 if env("GPUBUDGET_SERVER_IP"):  # where the single-user server listens (default: all)
     c.Spawner.args = [f"--ServerApp.ip={env('GPUBUDGET_SERVER_IP')}"]
+if env("SLURM_CONF"):  # a Slurm configuration outside /etc/slurm must reach sbatch & co.
+    c.Spawner.environment = {"SLURM_CONF": env("SLURM_CONF")}

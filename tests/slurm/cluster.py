@@ -324,6 +324,44 @@ StorageLoc=slurm_acct_db
         if p is not None:
             _kill_group(p)
 
+    # ------------------------------------------------------------------ compute-node Python
+    def job_python(self) -> Path:
+        """The Python environment jobs use on the "compute nodes": a venv of the system's
+        Python that sees this project's packages. (The project's own venv may live where
+        other users cannot reach, e.g. a pyenv Python under /root.) Returns its bin/ with
+        jupyterhub-singleuser and batchspawner-singleuser."""
+        import sys
+        import sysconfig
+
+        env = self.dir / "jobenv"
+        bindir = env / "bin"
+        if (bindir / "batchspawner-singleuser").exists():
+            return bindir
+        system = "/usr/bin/python3"
+        ver = subprocess.run([system, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        if ver != mine:
+            raise ClusterError(f"{system} is Python {ver}, the project's venv {mine}: the "
+                               "jobs' environment cannot share its packages")
+        subprocess.run([system, "-m", "venv", "--without-pip", str(env)], check=True,
+                       capture_output=True)
+        site_dir = Path(sysconfig.get_paths()["purelib"])
+        (env / "lib" / f"python{ver}" / "site-packages" / "gpubudget-project.pth").write_text(
+            f"import site; site.addsitedir({str(site_dir)!r})\n")
+        for sub in ("etc/jupyter", "share/jupyter"):  # server extensions, lab assets
+            (env / sub).parent.mkdir(parents=True, exist_ok=True)
+            (env / sub).symlink_to(Path(sys.prefix) / sub)
+        py = bindir / "python"
+        for name, module in (("jupyterhub-singleuser", "jupyterhub.singleuser"),
+                             ("batchspawner-singleuser", "batchspawner.singleuser")):
+            script = bindir / name
+            script.write_text(f"#!{py}\nimport sys\nfrom {module} import main\n"
+                              "sys.exit(main())\n")
+            script.chmod(0o755)
+        env.chmod(0o755)
+        return bindir
+
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
         for name in list(self.procs):

@@ -83,10 +83,10 @@ def slurm_env(slurm_cluster):
 
 
 @pytest.fixture(scope="session")
-def slurm_accounts(slurm_env, tmp_path_factory):
+def slurm_accounts(slurm_env):
     """The cluster with the suite's budgets tree mirrored into slurmdbd by the real admin
     command, `gpubudget slurm sync-accounts`."""
-    d = tmp_path_factory.mktemp("slurm-budgets")
+    d = slurm_env.dir
     (d / "budgets.yaml").write_text(BUDGETS)
     p = subprocess.run([sys.executable, "-m", "jupyter_gpubudget.cli", "slurm", "sync-accounts",
                         f"--budgets={d / 'budgets.yaml'}"], capture_output=True, text=True,

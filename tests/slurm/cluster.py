@@ -222,10 +222,11 @@ AccountingStoragePort={self.ports['dbd']}
 AccountingStoragePass={sock}
 AccountingStorageEnforce=associations,limits
 AccountingStorageTRES=gres/gpu,gres/gpu:{self.nodes[0].gres_type}
+AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 {chr(10).join(node_lines)}
-PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP AllocNodes=localhost,{self.hostname}
+PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE PreemptMode=OFF State=UP AllocNodes=localhost,{self.hostname}
 """)
         (d / "etc" / "gres.conf").write_text("\n".join(gres_lines) + "\n")
         self.db_pass = secrets.token_hex(12)

@@ -127,6 +127,8 @@ c.JupyterHub.custom_scopes = CUSTOM_SCOPES
 c.JupyterHub.services = [
     {"name": "gpubudget", "url": f"http://127.0.0.1:{SERVICE_PORT}", "oauth_no_confirm": True,
      "command": service_cmd, "cwd": str(STATE),
+     # "user": "gpubudget",   # ADAPT: with the hub running as root, run the service as its
+     #                          own user (the sudoers rules in docs/backends.md name it)
      # the service runs Slurm commands: it needs the Slurm client configuration
      "environment": {k: v for k, v in os.environ.items() if k in ("SLURM_CONF", "PATH")}},
     {"name": "gpubudget-spawner", "api_token": spawner_token},

@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install -q -e '.[test,postgres,hub,snapshot,kubernetes]'
+	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install -q -e '.[test,postgres,hub,snapshot,kubernetes,slurm]'
 	touch $(STAMP)
 
 install: $(STAMP) lab
@@ -49,10 +49,19 @@ lab: $(STAMP) $(NODEMODS)
 labtest: $(NODEMODS)
 	cd $(LAB) && npm test --silent
 
-## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy
-$(SYSSTAMP): | $(STAMP)
+APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900
+SLURM_PARTS := /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmdbd /usr/sbin/munged \
+	/usr/sbin/mariadbd /usr/bin/sudo /usr/bin/python3
+
+## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy,
+## a Slurm cluster on localhost (slurmctld, slurmd, slurmdbd, munge, MariaDB, sudo; the
+## tests start and stop every daemon themselves)
+$(SYSSTAMP): Makefile | $(STAMP)
 	@command -v initdb >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql; }
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+	@for f in $(SLURM_PARTS); do test -e $$f || missing=1; done; \
+	  if [ -n "$$missing" ]; then $(APT) update -qq && $(APT) install -y -qq slurm-wlm \
+	    slurmdbd munge mariadb-server sudo python3-venv; fi
 	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy
 	touch $(SYSSTAMP)
 

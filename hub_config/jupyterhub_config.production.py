@@ -1,6 +1,7 @@
 # jupyterhub_config.production.py — an example of a real deployment of jupyter-gpubudget on
 # one GPU server (local processes, real Unix users, NVML inventory). Copy it, then adapt the
-# places marked ADAPT. For Kubernetes or Slurm only the backend spawner class changes.
+# places marked ADAPT. On a Slurm cluster start from jupyterhub_config.slurm.py instead
+# (docs/backends.md).
 import os
 import sys
 

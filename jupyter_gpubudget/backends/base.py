@@ -19,12 +19,14 @@ class Launch:
     command: list[str]
     placement: list[dict]  # SliceAlloc fields, one dict per slice
     env: dict[str, str] = field(default_factory=dict)
-    # the contract, for engines that label what they run (Kubernetes annotations)
+    # the workload's contract, for engines that label what they run (Kubernetes
+    # annotations) or need a time limit (Slurm's --time)
     kind: str = "batch"
     min_runtime: float = 0.0
     protected_until: float | None = None
     backed: bool | None = None
     resumable: bool | None = None
+    time_limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,3 +95,14 @@ class Backend(LoggingConfigurable):
     def undrain_node(self, node: str) -> None:
         """Return a drained node to service in the engine."""
         return None
+
+    # ------------------------------------------------------------------ the engine's accounting
+    #: seconds between comparisons of closed charge intervals with the engine's own accounting
+    #: (Slurm: sacct); 0: the engine keeps none
+    usage_check_interval: float = 0.0
+
+    def reconcile_usage(self, intervals: list[tuple[str, int, float, float, str]]) -> list[dict]:
+        """Closed intervals (workload, seq, start, end, ledger backend) whose engine-side
+        start/end differ from the ledger's: one dict per mismatch (``workload``, ``attempt``,
+        ``difference_s``, ``why``, ...). The ledger stays the truth for charging."""
+        return []

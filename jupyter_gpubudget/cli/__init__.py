@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..core.yamlnodes import ConfigError
-from . import budgets, demo, hub, jobs, service, simulate
+from . import budgets, demo, hub, jobs, service, simulate, slurm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     budgets.add_budgets_parser(sub)
     hub.add_hub_parser(sub)
     simulate.add_simulate_parser(sub)
+    slurm.add_slurm_parser(sub)
     jobs.register(sub)
     service.add_service_parser(sub)
     return p

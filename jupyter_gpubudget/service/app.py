@@ -163,7 +163,12 @@ class GpuBudgetService(Application):
             self.load_config_file(self.config_file)
         self.budgets = self._load_budgets()
         self._budgets_mtime = self._mtime()
-        if self.inventory_source == "declared":
+        self.backend: Backend = self.backend_class(parent=self, log=self.log)
+        engine_inventory = self.backend.discover_inventory()  # Slurm, Kubernetes: their nodes
+        if engine_inventory is not None:
+            self.inventory = engine_inventory
+            self.inventory_message = f"nodes of the {self.backend.name} backend"
+        elif self.inventory_source == "declared":
             self.inventory: Inventory = load_inventory(Path(self.inventory_file).read_text(),
                                                        self.inventory_file)
             self.inventory_message = f"declared inventory {self.inventory_file}"
@@ -179,7 +184,6 @@ class GpuBudgetService(Application):
                        if self.engine.url.get_backend_name() == "sqlite" else self.engine)
         self.ledger = Ledger(self.engine, read_engine)
         self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
-        self.backend: Backend = self.backend_class(parent=self, log=self.log)
         self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.policy,
                                    self.backend, log=self.log, clock=self.clock,
                                    on_cycle=lambda s: self.cycle_hist.observe(s))

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
 from jupyter_gpubudget.core.accounts import AccountTree
@@ -84,6 +84,8 @@ class SchedulingLoop:
         self.lock = threading.Lock()  # one cycle or state change of a running workload at a time
         self._reserved: dict[str, float] = {}
         self._drained: set[str] = set()
+        self._unhealthy: dict[str, str] = {}  # node -> reason, as the engine reports it
+        self._usage_checked_at = 0.0
 
     # ------------------------------------------------------------------ reconcile
     def reconcile(self) -> None:
@@ -159,8 +161,10 @@ class SchedulingLoop:
     def build_state(self, now: float, tree: AccountTree | None = None
                     ) -> tuple[ClusterState, list[WorkloadRow]]:
         """The ledger as the core sees it, with the budgets file's current tree and policy."""
-        return build_state(self.ledger, tree if tree is not None else self.tree_fn(),
-                           self.inventory, self.policy, now, sync_backends=self.sync_backends)
+        state, rows = build_state(self.ledger, tree if tree is not None else self.tree_fn(),
+                                  self.inventory, self.policy, now,
+                                  sync_backends=self.sync_backends)
+        return replace(state, unhealthy=frozenset(self._unhealthy)), rows
 
     # ------------------------------------------------------------------ cycle
     def cycle(self) -> list:
@@ -182,6 +186,8 @@ class SchedulingLoop:
             if alive:
                 self.ledger.checkpoint(now, alive)
             tree = self.tree_fn()
+            self._unhealthy = self._node_health()
+            self._drained &= set(self._unhealthy)  # back in service: may be drained again
             state, rows = self.build_state(now, tree)
             with paused_gc():
                 sched = Scheduler.from_state(state)
@@ -196,6 +202,7 @@ class SchedulingLoop:
                     self._apply(d, by_id, now)
                 except Exception:  # one failed decision must not stop the others
                     self.log.exception("applying %r failed", d)
+            self._check_usage(now)
             self._refresh_view(now, state, sched)
             self.view.inconsistent = inconsistent
             self.view.cycle_seconds = time.perf_counter() - t0
@@ -242,7 +249,7 @@ class SchedulingLoop:
                     command=list(row.command or []), placement=placement,
                     env=dict(row.env or {}), kind=row.kind, min_runtime=row.min_runtime,
                     protected_until=d.protected_until, backed=d.backed,
-                    resumable=row.resumable))
+                    resumable=row.resumable, time_limit=row.time_limit))
             except Exception as e:  # noqa: BLE001
                 self.ledger.stop(row.id, now=self.clock(), state="failed", closed_by="exit",
                                  reason=f"launch failed: {e}")
@@ -257,8 +264,51 @@ class SchedulingLoop:
         elif isinstance(d, Drain):
             if d.node not in self._drained:
                 self._drained.add(d.node)
-                self.ledger.record_decision(now=now, kind="drain", cycle=cycle,
+                why = self._unhealthy.get(d.node, "unhealthy")
+                self.ledger.record_decision(now=now, kind="drain", cycle=cycle, reason=why,
                                             detail={"node": d.node})
+                self.backend.drain_node(d.node, why)  # the engine keeps it out too
+
+    def _node_health(self) -> dict[str, str]:
+        """Nodes the engine reports unhealthy; the previous answer if it cannot tell now."""
+        try:
+            return dict(self.backend.node_health())
+        except Exception:  # noqa: BLE001 - an engine hiccup must not stop scheduling
+            self.log.exception("node health from the %s backend failed", self.backend.name)
+            return self._unhealthy
+
+    def _check_usage(self, now: float) -> None:
+        """Compare closed charge intervals with the engine's own accounting (Slurm: sacct),
+        each once, one check interval after it closed. The ledger stays the truth; a mismatch
+        is logged and recorded as a ``usage-mismatch`` decision for admins."""
+        every = self.backend.usage_check_interval
+        if not every or now - self._usage_checked_at < every:
+            return
+        self._usage_checked_at = now
+        try:
+            saved = self.ledger.get_state("usage_checked_until")
+            mark = float(saved) if saved else now - 86400.0  # first check: the last day
+            until = now - every
+            if until <= mark:
+                return
+            closed = [c for c in self.ledger.charges(since=mark)
+                      if c.end is not None and mark < c.end <= until]
+            backends: dict[str, str] = {}
+            for c in closed:
+                if c.workload not in backends:
+                    row = self.ledger.get(c.workload)
+                    backends[c.workload] = row.backend if row is not None else ""
+            ivs = [(c.workload, c.seq, c.start, c.end, backends[c.workload]) for c in closed]
+            for m in self.backend.reconcile_usage(ivs):
+                self.log.warning("usage mismatch: %s attempt %s: %s", m.get("workload"),
+                                 m.get("attempt"), m.get("why"))
+                self.ledger.record_decision(now=now, kind="usage-mismatch",
+                                            workload=m.get("workload"), actor="reconcile",
+                                            reason=str(m.get("why", "")), detail=m)
+            self.ledger.set_state("usage_checked_until", repr(until))
+        except Exception:  # noqa: BLE001 - accounting is advisory; scheduling goes on
+            self.log.exception("usage reconciliation with the %s backend failed",
+                               self.backend.name)
 
     def _forecast_for(self, state: ClusterState, now: float) -> Forecast:
         """The forecast (core/offer.py), recomputed when the queue or the running set changed

@@ -1,0 +1,566 @@
+"""Slurm backend: the core decides, Slurm runs what it decided.
+
+- **Batch jobs**: when the core starts an attempt, ``sbatch`` runs *as the job's user*
+  (``user_command_prefix``, ``sudo -n -u {user} --`` by default) with the core's nodes
+  (``--nodelist``), GRES (``--gres=gpu:<type>:N``, MIG profiles and MPS shares mapped),
+  ``--nodes``/``--ntasks-per-node`` for gangs (a heterogeneous job when the gang's nodes get
+  different GRES), ``--account`` mapped from the project, ``--time`` from the time limit or
+  the protected time plus headroom, ``--job-name=gpubudget.<workload>.<attempt>`` and
+  ``--comment`` identifying the attempt. Nothing waits in Slurm: a job is submitted only when
+  the core placed it, into a partition that only the gpubudget host may submit to, so Slurm's
+  own fair share never orders these jobs (see docs/backends.md, "Slurm").
+- **Status** from ``squeue`` (alive) and ``sacct`` (how and when it ended), found by job name,
+  so a restarted service finds its jobs again. **Stop** (preemption, cancel) is ``scancel``
+  as the user; a resumable job is requeued by the core and resubmitted as its next attempt
+  wherever the core places it then (``--no-requeue``: Slurm never requeues on its own).
+- **Nodes**: ``scontrol show node -o`` gives the inventory (typed GPU GRES → core models,
+  MIG GRES → MIG-enabled GPUs) and health (DOWN/DRAIN/FAIL at once; NOT_RESPONDING after a
+  grace); the core's drain is written back with ``scontrol update nodename=… state=drain``.
+- **Usage**: ``sacct`` start/end of every ended attempt is compared with the ledger's charge
+  interval (the ledger stays the truth); a difference over ``usage_threshold`` is reported.
+- **Notebooks**: :func:`configure_slurmspawner` turns a session's placement into batchspawner's
+  ``SlurmSpawner`` request (``BudgetSpawner.child_configurer``).
+
+The mapping itself (placement → sbatch arguments, scontrol → inventory, …) is pure and lives
+in :mod:`jupyter_gpubudget.backends.slurm_map`.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import subprocess
+import threading
+import time
+from typing import Any
+
+from traitlets import Bool, Dict, Float, List, Unicode
+
+from .base import Backend, BackendStatus, Launch
+from .slurm_map import (
+    ALIVE,
+    SACCT_FIELDS,
+    SQUEUE_FORMAT,
+    Interval,
+    JobRecord,
+    SlurmMapError,
+    SlurmNode,
+    components,
+    exit_status,
+    inventory_from_nodes,
+    is_drained,
+    job_name,
+    job_time,
+    node_gpus,
+    node_health,
+    parse_job_name,
+    parse_nodes,
+    parse_sacct,
+    parse_squeue,
+    sbatch_args,
+    slurm_time,
+    usage_mismatches,
+)
+
+#: environment variables of the hub's placement environment that Slurm sets itself for the job
+SLURM_SETS = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+              "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+class SlurmBackend(Backend):
+    """Runs the core's decisions on a Slurm cluster (see the module docstring)."""
+
+    name = "slurm"
+
+    partition = Unicode("gpubudget", help=(
+        "Slurm partition every gpubudget job is submitted to. It should hold the GPU nodes "
+        "the core schedules, be in no other partition, and admit submissions only from the "
+        "gpubudget host (AllocNodes=): then only the core decides what runs there."
+    )).tag(config=True)
+    job_name_prefix = Unicode("gpubudget", help=(
+        "Jobs are named <prefix>.<workload>.<attempt> (sessions: <prefix>.<session>); the "
+        "service finds its jobs by this name after a restart.")).tag(config=True)
+    gpu_models = Dict({}, help=(
+        "Slurm GPU GRES type -> core GPU model (a key of the MIG tables, e.g. "
+        "{'h100': 'H100-80GB', 'a100': 'A100-80GB'}). Unmapped types become models of the "
+        "same name.")).tag(config=True)
+    mig_types = Dict({}, help=(
+        "Core MIG profile -> Slurm GRES type of that MIG instance (e.g. {'1g.18gb': "
+        "'nvidia_h200_1g.18gb'} for AutoDetect=nvml names). Unmapped profiles use the profile "
+        "name itself as the GRES type.")).tag(config=True)
+    account_map = Dict({}, help=(
+        "Budget account -> Slurm account, where they differ (default: the account's name in "
+        "lower case). `gpubudget slurm sync-accounts` creates them.")).tag(config=True)
+    root_account = Unicode("gpubudget", help=(
+        "Slurm account under which the budgets tree is mirrored by sync-accounts.")
+    ).tag(config=True)
+    time_headroom = Float(3600.0, help=(
+        "Seconds added to the protected time (min_runtime) for --time when a job declares no "
+        "time limit.")).tag(config=True)
+    default_time = Float(86400.0, help=(
+        "--time (seconds) for a job with neither a time limit nor a protected time."
+    )).tag(config=True)
+    session_time_limit = Float(0.0, help=(
+        "--time (seconds) for notebook sessions; 0: the session's protected time plus "
+        "time_headroom.")).tag(config=True)
+    user_command_prefix = List(Unicode(), ["sudo", "-n", "-u", "{user}", "--"], help=(
+        "Prefix that runs sbatch/scancel as the job's user ({user}). The default needs a "
+        "sudoers rule (docs/backends.md). Empty when the service runs as the user itself."
+    )).tag(config=True)
+    admin_command_prefix = List(Unicode(), [], help=(
+        "Prefix for `scontrol update node` (drain/resume), which needs a Slurm admin "
+        "(AdminLevel=Admin, SlurmUser or root): e.g. ['sudo', '-n', '-u', 'slurm', '--'].")
+    ).tag(config=True)
+    slurm_bin_dir = Unicode("", help="Directory of the Slurm commands (default: found on PATH)."
+                            ).tag(config=True)
+    workdir_template = Unicode("{home}", help=(
+        "Working directory of a batch job ({user}, {home}).")).tag(config=True)
+    output_template = Unicode("{workdir}/gpubudget-%x-%j.out", help=(
+        "sbatch --output ({user}, {home}, {workdir}; Slurm's %x job name, %j job id)."
+    )).tag(config=True)
+    job_path = Unicode("/usr/local/bin:/usr/bin:/bin", help=(
+        "PATH inside a batch job (jobs start with --export=NONE: nothing of the service's "
+        "environment reaches them).")).tag(config=True)
+    extra_sbatch_args = List(Unicode(), [], help="More sbatch options for every batch job."
+                             ).tag(config=True)
+    command_timeout = Float(30.0, help="Seconds one Slurm command may take.").tag(config=True)
+    stop_grace = Float(60.0, help=(
+        "Seconds a stop waits for Slurm to end the job after scancel (Slurm itself sends "
+        "SIGTERM, then SIGKILL after its KillWait).")).tag(config=True)
+    start_grace = Float(30.0, help=(
+        "Seconds after sbatch during which a job Slurm does not list yet counts as starting."
+    )).tag(config=True)
+    unresponsive_grace = Float(60.0, help=(
+        "Seconds a node may be NOT_RESPONDING/UNKNOWN in Slurm before it is unhealthy to the "
+        "core (DOWN, DRAIN and FAIL count at once).")).tag(config=True)
+    write_drains = Bool(True, help=(
+        "Write the core's drain back to Slurm (scontrol update state=drain); needs "
+        "admin_command_prefix or a Slurm admin service user.")).tag(config=True)
+    query_cache = Float(1.0, help="Seconds one squeue/scontrol answer is reused."
+                        ).tag(config=True)
+    watch_interval = Float(5.0, help=(
+        "Seconds between squeue polls that notice a job ending (a cycle follows at once)."
+    )).tag(config=True)
+    accounting_grace = Float(60.0, help=(
+        "Seconds a job Slurm lists as ended may wait for its sacct record (slurmdbd writes "
+        "it a moment later) before it is settled without an exit code.")).tag(config=True)
+    accounting_lookback = Unicode("now-30days", help=(
+        "sacct --starttime when looking up ended jobs (Slurm time syntax).")).tag(config=True)
+    usage_check_interval = Float(60.0, help=(
+        "Seconds between comparisons of the ledger's closed charge intervals with sacct; "
+        "0 disables them.")).tag(config=True)
+    usage_threshold = Float(30.0, help=(
+        "Seconds a job's sacct start or end may differ from its ledger interval before the "
+        "difference is logged and recorded as a usage-mismatch decision for admins."
+    )).tag(config=True)
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._lock = threading.RLock()
+        self._queue: tuple[float, list[JobRecord]] | None = None
+        self._nodes: tuple[float, list[SlurmNode]] | None = None
+        self._types: dict[str, dict[int, str]] = {}
+        self._submitted: dict[tuple[str, int], tuple[str, float]] = {}
+        self._first_bad: dict[str, float] = {}
+        self._ended_seen: dict[str, float] = {}
+        self._watcher: threading.Thread | None = None
+        self._watching: set[str] = set()
+
+    # ------------------------------------------------------------------ commands
+    def _exe(self, cmd: str) -> str:
+        return os.path.join(self.slurm_bin_dir, cmd) if self.slurm_bin_dir else cmd
+
+    def _run(self, argv: list[str], *, user: str | None = None, admin: bool = False,
+             stdin: str | None = None) -> str:
+        prefix: list[str] = []
+        if user is not None:
+            prefix = [p.replace("{user}", user) for p in self.user_command_prefix]
+        elif admin:
+            prefix = list(self.admin_command_prefix)
+        full = [*prefix, self._exe(argv[0]), *argv[1:]]
+        env = dict(os.environ, SLURM_TIME_FORMAT="%s")
+        try:
+            p = subprocess.run(full, input=stdin, capture_output=True, text=True, env=env,
+                               timeout=self.command_timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SlurmError(f"{shlex.join(full)}: {e}") from e
+        if p.returncode != 0:
+            raise SlurmError(f"{shlex.join(full)} -> {p.returncode}: "
+                             f"{(p.stderr or p.stdout).strip()[:500]}")
+        return p.stdout
+
+    # ------------------------------------------------------------------ queries
+    def queue(self, fresh: bool = False) -> list[JobRecord]:
+        """The partition's jobs in slurmctld (alive, and recently ended ones)."""
+        with self._lock:
+            now = time.monotonic()
+            if not fresh and self._queue and now - self._queue[0] < self.query_cache:
+                return self._queue[1]
+            out = self._run(["squeue", "-h", "-t", "all", "-p", self.partition,
+                             "-o", SQUEUE_FORMAT])
+            jobs = parse_squeue(out)
+            self._queue = (time.monotonic(), jobs)
+            return jobs
+
+    def nodes(self, fresh: bool = False) -> list[SlurmNode]:
+        with self._lock:
+            now = time.monotonic()
+            if not fresh and self._nodes and now - self._nodes[0] < self.query_cache:
+                return self._nodes[1]
+            nodes = parse_nodes(self._run(["scontrol", "show", "node", "-o"]))
+            self._nodes = (time.monotonic(), nodes)
+            for n in nodes:
+                self._types[n.name] = node_gpus(n, self.gpu_models, self.mig_types)[1]
+            return nodes
+
+    def accounting(self, names: list[str]) -> list[JobRecord]:
+        """sacct records of the jobs with these names (ended or not)."""
+        if not names:
+            return []
+        out = self._run(["sacct", "-X", "-n", "-P", f"--format={SACCT_FIELDS}",
+                         f"--starttime={self.accounting_lookback}", "--endtime=now",
+                         f"--name={','.join(names)}"])
+        return parse_sacct(out)
+
+    def _alive_jobs(self, name: str, fresh: bool = False) -> list[JobRecord]:
+        return [j for j in self.queue(fresh) if j.name == name and j.state in ALIVE]
+
+    def gpu_type(self, node: str, gpu: int) -> str | None:
+        """The Slurm GRES type of a node's GPU (None: untyped or unknown)."""
+        if node not in self._types:
+            try:
+                self.nodes(fresh=True)
+            except SlurmError as e:
+                self.log.warning("slurm: no GRES types for %s (%s); requesting untyped gpu",
+                                 node, e)
+                self._types[node] = {}
+        return self._types.get(node, {}).get(gpu)
+
+    def account_for(self, project: str) -> str:
+        return self.account_map.get(project, project.lower())
+
+    # ------------------------------------------------------------------ launch
+    def _home(self, user: str) -> str:
+        try:
+            return pwd.getpwnam(user).pw_dir
+        except KeyError:
+            raise SlurmError(f"user {user!r} has no Unix account here: Slurm runs jobs as "
+                             "the user, so every gpubudget user needs one") from None
+
+    def job_script(self, launch: Launch) -> str:
+        # the job starts with --export=NONE; SLURM_EXPORT_ENV=ALL lets its own srun steps
+        # see the environment set here (otherwise they inherit NONE and get no PATH)
+        env = {"PATH": self.job_path, **launch.env, "SLURM_EXPORT_ENV": "ALL",
+               "GPUBUDGET_WORKLOAD": launch.workload, "GPUBUDGET_PROJECT": launch.project,
+               "GPUBUDGET_USER": launch.user, "GPUBUDGET_ATTEMPT": str(launch.attempt)}
+        lines = ["#!/bin/sh",
+                 f"# gpubudget workload {launch.workload} attempt {launch.attempt} "
+                 f"(project {launch.project})"]
+        lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())
+                  if k.replace("_", "a").isalnum() and not k[:1].isdigit()]
+        lines.append("exec " + shlex.join(launch.command))
+        return "\n".join(lines) + "\n"
+
+    def sbatch_args_for(self, launch: Launch) -> list[str]:
+        home = self._home(launch.user)
+        workdir = self.workdir_template.format(user=launch.user, home=home)
+        output = self.output_template.format(user=launch.user, home=home, workdir=workdir)
+        t = job_time(launch.time_limit, launch.min_runtime, self.time_headroom,
+                     self.default_time)
+        return sbatch_args(
+            launch.placement, account=self.account_for(launch.project),
+            partition=self.partition, time_s=t,
+            job_name=job_name(self.job_name_prefix, launch.workload, launch.attempt),
+            comment=f"gpubudget:{launch.workload}:{launch.attempt}:{launch.project}",
+            gpu_type=self.gpu_type, mig_types=self.mig_types,
+            extra=["--export=NONE", f"--chdir={workdir}", f"--output={output}",
+                   *self.extra_sbatch_args])
+
+    def launch(self, launch: Launch) -> str:
+        if not launch.command:
+            raise SlurmError("the job has no command")
+        name = job_name(self.job_name_prefix, launch.workload, launch.attempt)
+        try:
+            args = self.sbatch_args_for(launch)
+        except SlurmMapError as e:
+            raise SlurmError(str(e)) from e
+        out = self._run(["sbatch", *args], user=launch.user, stdin=self.job_script(launch))
+        job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch gave no job id: {out.strip()[:200]!r}")
+        with self._lock:
+            self._submitted[(launch.workload, launch.attempt)] = (job_id, time.time())
+            self._queue = None
+            self._watching.add(name)
+        self._ensure_watcher()
+        self.log.info("slurm: %s attempt %d is job %s (%s)", launch.workload, launch.attempt,
+                      job_id, " ".join(args))
+        return job_id
+
+    # ------------------------------------------------------------------ status / stop
+    def status(self, workload: str, attempt: int) -> BackendStatus:
+        name = job_name(self.job_name_prefix, workload, attempt)
+        try:
+            listed = [j for j in self.queue() if j.name == name]
+            if any(j.state in ALIVE for j in listed):
+                with self._lock:
+                    self._watching.add(name)
+                self._ensure_watcher()
+                return BackendStatus(True)
+            recs = self.accounting([name])
+        except SlurmError as e:
+            # Slurm not answering is not the job ending: keep it running and charged
+            self.log.warning("slurm: status of %s unknown (%s); still counted as running",
+                             name, e)
+            return BackendStatus(True)
+        ended = [r for r in recs if r.state not in ALIVE]
+        alive = [r for r in recs if r.state in ALIVE]
+        if ended and not (alive and not listed):
+            rec = max(ended, key=lambda r: r.end or 0)
+            self._ended_seen.pop(name, None)
+            return BackendStatus(False, exit_status(rec), rec.end)
+        if listed or alive:
+            # ended in slurmctld, not yet in slurmdbd (or the other way round): wait for
+            # the accounting record, which has the exit code and the exact end
+            first = self._ended_seen.setdefault(name, time.time())
+            if time.time() - first < self.accounting_grace:
+                return BackendStatus(True)
+            self._ended_seen.pop(name, None)
+            end = max((j.end for j in listed if j.end is not None), default=None)
+            return BackendStatus(False, None, end)
+        sub = self._submitted.get((workload, attempt))
+        if sub is not None and time.time() - sub[1] < self.start_grace:
+            return BackendStatus(True)
+        return BackendStatus(False, launched=False)
+
+    def stop(self, workload: str, attempt: int) -> BackendStatus:
+        name = job_name(self.job_name_prefix, workload, attempt)
+        jobs = self._alive_jobs(name, fresh=True)
+        for j in jobs:
+            try:
+                self._run(["scancel", j.job_id], user=j.user or None)
+            except SlurmError as e:
+                self.log.warning("slurm: scancel %s: %s", j.job_id, e)
+        deadline = time.monotonic() + self.stop_grace
+        while jobs and time.monotonic() < deadline:
+            time.sleep(0.2)
+            jobs = self._alive_jobs(name, fresh=True)
+        if jobs:
+            self.log.warning("slurm: %s still in Slurm %.0f s after scancel", name,
+                             self.stop_grace)
+        st = self.status(workload, attempt)
+        while st.alive and time.monotonic() < deadline:  # its accounting record
+            time.sleep(0.2)
+            with self._lock:
+                self._queue = None
+            st = self.status(workload, attempt)
+        return st if not st.alive else BackendStatus(False, None, time.time())
+
+    def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
+        out = []
+        for j in self.queue(fresh=True):
+            key = parse_job_name(self.job_name_prefix, j.name)
+            if key is None or key[1] is None or j.state not in ALIVE:
+                continue  # not ours, a session (the hub owns those), or ended
+            if (key[0], key[1]) not in running:
+                out.append((key[0], key[1]))
+        return out
+
+    # ------------------------------------------------------------------ watcher
+    def _ensure_watcher(self) -> None:
+        with self._lock:
+            if self._watcher is not None and self._watcher.is_alive():
+                return
+            self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                             name="gpubudget-slurm-watch")
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """Notice a job leaving the queue and ask for a cycle (``on_exit``)."""
+        while True:
+            time.sleep(self.watch_interval)
+            with self._lock:
+                watching = set(self._watching)
+            if not watching:
+                continue
+            try:
+                alive = {j.name for j in self.queue(fresh=True) if j.state in ALIVE}
+            except SlurmError as e:
+                self.log.debug("slurm watch: %s", e)
+                continue
+            ended = watching - alive
+            if not ended:
+                continue
+            with self._lock:
+                self._watching -= ended
+            if self.on_exit is not None:
+                try:
+                    self.on_exit()
+                except RuntimeError:  # the service is shutting down
+                    return
+
+    # ------------------------------------------------------------------ nodes
+    def discover_inventory(self) -> Any:
+        nodes = self.nodes(fresh=True)
+        inv = inventory_from_nodes(nodes, self.gpu_models, self.mig_types, self.partition)
+        self.log.info("slurm: %d nodes, %d GPUs in partition %s", len(inv.nodes),
+                      inv.gpu_count, self.partition)
+        return inv
+
+    def node_health(self) -> dict[str, str]:
+        nodes = [n for n in self.nodes() if not self.partition or self.partition in n.partitions]
+        with self._lock:
+            health, self._first_bad = node_health(nodes, self._first_bad, time.time(),
+                                                  self.unresponsive_grace)
+        return health
+
+    def drain_node(self, node: str, reason: str) -> None:
+        if not self.write_drains:
+            return
+        current = {n.name: n for n in self.nodes(fresh=True)}.get(node)
+        if current is None:
+            raise SlurmError(f"node {node!r} is not in Slurm")
+        if is_drained(current):
+            self.log.info("slurm: %s already drained in Slurm (%s); reason kept", node,
+                          current.reason or "no reason")
+            return
+        text = f"{self.job_name_prefix}: {reason}"
+        self._run(["scontrol", "update", f"nodename={node}", "state=drain",
+                   f"reason={text}"], admin=True)
+        with self._lock:
+            self._nodes = None
+        self.log.warning("slurm: drained %s (%s)", node, text)
+
+    def undrain_node(self, node: str) -> None:
+        current = {n.name: n for n in self.nodes(fresh=True)}.get(node)
+        if current is None or not is_drained(current):
+            return
+        if not current.reason.startswith(self.job_name_prefix + ":"):
+            self.log.warning("slurm: %s was drained in Slurm by someone else (%s); left "
+                             "drained", node, current.reason)
+            return
+        self._run(["scontrol", "update", f"nodename={node}", "state=resume"], admin=True)
+        with self._lock:
+            self._nodes = None
+
+    # ------------------------------------------------------------------ usage
+    def reconcile_usage(self, intervals: list[tuple[str, int, float, float, str]]
+                        ) -> list[dict]:
+        """Compare closed intervals (workload, seq, start, end, ledger backend) with sacct.
+        Batch jobs of this backend must have a Slurm job; other workloads (sessions) are
+        compared when a job named after them exists."""
+        if not intervals:
+            return []
+        names = set()
+        for wid, seq, _s, _e, backend in intervals:
+            names.add(job_name(self.job_name_prefix, wid, seq if backend == self.name else None))
+        recs = self.accounting(sorted(names))
+        jobs: dict[str, list[tuple[int | None, JobRecord]]] = {}
+        for r in recs:
+            key = parse_job_name(self.job_name_prefix, r.name)
+            if key is not None:
+                jobs.setdefault(key[0], []).append((key[1], r))
+        ivs = [Interval(w, s, a, b) for w, s, a, b, backend in intervals
+               if backend == self.name or w in jobs]
+        return usage_mismatches(ivs, jobs, self.usage_threshold)
+
+
+# ====================================================================== notebooks
+
+
+def _parent_of(child: Any) -> Any:
+    """The BudgetSpawner wrapping ``child`` (it shares the child's API token)."""
+    user = getattr(child, "user", None)
+    for s in (getattr(user, "spawners", None) or {}).values():
+        if s is not child and getattr(s, "api_token", None) == child.api_token \
+                and getattr(s, "child", None) is child:
+            return s
+    return None
+
+
+def configure_slurmspawner(child: Any, placement: list[dict], meta: dict) -> None:
+    """``BudgetSpawner.child_configurer`` for batchspawner's SlurmSpawner family: the session's
+    placement becomes the Slurm request (``c.BudgetSpawner.child_configurer =
+    'jupyter_gpubudget.backends.slurm:configure_slurmspawner'``).
+
+    Sets ``req_partition``, ``req_runtime``, ``req_gres`` (first component), ``req_account``
+    and ``req_options`` (``--account``, ``--nodelist``, ``--nodes``, job name and comment,
+    ``--no-requeue``; a heterogeneous component per further group of nodes). Mapping settings
+    are read from ``c.SlurmBackend`` in the hub's configuration."""
+    cfg = SlurmBackend(config=getattr(child, "config", None), log=child.log)
+    comps = components(placement, cfg.gpu_type, cfg.mig_types)
+    t = cfg.session_time_limit or job_time(None, float(meta.get("min_runtime") or 0),
+                                           cfg.time_headroom, cfg.default_time)
+    account = cfg.account_for(str(meta["project"]))
+    session = str(meta["session"])
+    head = [f"--account={account}", f"--job-name={job_name(cfg.job_name_prefix, session)}",
+            f"--comment=gpubudget:{session}:session:{meta['project']}", "--no-requeue"]
+
+    def comp_opts(c: Any) -> list[str]:
+        opts = [f"--nodes={len(c.nodes)}", f"--nodelist={','.join(c.nodes)}",
+                "--ntasks-per-node=1"]  # one server, not one per GPU
+        if c.mem_mib:
+            opts.append(f"--mem={c.mem_mib}M")
+        return opts
+
+    first = comps[0]
+    lines = [" ".join(head + comp_opts(first))]
+    for c in comps[1:]:
+        opts = [f"--partition={cfg.partition}", f"--account={account}",
+                f"--time={slurm_time(t)}", *comp_opts(c)]
+        if c.gres:
+            opts.append(f"--gres={c.gres}")
+        lines += ["hetjob", " ".join(opts)]
+    child.req_partition = cfg.partition
+    child.req_runtime = slurm_time(t)
+    child.req_gres = first.gres
+    child.req_account = account
+    child.req_options = "\n#SBATCH ".join(lines)
+    if len(first.nodes) > 1 and getattr(child, "req_srun", "") == "srun":
+        child.req_srun = "srun --nodes=1 --ntasks=1"  # the server runs once, on the first node
+    env = {k: v for k, v in (meta.get("env") or {}).items() if k not in SLURM_SETS}
+    child.environment = {**child.environment, **env}
+    _forward_port(child)
+
+
+def _forward_port(child: Any) -> None:
+    """batchspawner-singleuser reports its port to the hub, which sets it on the spawner that
+    owns the server's token: the wrapping BudgetSpawner. Pass it on to the SlurmSpawner,
+    whose start() waits for it."""
+    parent = _parent_of(child)
+    if parent is None or getattr(child, "_gpubudget_port_forward", False):
+        return
+
+    def forward(change: dict, child: Any = child) -> None:
+        if change["new"] and change["new"] != child.port:
+            child.port = change["new"]
+
+    parent.observe(forward, "port")
+    child._gpubudget_port_forward = True
+
+
+
+# ====================================================================== accounts
+
+
+def sync_accounts(backend: SlurmBackend, tree: Any, *, prune: bool = False,
+                  dry_run: bool = False) -> tuple[Any, list[list[str]]]:
+    """Mirror the budgets tree into slurmdbd below ``backend.root_account``: an account per
+    program/project, an association per (member, project). Returns the plan and the sacctmgr
+    commands (run unless ``dry_run``)."""
+    from .slurm_map import account_plan, parse_sacctmgr_accounts, parse_sacctmgr_users
+
+    out = backend._run(["sacctmgr", "-n", "-P", "show", "associations",
+                        "format=Account,ParentName,User"], admin=True)
+    plan = account_plan(tree, parse_sacctmgr_accounts(out), parse_sacctmgr_users(out),
+                        root=backend.root_account, mapping=backend.account_map, prune=prune)
+    cmds = plan.commands()
+    if not dry_run:
+        for args in cmds:
+            backend._run(["sacctmgr", *args], admin=True)
+    return plan, cmds

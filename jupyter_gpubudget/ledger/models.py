@@ -54,7 +54,8 @@ class WorkloadRow(Base):
     preempted (terminal, not resumable)."""
 
     __tablename__ = "workloads"
-    __table_args__ = (Index("ix_workloads_state", "state"), Index("ix_workloads_user", "user"))
+    __table_args__ = (Index("ix_workloads_state", "state"), Index("ix_workloads_user", "user"),
+                      Index("ix_workloads_state_ended", "state", "ended_at"))
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), default="")
     project: Mapped[str] = mapped_column(String(200))
@@ -100,6 +101,20 @@ class ChargeRow(Base):
     end: Mapped[float | None] = mapped_column(Float, nullable=True)
     checkpoint: Mapped[float] = mapped_column(Float)
     closed_by: Mapped[str] = mapped_column(String(20), default="")
+
+
+class UsageRollupRow(Base):
+    """GPU time charged per project per clock hour, added in the transaction that closes each
+    interval: a scheduling cycle reads O(projects × hours in the window) rows, however long
+    the history. ``gpu_ms`` is milli-GPU-seconds; ``last_end`` the latest end of what was
+    added (the bucket's usage lies before it)."""
+
+    __tablename__ = "usage_rollups"
+    __table_args__ = (Index("ix_rollup_hour", "hour"),)
+    project: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[float] = mapped_column(Float, primary_key=True)  # UNIX seconds, a multiple of 3600
+    gpu_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    last_end: Mapped[float] = mapped_column(Float)
 
 
 class SnapshotRow(Base):

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from . import rollups
 from .models import (
     AccountRow,
     ChargeRow,
@@ -299,11 +300,16 @@ class Ledger:
         # an interval never ends before it starts (a clock step back is charged zero, not < 0)
         open_rows = list(s.scalars(select(ChargeRow).where(
             ChargeRow.workload == workload_id, ChargeRow.end.is_(None))))
+        closed = 0
         for c in open_rows:
-            s.execute(update(ChargeRow).where(ChargeRow.id == c.id, ChargeRow.end.is_(None))
-                      .values(end=max(end, c.start), checkpoint=max(end, c.start),
-                              closed_by=closed_by))
-        return len(open_rows)
+            done = s.execute(update(ChargeRow).where(ChargeRow.id == c.id,
+                                                     ChargeRow.end.is_(None))
+                             .values(end=max(end, c.start), checkpoint=max(end, c.start),
+                                     closed_by=closed_by)).rowcount
+            if done:  # closed here, exactly once: its usage joins the hourly rollups
+                rollups.add(s, c.project, c.milli, c.start, max(end, c.start))
+                closed += 1
+        return closed
 
     def checkpoint(self, now: float, workload_ids: list[str] | None = None,
                    s: Session | None = None) -> int:
@@ -336,6 +342,31 @@ class Ledger:
             if workload is not None:
                 q = q.where(ChargeRow.workload == workload)
             return list(s.scalars(q.order_by(ChargeRow.id)))
+
+    def usage_for_window(self, since: float
+                         ) -> tuple[list[tuple[str, float, float, float]], list[ChargeRow]]:
+        """What the core needs to compute usage after ``since``, a bounded read however long
+        the history: the hourly rollups of closed intervals as (project, start, end, milli
+        spread evenly between them), and the open intervals themselves."""
+        with self.ro() as s:
+            closed = []
+            for b in rollups.buckets(s, since):
+                end = max(b.last_end, b.hour + 1.0)
+                closed.append((b.project, b.hour, end, b.gpu_ms / (end - b.hour)))
+            still_open = list(s.scalars(select(ChargeRow).where(ChargeRow.end.is_(None))))
+            return closed, still_open
+
+    def recent_runs(self, limit: int) -> list[tuple[str, str, str, float]]:
+        """The last ``limit`` finished runs (user, project, kind, seconds), oldest first, for
+        runtime prediction."""
+        with self.ro() as s:
+            rows = s.execute(select(WorkloadRow.user, WorkloadRow.project, WorkloadRow.kind,
+                                    WorkloadRow.started_at, WorkloadRow.ended_at)
+                             .where(WorkloadRow.state == "done",
+                                    WorkloadRow.started_at.is_not(None),
+                                    WorkloadRow.ended_at.is_not(None))
+                             .order_by(WorkloadRow.ended_at.desc()).limit(limit)).all()
+            return [(u, p, k, e - st) for u, p, k, st, e in reversed(rows)]
 
     def preemptions_by_project(self) -> dict[str, int]:
         with self.ro() as s:

@@ -74,13 +74,15 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits
     # (visible in the API) until the project is back or the job is cancelled
     pending = [to_workload(r) for r in rows if r.state == "pending" and tree.is_project(r.project)]
-    horizon = max(policy.window, 10 * policy.half_life if policy.half_life else 0.0)
-    charges = [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, c.end)
-               for c in ledger.charges(since=now - horizon)]
+    horizon = max(policy.window, 20 * policy.half_life if policy.half_life else 0.0)
+    closed, still_open = ledger.usage_for_window(now - horizon)
+    charges = [ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", milli, start, end)
+               for project, start, end, milli in closed]
+    charges += [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, None)
+                for c in still_open]
     history = RuntimeHistory()
-    for r in ledger.workloads(states=("done",))[-history_keep:]:
-        if r.started_at is not None and r.ended_at is not None:
-            history.add(r.user, r.project, r.kind, r.ended_at - r.started_at)
+    for user, project, kind, seconds in ledger.recent_runs(history_keep):
+        history.add(user, project, kind, seconds)
     state = ClusterState(accounts=tree_with_ledger_grants(tree, ledger), inventory=inventory,
                          policy=policy, running=running, pending=pending, charges=charges,
                          history=history)

@@ -251,3 +251,53 @@ def test_postgres_fixture_fails_rather_than_skips_under_ci(monkeypatch):
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception):
         postgres.start_postgres()
+
+
+def test_closing_an_interval_adds_its_usage_to_hourly_rollups_once(ledger):
+    """A cycle reads the rollups, not every interval of the history: they must hold exactly
+    what the closed intervals charged, split at clock hours, added once."""
+    from jupyter_gpubudget.ledger.models import UsageRollupRow
+
+    led = ledger
+    h = 1_000 * 3600.0
+    w = led.submit(project="lattice", user="bob", kind="batch", request={"gpus": 2}, now=h)
+    led.start(w.id, placement=[], milli=2000, backed=True, protected_until=None,
+              now=h + 1800)
+    led.stop(w.id, now=h + 3 * 3600 + 900, state="done", closed_by="exit")
+    with pytest.raises(LedgerError):  # a second stop changes nothing
+        led.stop(w.id, now=h + 5 * 3600, state="done", closed_by="exit")
+    with led.ro() as s:
+        rows = {r.hour: (r.gpu_ms, r.last_end) for r in s.query(UsageRollupRow)}
+    assert rows == {h: (2000 * 1800, h + 3600), h + 3600: (2000 * 3600, h + 7200),
+                    h + 7200: (2000 * 3600, h + 3 * 3600),
+                    h + 3 * 3600: (2000 * 900, h + 3 * 3600 + 900)}
+    total = sum(v[0] for v in rows.values())
+    assert total == 2000 * (3 * 3600 + 900 - 1800)  # exactly what the interval charged
+    closed, still_open = led.usage_for_window(h + 2 * 3600)
+    assert [c[1] for c in closed] == [h + 3600, h + 7200, h + 3 * 3600] and still_open == []
+
+
+def test_the_rollup_migration_buckets_the_history_already_there(db_url):
+    from sqlalchemy import text
+
+    upgrade(db_url, "0003")
+    engine = connect(db_url)
+    try:
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO accounts (name, parent, members, managers, is_project, "
+                           "updated_at) VALUES ('p', NULL, '[]', '[]', true, 0)"))
+            c.execute(text("INSERT INTO workloads (id, name, project, \"user\", kind, state, "
+                           "request, min_runtime, resumable, backend, submitted_at, backed, "
+                           "preemptions, reason) VALUES ('w', '', 'p', 'u', 'batch', 'done', "
+                           "'{}', 0, false, 'local', 0, false, 0, '')"))
+            for seq, (start, end) in enumerate([(3600.0, 9000.0), (7000.0, 7200.0)], 1):
+                c.execute(text("INSERT INTO charge_intervals (workload, seq, project, \"user\", "
+                               "milli, start, \"end\", checkpoint, closed_by) VALUES "
+                               f"('w', {seq}, 'p', 'u', 500, {start}, {end}, {end}, 'exit')"))
+        upgrade(db_url)
+        with engine.begin() as c:
+            rows = dict(c.execute(text("SELECT hour, gpu_ms FROM usage_rollups "
+                                       "WHERE project = 'p' ORDER BY hour")).all())
+        assert rows == {3600.0: 500 * (3600 + 200), 7200.0: 500 * 1800}
+    finally:
+        engine.dispose()

@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy
+## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy,
+## sudo (the demo's service runs the job launcher through it)
 $(SYSSTAMP): | $(STAMP)
+	@command -v sudo >/dev/null || { apt-get update -qq && apt-get install -y -qq sudo; }
 	@command -v initdb >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql; }
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy

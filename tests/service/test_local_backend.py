@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import os
+import time
 
 from jupyter_gpubudget.backends.base import Launch
 from jupyter_gpubudget.backends.local import LocalBackend as _LocalBackend

@@ -254,32 +254,44 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
 
     grace = spec["grace"]
     timed_out = False
-    pidfd = os.pidfd_open(job)
     limit = spec["time_limit"]
     deadline = launched + limit if limit is not None else None
-    while True:
-        wait = None if deadline is None else max(0.0, deadline - time.time())
-        ready, _, _ = select.select([pidfd], [], [], wait)
-        if ready:
-            break
-        if deadline is not None and time.time() >= deadline:
-            timed_out = True
-            _note(log_fd, f"time limit {limit:g} s reached: SIGTERM, then SIGKILL after "
-                          f"{grace:g} s")
-            _kill(job, signal.SIGTERM)
-            ready, _, _ = select.select([pidfd], [], [], grace)
-            if not ready:
-                _kill(job, signal.SIGKILL)
-            break
+    if not _exited(job, None if deadline is None else deadline - time.time()):
+        timed_out = True
+        _note(log_fd, f"time limit {limit:g} s reached: SIGTERM, then SIGKILL after {grace:g} s")
+        _kill(job, signal.SIGTERM)
+        if not _exited(job, grace):
+            _kill(job, signal.SIGKILL)
     _, status = os.waitpid(job, 0)
     ended = time.time()
-    os.close(pidfd)
     code = os.waitstatus_to_exitcode(status)
     end_group(job, min(grace, 5.0))  # what the job left behind in its group ends with it
     write_record(adir / "exit", {"exit_code": code, "ended_at": ended, "timed_out": timed_out,
                                  "signal": -code if code < 0 else None}, gid)
     _note(log_fd, f"ended with {code}" + (" (time limit)" if timed_out else ""))
     return 0
+
+
+def _exited(child: int, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: for ever) for ``child`` to exit, without reaping
+    it. A pidfd where the kernel has them, else polling."""
+    try:
+        pidfd = os.pidfd_open(child)
+    except OSError:
+        pidfd = None
+    if pidfd is not None:
+        try:
+            ready, _, _ = select.select([pidfd], [], [], None if timeout is None
+                                        else max(0.0, timeout))
+            return bool(ready)
+        finally:
+            os.close(pidfd)
+    end = None if timeout is None else time.monotonic() + timeout
+    while end is None or time.monotonic() < end:
+        if os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.1)
+    return os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _exec_job(spec: dict, out_fd: int, err_w: int) -> None:

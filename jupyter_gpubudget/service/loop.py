@@ -59,9 +59,9 @@ class SchedulingLoop:
         self.view = View()
         self.lock = threading.Lock()  # one cycle or state change of a running workload at a time
         self._reserved: dict[str, float] = {}
-        #: seconds past a job's time_limit after which the loop stops it itself (a backend's
-        #: own enforcement, the local launcher's, comes first)
-        self.time_limit_slack = 60.0
+        #: seconds past a job's time_limit after which the loop stops it itself: a backend's
+        #: own enforcement (the local launcher's: SIGTERM, grace, SIGKILL) comes first
+        self.time_limit_slack = float(getattr(backend, "stop_grace", 10.0)) + 30.0
         self._drained: set[str] = set()
 
     # ------------------------------------------------------------------ reconcile

@@ -66,14 +66,14 @@ def state(hub: DemoHub) -> Path:
 
 
 def service_pid(hub: DemoHub) -> int:
-    db = f"--db=sqlite:///{state(hub) / 'service' / 'ledger.sqlite'}"
+    db = f"--db=sqlite:///{state(hub)}/".encode()
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
                 argv = (p / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"jupyter_gpubudget.service" in argv and db.encode() in argv:
+            if b"jupyter_gpubudget.service" in argv and any(a.startswith(db) for a in argv):
                 return int(p.name)
     raise AssertionError("the gpubudget service process was not found")
 
@@ -118,9 +118,9 @@ def test_a_job_gets_no_token_no_secret_and_is_not_root(demo):
     assert s == 201, bobjob
     assert wait_done(demo, bob, bobjob["id"])["state"] == "done"
     svc_pid = service_pid(demo)
+    ledger = demo.ledger_path.resolve()
     targets = [st_dir / "spawner-token", st_dir / "jupyterhub_cookie_secret",
-               st_dir / "jupyterhub.sqlite", st_dir / "service" / "ledger.sqlite",
-               st_dir / "service" / "ledger.sqlite-wal",
+               st_dir / "jupyterhub.sqlite", ledger, Path(f"{ledger}-wal"),
                jobs / bobjob["id"] / "1" / "output.log", jobs / bobjob["id"] / "1" / "pid",
                f"/proc/{svc_pid}/environ", f"/proc/{demo.proc.pid}/environ"]
     s, job = http("POST", f"{demo.svc}/jobs", alice, {

@@ -6,11 +6,18 @@ Now the job gets SIGTERM at its limit, SIGKILL after the grace, and ends in stat
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from jupyter_gpubudget.ledger import Ledger, connect
+from jupyter_gpubudget.backends.base import Launch
+from jupyter_gpubudget.backends.local import LocalBackend
+from jupyter_gpubudget.core.accounts import load_budgets
+from jupyter_gpubudget.core.inventory import load_inventory
+from jupyter_gpubudget.ledger import Ledger, connect, upgrade
+from jupyter_gpubudget.service.loop import SchedulingLoop
 from jupyter_gpubudget.service.openapi import openapi_document
 from tests.fixtures.hub import http
+from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
 
 from .conftest import require_root, wait_state
 
@@ -85,3 +92,48 @@ def test_a_backfilled_job_cannot_delay_the_reservation_past_its_time_limit(servi
     assert w["state"] == "timeout", w
     g = wait_state(svc, bob, gang["id"], ("running", "done"), timeout=45)
     assert g["started_at"] - t0 < 40, g  # not held back for the liar's 120 s
+
+
+class NoLimitBackend(LocalBackend):
+    """The real local backend, except that it leaves ``time_limit`` to the scheduling loop (as
+    a backend without its own enforcement would)."""
+
+    def launch(self, launch: Launch) -> str:
+        return super().launch(dataclasses.replace(launch, time_limit=None))
+
+
+def test_the_loop_stops_a_job_its_backend_lets_run_past_the_limit(tmp_path):
+    require_root()
+    from tests.fixtures.hub import BUDGETS as TEST_BUDGETS
+    from tests.fixtures.hub import INVENTORY
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    upgrade(url)
+    ledger = Ledger(connect(url))
+    budgets = load_budgets(TEST_BUDGETS)
+    now = [time.time()]
+    ledger.sync_budgets(budgets, now[0])
+    backend = NoLimitBackend(state_dir=str(tmp_path / "jobs"), stop_grace=1,
+                             unix_user_template=TEMPLATE)
+    ensure_accounts(["bob"])
+    loop = SchedulingLoop(ledger, lambda: budgets.accounts, load_inventory(INVENTORY),
+                          budgets.policy, backend, clock=lambda: now[0])
+    row = ledger.submit(project="lattice", user="bob", kind="batch", now=now[0],
+                        request={"kind": "gpu", "gpus": 1}, command=["/bin/sleep", "60"],
+                        time_limit=5, backend="local")
+    try:
+        loop.cycle()
+        assert ledger.get(row.id).state == "running"
+        now[0] += 5 + loop.time_limit_slack - 1
+        loop.cycle()
+        assert ledger.get(row.id).state == "running"  # within the slack: the backend's turn
+        now[0] += 2
+        loop.cycle()
+        w = ledger.get(row.id)
+        assert w.state == "timeout" and "time limit" in w.reason
+        assert not backend.status(row.id, 1).alive
+        assert "timeout" in [d.kind for d in ledger.decisions(workloads=[row.id])]
+    finally:
+        for wid, attempt in backend.orphans(set()):
+            backend.stop(wid, attempt)
+        ledger.dispose()

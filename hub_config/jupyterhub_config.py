@@ -77,7 +77,7 @@ for a in tree.accounts.values():
 UNIX_TEMPLATE = demo_setup.DEMO_PREFIX + "{username}"
 ISOLATION_OFF = ("GPUBUDGET_ISOLATION=0" if env("GPUBUDGET_ISOLATION", "1") == "0" else
                  demo_setup.isolation_problem([ROOT / "jupyter_gpubudget" / "__init__.py",
-                                               BUDGETS, INVENTORY, STATE]))
+                                               BUDGETS, INVENTORY, STATE], state=STATE))
 if ISOLATION_OFF is None:
     svc_user = demo_setup.ensure_service_user()
     for u in sorted(users):

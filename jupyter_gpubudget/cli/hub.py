@@ -60,7 +60,8 @@ def cmd_hub(args: argparse.Namespace) -> int:
     problem = ("GPUBUDGET_ISOLATION=0" if env.get("GPUBUDGET_ISOLATION") == "0" else
                isolation_problem([ROOT / "jupyter_gpubudget" / "__init__.py",
                                   Path(args.budgets), Path(args.inventory),
-                                  Path(env["GPUBUDGET_HUB_DIR"])]))
+                                  Path(env["GPUBUDGET_HUB_DIR"])],
+                                 state=Path(env["GPUBUDGET_HUB_DIR"])))
     if problem is None:
         who = (f"  Unix accounts: the service runs as '{SERVICE_USER}'; each user's server and "
                f"jobs as '{DEMO_PREFIX}<user>'\n  (created if missing; a sudoers drop-in lets "

@@ -55,8 +55,11 @@ def reachable(path: Path, execute: bool = False) -> str | None:
     return None
 
 
-def isolation_problem(paths: list[Path], python: str = sys.executable) -> str | None:
-    """Why the demo cannot run its service and users as separate accounts, or None."""
+def isolation_problem(paths: list[Path], python: str = sys.executable,
+                      state: Path | None = None) -> str | None:
+    """Why the demo cannot run its service and users as separate accounts, or None.
+    ``paths`` must be readable by every account; ``state`` (the hub's state directory) must
+    be controlled by root alone."""
     if os.geteuid() != 0:
         return "the hub is not running as root"
     for exe in ("useradd", "groupadd", "sudo"):
@@ -68,6 +71,13 @@ def isolation_problem(paths: list[Path], python: str = sys.executable) -> str | 
             return (f"{p} is not reachable by other Unix users ({stop} is not readable or "
                     "searchable by others); put the checkout and its .venv where other "
                     "accounts can read them")
+    if state is not None:
+        from jupyter_gpubudget.launcher.config import LauncherError, secure_path
+
+        try:  # the launcher writes job records only below directories root alone controls
+            secure_path(state / "jobs", "the state directory")
+        except LauncherError as e:
+            return str(e)
     return None
 
 

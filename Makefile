@@ -1,5 +1,8 @@
 # Two commands do all set-up on a fresh machine: `make run` and `make test`.
-PY ?= python3
+# a Python other Unix accounts can run too (as root, the demo runs the service and each user's
+# server as their own accounts, from this venv): the system's python3 when it is 3.11+ with
+# venv, else the first python3 on PATH
+PY ?= $(shell for p in /usr/bin/python3 /usr/local/bin/python3; do "$$p" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo "$$p"; exit 0; }; done; echo python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

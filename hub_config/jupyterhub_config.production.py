@@ -9,6 +9,8 @@ from jupyter_gpubudget.service.auth import CUSTOM_SCOPES
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
+os.umask(0o077)  # the hub's own files (database, cookie secret) are root's alone
+
 # ---------------------------------------------------------------- hub, proxy, database
 c.JupyterHub.bind_url = "https://gpu.example.org"            # ADAPT (TLS terminates here,
 c.JupyterHub.ssl_cert = "/etc/jupyterhub/tls/cert.pem"       #  or in front of the proxy)
@@ -25,6 +27,9 @@ c.Authenticator.allow_existing_users = True
 # ---------------------------------------------------------------- the gpubudget service
 # Managed by the hub: started, restarted and routed at /services/gpubudget/. It owns the
 # ledger (PostgreSQL recommended for production), runs the scheduling loop, serves /api/v1.
+# It runs as the unprivileged account `gpubudget`; batch jobs run as their users' accounts
+# through the launcher (root-owned /etc/gpubudget/launcher.json and one sudoers line): see
+# "Security model" in docs/service.md for the exact set-up.
 SPAWNER_TOKEN = os.environ["GPUBUDGET_SPAWNER_TOKEN"]  # ADAPT: `openssl rand -hex 32`, kept secret
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
 c.JupyterHub.services = [
@@ -32,12 +37,16 @@ c.JupyterHub.services = [
         "name": "gpubudget",
         "url": "http://127.0.0.1:10101",
         "oauth_no_confirm": True,
+        "user": "gpubudget",                  # never root
+        "cwd": "/var/lib/gpubudget",
         "command": [sys.executable, "-m", "jupyter_gpubudget.service",
                     "--budgets=/etc/gpubudget/budgets.yaml",      # ADAPT: your account tree
                     # no GPU driver on this host? declare the hardware instead:
                     "--inventory=/etc/gpubudget/inventory.yaml",
                     "--db=postgresql://gpubudget@db.example.org/gpubudget",
-                    "--jobs-dir=/var/lib/gpubudget/jobs"],
+                    # jobs run as their users (hub user name = Unix account name here; else
+                    # --LocalBackend.unix_user_template=...)
+                    "--LocalBackend.launcher_config=/etc/gpubudget/launcher.json"],
     },
     # the token BudgetSpawner (inside the hub) uses to queue sessions on users' behalf
     {"name": "gpubudget-spawner", "api_token": SPAWNER_TOKEN},

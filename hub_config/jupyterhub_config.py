@@ -19,20 +19,36 @@
 #   GPUBUDGET_HEARTBEAT      spawner heartbeat to the service, seconds      [10]
 #   GPUBUDGET_TEST_TOKEN     if set: a "gpubudget-test" service with this token and hub admin
 #                            scopes (for tests driving the REST API)
+#   GPUBUDGET_ISOLATION      1: as root, run the service and every user as separate Unix
+#                            accounts (below); 0: everything as the hub's user   [1]
+#
+# Who runs as whom (see "Security model" in docs/service.md). Started as root, the demo creates
+# (if missing) the system account `gpubudget` for the service, one account `demo-<name>` per
+# demo user (home /home/demo-<name>) for their notebook servers and batch jobs, the launcher's
+# root-owned config (<state>/launcher.json) and a sudoers drop-in (/etc/sudoers.d/gpubudget-*,
+# removed when the hub exits) letting `gpubudget` run exactly the launcher as root. Started as
+# another user, or when the checkout is not readable by other accounts, everything runs as the
+# invoking user and the log says that isolation is off.
 import os
 import secrets
 import sys
 from pathlib import Path
 
 from jupyter_gpubudget.core.accounts import load_budgets
+from jupyter_gpubudget.hub import demo_setup
 from jupyter_gpubudget.service.auth import CUSTOM_SCOPES
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
+os.umask(0o077)  # the hub's files (its database, cookie secret, tokens) are root's alone
 ROOT = Path(__file__).resolve().parent.parent
 env = os.environ.get
 STATE = Path(env("GPUBUDGET_HUB_DIR", ".gpubudget-hub")).resolve()
 STATE.mkdir(parents=True, exist_ok=True)
+STATE.chmod(0o755)  # traversable: the service and users reach their own parts below it
+for f in ("jupyterhub.sqlite", "jupyterhub_cookie_secret"):  # from older runs: private now
+    if (STATE / f).exists():
+        (STATE / f).chmod(0o600)
 BUDGETS = Path(env("GPUBUDGET_BUDGETS", str(ROOT / "examples" / "budgets-demo.yaml"))).resolve()
 INVENTORY = Path(env("GPUBUDGET_INVENTORY",
                      str(ROOT / "examples" / "inventory-demo.yaml"))).resolve()
@@ -51,11 +67,37 @@ def _secret(name: str) -> str:
     return p.read_text().strip()
 
 
-budgets = load_budgets(BUDGETS.read_text(), str(BUDGETS))
+budgets = load_budgets(BUDGETS.read_bytes(), str(BUDGETS))
 tree = budgets.accounts
 users = set(budgets.admins)
 for a in tree.accounts.values():
     users |= set(a.members) | set(a.managers)
+
+# ---------------------------------------------------------------- who runs as whom
+UNIX_TEMPLATE = demo_setup.DEMO_PREFIX + "{username}"
+ISOLATION_OFF = ("GPUBUDGET_ISOLATION=0" if env("GPUBUDGET_ISOLATION", "1") == "0" else
+                 demo_setup.isolation_problem([ROOT / "jupyter_gpubudget" / "__init__.py",
+                                               BUDGETS, INVENTORY, STATE], state=STATE))
+if ISOLATION_OFF is None:
+    svc_user = demo_setup.ensure_service_user()
+    for u in sorted(users):
+        demo_setup.ensure_user(UNIX_TEMPLATE.format(username=u))
+    SERVICE_DIR = STATE / "service"  # the ledger: the service's user alone
+    demo_setup.private_dir(SERVICE_DIR, svc_user.pw_uid, svc_user.pw_gid, 0o700)
+    demo_setup.move_old_ledger(STATE, SERVICE_DIR, svc_user)
+    JOBS = STATE / "jobs"  # job records: root's, readable by the service's group
+    demo_setup.private_dir(JOBS, 0, svc_user.pw_gid, 0o750)
+    LAUNCHER = demo_setup.launcher_config(STATE, JOBS, demo_setup.SERVICE_USER)
+    demo_setup.install_sudoers(demo_setup.SERVICE_USER, sys.executable, LAUNCHER)
+    print(f"gpubudget demo: the service runs as {demo_setup.SERVICE_USER!r}; notebook servers "
+          f"and batch jobs run as {UNIX_TEMPLATE.format(username='<user>')!r}",
+          file=sys.stderr, flush=True)
+else:
+    SERVICE_DIR, JOBS = STATE, STATE / "jobs"
+    print(f"gpubudget demo: ISOLATION IS OFF ({ISOLATION_OFF}): the service, every notebook "
+          "server and every batch job run as the hub's own Unix user. Fine for a demo on your "
+          "own machine, never on a shared one (see 'Security model' in docs/service.md).",
+          file=sys.stderr, flush=True)
 
 # ---------------------------------------------------------------- the hub itself
 c.JupyterHub.bind_url = f"http://{HUB_IP}:{HUB_PORT}"
@@ -84,29 +126,38 @@ c.JupyterHub.template_vars = {
 # ---------------------------------------------------------------- the gpubudget service
 spawner_token = _secret("spawner-token")
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+service = {
+    "name": "gpubudget",
+    "url": f"http://127.0.0.1:{SERVICE_PORT}",
+    "oauth_no_confirm": True,
+    # what a browser logged in to the service may do (never more than the user's own
+    # scopes); state changes by cookie need JupyterHub's XSRF token
+    "oauth_client_allowed_scopes": sorted(CUSTOM_SCOPES),
+    "command": [sys.executable, "-m", "jupyter_gpubudget.service",
+                f"--budgets={BUDGETS}", f"--inventory={INVENTORY}",
+                # the demo schedules on its declared inventory; set "auto" to use this
+                # machine's GPUs through NVML when it has a driver
+                "--GpuBudgetService.inventory_source="
+                + env("GPUBUDGET_INVENTORY_SOURCE", "declared"),
+                f"--jobs-dir={JOBS}",
+                f"--cycle-interval={env('GPUBUDGET_CYCLE_INTERVAL', '5')}",
+                # a spawn is an event: schedule it almost at once
+                "--GpuBudgetService.event_delay=0.01"],
+    "cwd": str(SERVICE_DIR),
+    # the ledger URL (a PostgreSQL one carries a password) stays out of the command line,
+    # which JupyterHub logs
+    "environment": {"GPUBUDGET_DB_URL": f"sqlite:///{SERVICE_DIR / 'ledger.sqlite'}"},
+}
+if ISOLATION_OFF is None:
+    service["user"] = demo_setup.SERVICE_USER  # JupyterHub starts it as this account
+    service["command"] += [f"--LocalBackend.launcher_config={LAUNCHER}",
+                           f"--LocalBackend.unix_user_template={UNIX_TEMPLATE}"]
+elif os.geteuid() == 0:  # a root service still never runs a job as root
+    for u in sorted(users):
+        demo_setup.ensure_user(UNIX_TEMPLATE.format(username=u))
+    service["command"] += [f"--LocalBackend.unix_user_template={UNIX_TEMPLATE}"]
 c.JupyterHub.services = [
-    {
-        "name": "gpubudget",
-        "url": f"http://127.0.0.1:{SERVICE_PORT}",
-        "oauth_no_confirm": True,
-        # what a browser logged in to the service may do (never more than the user's own
-        # scopes); state changes by cookie need JupyterHub's XSRF token
-        "oauth_client_allowed_scopes": sorted(CUSTOM_SCOPES),
-        "command": [sys.executable, "-m", "jupyter_gpubudget.service",
-                    f"--budgets={BUDGETS}", f"--inventory={INVENTORY}",
-                    # the demo schedules on its declared inventory; set "auto" to use this
-                    # machine's GPUs through NVML when it has a driver
-                    "--GpuBudgetService.inventory_source="
-                    + env("GPUBUDGET_INVENTORY_SOURCE", "declared"),
-                    f"--jobs-dir={STATE / 'jobs'}",
-                    f"--cycle-interval={env('GPUBUDGET_CYCLE_INTERVAL', '5')}",
-                    # a spawn is an event: schedule it almost at once
-                    "--GpuBudgetService.event_delay=0.01"],
-        "cwd": str(STATE),
-        # the ledger URL (a PostgreSQL one carries a password) stays out of the command line,
-        # which JupyterHub logs
-        "environment": {"GPUBUDGET_DB_URL": f"sqlite:///{STATE / 'ledger.sqlite'}"},
-    },
+    service,
     # BudgetSpawner (inside the hub) talks to the service with this token
     {"name": "gpubudget-spawner", "api_token": spawner_token},
 ]
@@ -133,12 +184,17 @@ if env("GPUBUDGET_TEST_TOKEN"):
     c.JupyterHub.services.append({"name": "gpubudget-test", "api_token": env("GPUBUDGET_TEST_TOKEN")})
     roles.append({"name": "gpubudget-test", "services": ["gpubudget-test"],
                   "scopes": ["admin:users", "admin:servers", "read:servers", "admin:server_state",
+                             "tokens",
                              "custom:gpubudget:admin", "access:services!service=gpubudget"]})
 c.JupyterHub.load_roles = roles
 
 # ---------------------------------------------------------------- BudgetSpawner, local backend
 c.JupyterHub.spawner_class = "jupyter_gpubudget.hub.BudgetSpawner"  # entry point: "gpubudget"
-c.BudgetSpawner.backend_spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+if ISOLATION_OFF is None:  # each user's server runs as their own Unix account
+    c.BudgetSpawner.backend_spawner_class = "jupyter_gpubudget.hub.localuser.MappedLocalProcessSpawner"
+    c.MappedLocalProcessSpawner.unix_user_template = UNIX_TEMPLATE
+else:
+    c.BudgetSpawner.backend_spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
 c.BudgetSpawner.service_api_url = f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget/api/v1"
 c.BudgetSpawner.service_token = spawner_token
 c.BudgetSpawner.max_queue_wait = float(env("GPUBUDGET_MAX_QUEUE_WAIT", "1800"))
@@ -150,14 +206,18 @@ c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 60
-if os.geteuid() == 0:
-    c.Spawner.args = ["--allow-root"]
-# JupyterLab: no news popup in the demo
-lab_settings = STATE / "lab-settings"
-(lab_settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True, exist_ok=True)
-(lab_settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
- ).write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
-c.Spawner.environment = {"JUPYTERLAB_SETTINGS_DIR": str(lab_settings),
-                         "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+# JupyterLab: no news popup in the demo (an admin override every user reads; each user's own
+# settings stay in their home)
+lab_app_settings = STATE / "lab-app-settings"
+lab_app_settings.mkdir(exist_ok=True)
+lab_app_settings.chmod(0o755)
+(lab_app_settings / "overrides.json").write_text(
+    '{"@jupyterlab/apputils-extension:notification": '
+    '{"fetchNews": "false", "checkForUpdates": false}}\n')
+(lab_app_settings / "overrides.json").chmod(0o644)
+c.Spawner.args = [f"--LabApp.app_settings_dir={lab_app_settings}"]
+if ISOLATION_OFF is not None and os.geteuid() == 0:
+    c.Spawner.args.append("--allow-root")
+c.Spawner.environment = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                          # where the server extension (and the CLI) reach the service
                          "GPUBUDGET_URL": f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget"}

@@ -26,7 +26,7 @@ class Launch:
     protected_until: float | None = None
     backed: bool | None = None
     resumable: bool | None = None
-    time_limit: float | None = None
+    time_limit: float | None = None  # seconds; the backend stops the attempt when it is over
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class BackendStatus:
     exit_code: int | None = None
     ended_at: float | None = None
     launched: bool = True  # False: there is no trace the attempt was ever started
+    timed_out: bool = False  # it was stopped because its time_limit was over
 
 
 class Backend(LoggingConfigurable):
@@ -67,6 +68,16 @@ class Backend(LoggingConfigurable):
 
     def check_command(self, command: list[str]) -> str | None:
         """None if the backend may run ``command``, else the reason it may not."""
+        return None
+
+    def resolve_command(self, command: list[str]) -> list[str]:
+        """The command as the backend will run it (the local backend resolves the program to
+        an absolute path); raise ``ValueError`` with the reason when it cannot be run."""
+        return command
+
+    def check_user(self, user: str) -> str | None:
+        """None if ``user``'s jobs can run here (e.g. they have a Unix account), else why not.
+        Checked at submission, so a job is refused at once instead of failing at launch."""
         return None
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:

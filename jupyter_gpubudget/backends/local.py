@@ -1,27 +1,42 @@
-"""Local backend: a batch job's command runs as a subprocess on this machine.
+"""Local backend: a batch job's command runs on this machine as the submitting user's Unix
+account, started by the privileged launcher (``jupyter_gpubudget.launcher``).
 
 The placement becomes ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, or MIG UUIDs for MIG slices) and,
 for MPS shares, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``.
-Each attempt gets a directory ``<state_dir>/<workload>/<attempt>/`` holding its pid, exit
-record and output; jobs survive a restart of the service and are found again there.
+The launcher keeps each attempt's records in ``<jobs root>/<workload>/<attempt>/`` (pid,
+exit, output.log); jobs survive a restart of the service and are found again there.
+
+How the launcher runs (``isolation``):
+
+- ``sudo``: the service is an unprivileged user and ``launcher_config`` names the launcher's
+  root-owned config; the launcher runs through ``sudo -n`` (docs/service.md has the sudoers
+  line). Jobs run as their users; the service cannot become root.
+- ``root``: the service itself is root; the launcher runs directly. Jobs still run as their
+  users, but the service's own compromise is root's.
+- ``off``: neither: the launcher runs as the service's user and so do all jobs (a developer's
+  machine). The log says so loudly.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
-import signal
+import selectors
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from traitlets import Dict, Float, List, Unicode
+from traitlets import Bool, Dict, Float, Integer, List, Unicode
+
+from jupyter_gpubudget.launcher.policy import DEFAULT_JOB_PATH
+from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
 from .base import Backend, BackendStatus, Launch
-from .local_run import proc_starttime, write_atomic
 
 
 def cuda_env(placement: list[dict], uuids: dict[tuple[str, int], str] | None = None) -> dict[str, str]:
@@ -45,132 +60,232 @@ def cuda_env(placement: list[dict], uuids: dict[tuple[str, int], str] | None = N
     return env
 
 
+class CommandError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
 class LocalBackend(Backend):
     name = "local"
 
     state_dir = Unicode("gpubudget-jobs", help="Directory holding one folder per job attempt "
-                        "(pid, exit record, output.log).").tag(config=True)
+                        "(pid, exit record, output.log). With launcher_config, the config's "
+                        "jobs_root is used instead.").tag(config=True)
     stop_grace = Float(10.0, help="Seconds between SIGTERM and SIGKILL when a job is stopped "
-                       "(preemption or cancel).").tag(config=True)
+                       "(preemption, cancel, time limit).").tag(config=True)
     start_grace = Float(5.0, help="Seconds an attempt directory without a pid file counts as "
                         "starting (a launch interrupted by a service restart).").tag(config=True)
-    extra_env = Dict({}, help="Extra environment variables for every job.").tag(config=True)
+    extra_env = Dict({}, help="Extra environment variables for every job. The names a job may "
+                     "not set are refused here too; loader variables an admin needs "
+                     "(LD_LIBRARY_PATH) go in the launcher config's 'env'.").tag(config=True)
     gpu_uuids = Dict({}, help="Map 'node/index' to the GPU UUID put in CUDA_VISIBLE_DEVICES "
                      "(default: the index).").tag(config=True)
-
     allowed_commands = List(Unicode(), [], help="Regular expressions; when set, a job is "
-                            "accepted only if its command (the shell string, or argv joined "
-                            "by spaces) fully matches one. Empty: any command.").tag(config=True)
+                            "accepted only if its command fully matches one: the shell string "
+                            "of a string command, or the argv joined by spaces with the "
+                            "program resolved to its absolute path on the job PATH (e.g. "
+                            "'/usr/bin/python3 train\\.py( .*)?'). Empty: any command."
+                            ).tag(config=True)
+
+    launcher_config = Unicode("", help="Path of the launcher's config file (JSON, owned by "
+                              "root: jobs_root, group, min_uid, path, env, workdir, umask). "
+                              "When set and the service is not root, the launcher runs through "
+                              "'sudo -n' (see 'Security model' in docs/service.md)."
+                              ).tag(config=True)
+    launcher_sudo = Bool(True, help="Run the launcher through 'sudo -n' when the service is not "
+                         "root and launcher_config is set.").tag(config=True)
+    launcher_python = Unicode(sys.executable, help="The Python that runs the launcher (the one "
+                              "named in the sudoers line).").tag(config=True)
+    unix_user_template = Unicode("{username}", help="The Unix account a hub user's jobs run "
+                                 "as; {username} is the JupyterHub user name (as "
+                                 "LocalProcessSpawner does). unix_users overrides it per user."
+                                 ).tag(config=True)
+    unix_users = Dict({}, help="Hub user name -> Unix account, for users whose account is not "
+                      "given by unix_user_template.").tag(config=True)
+    min_uid = Integer(1000, help="Jobs never run as an account with a smaller uid (root, "
+                      "system accounts). The launcher config's min_uid is used when given."
+                      ).tag(config=True)
+    job_path = Unicode("", help="The PATH of a job, and where a program named without a path is "
+                       "looked up before allowed_commands is checked. Default: the launcher "
+                       f"config's 'path', else {DEFAULT_JOB_PATH}.").tag(config=True)
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)
+        self._cfg: dict = {}
+        if self.launcher_config:
+            try:
+                self._cfg = json.loads(Path(self.launcher_config).read_text())
+            except (OSError, ValueError) as e:
+                raise OSError(f"LocalBackend.launcher_config {self.launcher_config}: {e}") \
+                    from None
+        self.jobs_root = Path(self._cfg.get("jobs_root") or self.state_dir).absolute()
+        if os.geteuid() == 0:
+            self.isolation = "root"
+        elif self.launcher_config and self.launcher_sudo:
+            self.isolation = "sudo"
+        else:
+            self.isolation = "off"
+        self._records_uid = 0 if self.isolation in ("root", "sudo") else os.geteuid()
+        self._watch = _ExitWatch(self)
+        if self.isolation == "off":
+            self.log.warning(
+                "LocalBackend: isolation is OFF: the service is not root and has no launcher "
+                "config, so batch jobs run as %s, the service's own Unix user. Fine on a "
+                "developer's machine, never on a shared one (see 'Security model' in "
+                "docs/service.md).", pwd.getpwuid(os.geteuid()).pw_name)
+        elif self.isolation == "root":
+            self.log.warning(
+                "LocalBackend: the service runs as root. Jobs run as their users' accounts "
+                "through the launcher, but run the service as an unprivileged user with a sudo "
+                "launcher on a shared machine (see 'Security model' in docs/service.md).")
+        else:
+            self.log.info("LocalBackend: jobs run as their users' accounts through "
+                          "'sudo -n %s -I -m jupyter_gpubudget.launcher --config %s'",
+                          self.launcher_python, self.launcher_config)
+
+    # ------------------------------------------------------------------ who and what
+    @property
+    def path(self) -> str:
+        return self.job_path or self._cfg.get("path") or DEFAULT_JOB_PATH
+
+    def unix_user(self, user: str) -> str:
+        """The Unix account ``user``'s jobs run as."""
+        if self.isolation == "off":
+            return pwd.getpwuid(os.geteuid()).pw_name
+        return self.unix_users.get(user) or self.unix_user_template.format(username=user)
+
+    def check_user(self, user: str) -> str | None:
+        if self.isolation == "off":
+            return None
+        name = self.unix_user(user)
+        try:
+            pw = pwd.getpwnam(name)
+        except (KeyError, ValueError):
+            return (f"hub user {user!r} has no Unix account {name!r} on the service's machine, "
+                    "so their batch jobs cannot run here; ask an admin "
+                    "(LocalBackend.unix_user_template / unix_users)")
+        min_uid = max(1, int(self._cfg.get("min_uid", self.min_uid)))
+        if pw.pw_uid == 0:
+            return f"hub user {user!r} maps to root ({name!r}); jobs never run as root"
+        if pw.pw_uid in (65534, 4294967294, 4294967295) or pw.pw_name in self._cfg.get(
+                "denied_users", ["nobody", "nfsnobody"]):
+            return f"hub user {user!r} maps to {name!r}, which may not run jobs"
+        if pw.pw_uid < min_uid:
+            return (f"hub user {user!r} maps to the system account {name!r} (uid {pw.pw_uid} < "
+                    f"{min_uid}); jobs never run as a system account")
+        return None
+
+    def resolve_command(self, command: list[str]) -> list[str]:
+        """The command with its program as an absolute path (a name is looked up on the job
+        PATH): what allowed_commands is matched against and what the launcher runs."""
+        prog = command[0]
+        if os.path.isabs(prog):
+            return [os.path.normpath(prog), *command[1:]]
+        if "/" in prog:
+            raise CommandError("command[0]", f"{prog!r} is a relative path; give a program on "
+                               "the job PATH or an absolute path")
+        found = shutil.which(prog, path=self.path)
+        if found is None:
+            raise CommandError("command[0]", f"{prog!r} is not found on the job PATH "
+                               f"({self.path})")
+        return [os.path.normpath(found), *command[1:]]
 
     def check_command(self, command: list[str]) -> str | None:
         """None if the command may run here, else the reason it may not."""
         if not self.allowed_commands:
             return None
-        text = command[2] if command[:2] == ["/bin/sh", "-c"] else " ".join(command)
+        if command[:2] == ["/bin/sh", "-c"] and len(command) == 3:
+            text = command[2]
+        else:
+            try:
+                text = " ".join(self.resolve_command(command))
+            except CommandError as e:
+                return e.message
         if any(re.fullmatch(p, text) for p in self.allowed_commands):
             return None
         return "not allowed on this service (see LocalBackend.allowed_commands)"
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
-        self._children: dict[tuple[str, int], subprocess.Popen] = {}
-
-    def _dir(self, workload: str, attempt: int) -> Path:
-        return Path(self.state_dir) / workload / str(attempt)
+    # ------------------------------------------------------------------ the launcher
+    def _launcher(self, verb: str, *args: str, spec: dict | None = None,
+                  timeout: float = 60.0) -> dict:
+        cmd = [self.launcher_python, "-I", "-m", "jupyter_gpubudget.launcher"]
+        if self.isolation == "sudo":
+            cmd = ["sudo", "-n", *cmd]
+        if self.launcher_config:
+            cmd += ["--config", self.launcher_config]
+        else:
+            cmd += ["--jobs-root", str(self.jobs_root)]
+        cmd += [verb, *args]
+        # the launcher builds the job's environment itself; it gets none of the service's
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        proc = subprocess.run(cmd, input=json.dumps(spec or {}).encode(), capture_output=True,
+                              timeout=timeout, env=env, cwd="/")
+        try:
+            out = json.loads(proc.stdout.decode(errors="replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            out = {"error": (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
+                   or f"exit status {proc.returncode}"}
+        if proc.returncode != 0 or "error" in out:
+            raise RuntimeError(f"launcher {verb}: {out.get('error')}")
+        return out
 
     def launch(self, launch: Launch) -> str:
-        d = self._dir(launch.workload, launch.attempt)
-        d.mkdir(parents=True, exist_ok=True)
         uuids = {tuple(k.split("/", 1)): v for k, v in self.gpu_uuids.items()}
         uuids = {(n, int(i)): v for (n, i), v in uuids.items()}
-        env = dict(os.environ)
-        env.update(self.extra_env)
-        env.update(launch.env)
-        env.update(cuda_env(launch.placement, uuids))
-        env.update({"GPUBUDGET_WORKLOAD": launch.workload, "GPUBUDGET_PROJECT": launch.project,
-                    "GPUBUDGET_USER": launch.user, "GPUBUDGET_ATTEMPT": str(launch.attempt),
-                    "GPUBUDGET_PLACEMENT": json.dumps(launch.placement)})
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_gpubudget.backends.local_run", str(d), "--",
-             *launch.command], env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=open(d / "wrapper.log", "ab"))  # noqa: SIM115
-        # record the pid now (the wrapper writes the same line once it runs): a restarted
-        # service must find the attempt even if the wrapper has not started yet
-        start = proc_starttime(proc.pid)
-        if start is not None and not (d / "pid").exists():
-            write_atomic(d / "pid", f"{proc.pid} {start}\n")
-        self._children[(launch.workload, launch.attempt)] = proc
-        threading.Thread(target=self._watch, args=(proc,), daemon=True,
-                         name=f"watch-{launch.workload}").start()
-        self.log.info("launched %s attempt %d as pid %d", launch.workload, launch.attempt, proc.pid)
-        return str(proc.pid)
+        job_env = cuda_env(launch.placement, uuids)
+        job_env.update({"GPUBUDGET_WORKLOAD": launch.workload,
+                        "GPUBUDGET_PROJECT": launch.project, "GPUBUDGET_USER": launch.user,
+                        "GPUBUDGET_ATTEMPT": str(launch.attempt),
+                        "GPUBUDGET_PLACEMENT": json.dumps(launch.placement)})
+        spec = {"workload": launch.workload, "attempt": launch.attempt,
+                "user": self.unix_user(launch.user),
+                "command": self.resolve_command(list(launch.command)),
+                "env": {**self.extra_env, **launch.env}, "job_env": job_env,
+                "time_limit": launch.time_limit, "grace": self.stop_grace}
+        out = self._launcher("launch", spec=spec)
+        self._watch.add(int(out["monitor_pid"]))
+        self.log.info("launched %s attempt %d as %s, pid %s", launch.workload, launch.attempt,
+                      out.get("user"), out["pid"])
+        return str(out["pid"])
 
-    def _watch(self, proc: subprocess.Popen) -> None:
-        proc.wait()
-        if self.on_exit is not None:
-            try:
-                self.on_exit()
-            except RuntimeError:  # the service is shutting down
-                pass
-
-    def _pid(self, d: Path) -> int | None:
-        try:
-            pid_s, start = (d / "pid").read_text().split()
-        except (OSError, ValueError):
-            return None
-        pid = int(pid_s)
-        return pid if proc_starttime(pid) == start else None
+    def _dir(self, workload: str, attempt: int) -> Path:
+        return self.jobs_root / workload / str(attempt)
 
     def status(self, workload: str, attempt: int) -> BackendStatus:
-        key = (workload, attempt)
-        child = self._children.get(key)
-        if child is not None and child.poll() is not None:
-            self._children.pop(key, None)  # reaped; the exit record tells the rest
         d = self._dir(workload, attempt)
-        try:
-            rec = json.loads((d / "exit").read_text())
-            return BackendStatus(False, rec["exit_code"], rec["ended_at"])
-        except (OSError, ValueError, KeyError):
-            pass
-        if self._pid(d) is not None:
-            return BackendStatus(True)
-        if child is not None and child.poll() is None:
-            return BackendStatus(True)  # wrapper starting: pid file not written yet
+        rec = read_record(d / "exit", self._records_uid)
+        if rec is not None:
+            return BackendStatus(False, rec.get("exit_code"), rec.get("ended_at"),
+                                 timed_out=bool(rec.get("timed_out")))
+        pid = read_record(d / "pid", self._records_uid)
+        if pid is not None:
+            for p, start in ((pid.get("monitor_pid"), pid.get("monitor_start")),
+                             (pid.get("pid"), pid.get("start"))):
+                if isinstance(p, int) and p > 1 and proc_starttime(p) == start:
+                    return BackendStatus(True)
+            return BackendStatus(False)  # ended without an exit record: lost
         try:
             age = time.time() - d.stat().st_mtime
         except OSError:
             return BackendStatus(False, launched=False)
-        if not (d / "pid").exists() and age < self.start_grace:
+        if age < self.start_grace:
             return BackendStatus(True)  # launched moments before a restart: not known yet
         return BackendStatus(False)
 
     def stop(self, workload: str, attempt: int) -> BackendStatus:
-        d = self._dir(workload, attempt)
-        pid = self._pid(d)
-        child = self._children.get((workload, attempt))
-        pgid = pid if pid is not None else (child.pid if child is not None else None)
-        if pgid is not None:
-            self._signal(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + self.stop_grace
-            while time.monotonic() < deadline and self.status(workload, attempt).alive:
-                time.sleep(0.05)
-            if self.status(workload, attempt).alive:
-                self._signal(pgid, signal.SIGKILL)
-                while child is not None and child.poll() is None:
-                    time.sleep(0.01)
+        if self.status(workload, attempt).alive:
+            try:
+                self._launcher("signal", workload, str(attempt), f"{self.stop_grace:g}",
+                               timeout=self.stop_grace + 60)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                self.log.error("stopping %s attempt %d: %s", workload, attempt, e)
         st = self.status(workload, attempt)
         return st if not st.alive else BackendStatus(False)
 
-    @staticmethod
-    def _signal(pgid: int, sig: int) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
-        root = Path(self.state_dir)
+        root = self.jobs_root
         if not root.is_dir():
             return out
         for wdir in root.iterdir():
@@ -181,3 +296,44 @@ class LocalBackend(Backend):
                 if key not in running and self.status(*key).alive:
                     out.append(key)
         return out
+
+
+class _ExitWatch:
+    """One thread waiting on the pidfds of the jobs' monitors: when one ends, the backend's
+    ``on_exit`` runs (the service then runs a cycle at once instead of at the next timer)."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def add(self, pid: int) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return  # already gone: the next cycle sees its exit record
+        with self.lock:
+            self.sel.register(fd, selectors.EVENT_READ, pid)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name="gpubudget-job-exits")
+                self.thread.start()
+        os.write(self.wake_w, b"x")
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self.sel.select():
+                if key.data is None:
+                    os.read(self.wake_r, 4096)
+                    continue
+                with self.lock:
+                    self.sel.unregister(key.fd)
+                os.close(key.fd)
+                if self.backend.on_exit is not None:
+                    try:
+                        self.backend.on_exit()
+                    except RuntimeError:  # the service is shutting down
+                        pass

@@ -54,6 +54,21 @@ def cmd_hub(args: argparse.Namespace) -> int:
         return 2
     env = hub_env(args)
     host = "localhost" if args.ip in ("127.0.0.1", "0.0.0.0", "") else args.ip
+    from ..hub.demo_setup import DEMO_PREFIX, SERVICE_USER, isolation_problem
+
+    Path(env["GPUBUDGET_HUB_DIR"]).mkdir(parents=True, exist_ok=True)
+    problem = ("GPUBUDGET_ISOLATION=0" if env.get("GPUBUDGET_ISOLATION") == "0" else
+               isolation_problem([ROOT / "jupyter_gpubudget" / "__init__.py",
+                                  Path(args.budgets), Path(args.inventory),
+                                  Path(env["GPUBUDGET_HUB_DIR"])],
+                                 state=Path(env["GPUBUDGET_HUB_DIR"])))
+    if problem is None:
+        who = (f"  Unix accounts: the service runs as '{SERVICE_USER}'; each user's server and "
+               f"jobs as '{DEMO_PREFIX}<user>'\n  (created if missing; a sudoers drop-in lets "
+               f"'{SERVICE_USER}' run the job launcher).")
+    else:
+        who = (f"  ISOLATION IS OFF ({problem}):\n  the service, servers and jobs all run as "
+               "your own Unix user. Fine on your own machine, never on a shared one.")
     print(f"""
   gpubudget DEMO hub  ->  http://{host}:{args.port}/
 
@@ -61,10 +76,10 @@ def cmd_hub(args: argparse.Namespace) -> int:
   password: gpubudget-demo   (DEMO ONLY: a shared password, no security)
   Inventory: declared ({Path(args.inventory).name}), budgets: {Path(args.budgets).name}
   State (hub DB, ledger, logs): {env['GPUBUDGET_HUB_DIR']}
+{who}
   Stop with Ctrl-C.
 """, flush=True)
     cmd = [sys.executable, "-m", "jupyterhub", "-f", str(hub_config_path())]
-    Path(env["GPUBUDGET_HUB_DIR"]).mkdir(parents=True, exist_ok=True)
     os.chdir(env["GPUBUDGET_HUB_DIR"])
     os.execvpe(cmd[0], cmd, env)
     return 0  # not reached

@@ -31,6 +31,9 @@ from .yamlnodes import ConfigError, Node, parse
 
 BudgetError = ConfigError
 
+MAX_TREE_DEPTH = 32  # levels of programs and projects
+MAX_GRANT_HOURS = 1e9  # the same bound the REST API puts on a grant
+
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
@@ -128,8 +131,9 @@ class Budgets:
     admins: frozenset[str]
 
 
-def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
-    """Parse and validate a budgets YAML document; raise :class:`BudgetError` on any problem."""
+def load_budgets(text: str | bytes, source: str = "<budgets>") -> Budgets:
+    """Parse and validate a budgets YAML document (text, or the file's bytes: UTF-8 is
+    checked); raise :class:`BudgetError` on any problem."""
     root = parse(text, source)
     top = root.mapping(_TOP_KEYS)
     if "accounts" not in top:
@@ -172,16 +176,7 @@ def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
             parent_of[name] = p
         else:
             parent_of[name] = nested_parent
-    for name in raw:
-        seen = [name]
-        cur = parent_of[name]
-        while cur is not None:
-            if cur in seen:
-                cycle = " -> ".join([*seen[seen.index(cur):], cur])
-                node = declared_parent.get(name, raw[name][0])
-                raise node.error(f"accounts form a cycle: {cycle}")
-            seen.append(cur)
-            cur = parent_of[cur]
+    _check_tree(raw, parent_of, declared_parent)
 
     children: dict[str, list[str]] = {n: [] for n in raw}
     for name, par in parent_of.items():
@@ -195,7 +190,7 @@ def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
         if "grant" in fields and "share" in fields:
             raise fields["share"].error("give either 'grant' (GPU-hours) or 'share' (percent), not both")
         if "grant" in fields:
-            grant = fields["grant"].number(minimum=None)
+            grant = fields["grant"].number(minimum=None, maximum=MAX_GRANT_HOURS)
             if grant < 0:
                 raise fields["grant"].error(f"a grant cannot be negative, got {grant:g}")
         if "share" in fields:
@@ -219,6 +214,32 @@ def load_budgets(text: str, source: str = "<budgets>") -> Budgets:
 
     roots = tuple(n for n, a in accounts.items() if a.parent is None)
     return Budgets(AccountTree(accounts, roots), policy, admins)
+
+
+def _check_tree(raw: dict[str, tuple[Node, str | None]], parent_of: dict[str, str | None],
+                declared_parent: dict[str, Node]) -> None:
+    """Refuse cycles and trees deeper than MAX_TREE_DEPTH; each account is walked once
+    (linear in the number of accounts, whatever the shape)."""
+    depth: dict[str, int] = {}
+    for name in raw:
+        chain: list[str] = []
+        on_chain: set[str] = set()
+        cur: str | None = name
+        while cur is not None and cur not in depth:
+            if cur in on_chain:
+                cycle = " -> ".join([*chain[chain.index(cur):], cur])
+                node = declared_parent.get(cur, raw[cur][0])
+                raise node.error(f"accounts form a cycle: {cycle}")
+            chain.append(cur)
+            on_chain.add(cur)
+            cur = parent_of[cur]
+        base = depth[cur] if cur is not None else 0
+        for i, a in enumerate(reversed(chain)):
+            depth[a] = base + i + 1
+            if depth[a] > MAX_TREE_DEPTH:
+                node = declared_parent.get(a, raw[a][0])
+                raise node.error(f"the account tree is deeper than {MAX_TREE_DEPTH} levels "
+                                 f"at {a!r}")
 
 
 def _collect(mapping_node: Node, parent: str | None, raw: dict[str, tuple[Node, str | None]],

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .inventory import Inventory
+from .inventory import GpuSpec, Inventory, NodeSpec
 from .mig import profiles_for
 from .model import Decision, SliceRequest, Start, Workload
 from .placement import place
@@ -61,22 +61,41 @@ def slice_choices(inventory: Inventory) -> list[dict]:
 
 def not_offered(inventory: Inventory, req: SliceRequest) -> tuple[str, str] | None:
     """Why no hardware in the inventory could ever hold ``req`` — ``(field, message)`` — or
-    None. Such a request is refused at submission instead of waiting in the queue forever."""
-    keys = {c["key"] for c in slice_choices(inventory)}
+    None. Such a request is refused at submission (batch jobs and sessions alike) instead of
+    waiting in the queue forever."""
+    present = sorted({g.model for n in inventory.nodes for g in n.gpus})
+    wanted = set(req.gpu_model.split("|")) if req.gpu_model else None
+    if wanted is not None:
+        unknown = sorted(wanted - set(present))
+        if unknown:
+            return "gpu_model", (f"no GPU of model {unknown[0]!r} here (models: "
+                                 f"{', '.join(present) or 'none'})")
+
+    def whole(node: NodeSpec) -> list[GpuSpec]:
+        return [g for g in node.gpus if not g.mig and (wanted is None or g.model in wanted)]
+
     if req.kind == "mig":
-        if f"mig:{req.profile}" not in keys:
-            offered = sorted(k[4:] for k in keys if k.startswith("mig:"))
+        offered = sorted({p for n in inventory.nodes for g in n.gpus
+                          if g.mig and (wanted is None or g.model in wanted)
+                          for p in profiles_for(g.model)})
+        if req.profile not in offered:
             return "slice", (f"no MIG-partitioned GPU here offers {req.profile!r} "
                              f"(offered: {', '.join(offered) or 'none'})")
     elif req.kind == "gpu":
-        most = max((sum(1 for g in n.gpus if not g.mig) for n in inventory.nodes), default=0)
+        most = max((len(whole(n)) for n in inventory.nodes), default=0)
         if req.gpus > most and req.single_node:
             return "gpus", f"at most {most} whole GPUs on one node"
-        total = sum(sum(1 for g in n.gpus if not g.mig) for n in inventory.nodes)
+        total = sum(len(whole(n)) for n in inventory.nodes)
         if req.gpus > total:
             return "gpus", f"the cluster has {total} whole GPUs"
-    elif req.kind == "mps" and not any(k.startswith("mps:") for k in keys):
-        return "slice", "no GPU here takes MPS shares"
+    elif req.kind == "mps":
+        gpus = [g for n in inventory.nodes for g in whole(n)]
+        if not gpus:
+            return "slice", "no GPU here takes MPS shares"
+        mem = max(g.memory_mib for g in gpus)
+        if mem and req.gpu_memory_mib > mem:
+            return "slice", (f"an MPS share of {req.gpu_memory_mib} MiB is more than a GPU "
+                             f"here has ({mem} MiB)")
     return None
 
 

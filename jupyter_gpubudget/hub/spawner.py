@@ -42,11 +42,14 @@ def normalise_slice(opts: dict) -> dict:
     """user_options -> the service's session fields (slice key or gpus)."""
     out: dict[str, Any] = {}
     if "gpus" in opts and opts["gpus"] not in (None, ""):
-        try:
-            out["gpus"] = int(opts["gpus"])
-        except (TypeError, ValueError):
-            raise web.HTTPError(400, f"gpus: expected a whole number, got {opts['gpus']!r}") \
-                from None
+        g = opts["gpus"]
+        if isinstance(g, str) and g.strip().isdigit() and len(g.strip()) <= 6:
+            g = int(g.strip())
+        elif isinstance(g, float) and g.is_integer():
+            g = int(g)
+        if isinstance(g, bool) or not isinstance(g, int):  # 2.9 is refused, never truncated
+            raise web.HTTPError(400, f"gpus: expected a whole number, got {opts['gpus']!r}")
+        out["gpus"] = g
         return out
     sl = str(opts.get("slice") or "cpu")
     if sl.startswith("mig:"):

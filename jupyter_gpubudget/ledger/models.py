@@ -51,7 +51,7 @@ class GrantRow(Base):
 
 class WorkloadRow(Base):
     """A notebook session or batch job. ``state``: pending, running, done, failed, cancelled,
-    preempted (terminal, not resumable)."""
+    preempted (terminal, not resumable), timeout (stopped at its time_limit)."""
 
     __tablename__ = "workloads"
     __table_args__ = (Index("ix_workloads_state", "state"), Index("ix_workloads_user", "user"),

@@ -30,7 +30,7 @@ from .models import (
     WorkloadRow,
 )
 
-TERMINAL = ("done", "failed", "cancelled", "preempted")
+TERMINAL = ("done", "failed", "cancelled", "preempted", "timeout")
 STATES = ("pending", "running", *TERMINAL)
 
 

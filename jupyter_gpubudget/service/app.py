@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tornado import httpserver, web
-from traitlets import Bool, Enum, Float, Integer, Type, Unicode, default
+from traitlets import Bool, Enum, Float, Integer, TraitError, Type, Unicode, default, validate
 from traitlets.config import Application
 
 from jupyter_gpubudget.backends.base import Backend
@@ -39,6 +39,23 @@ from .views import grant_json
 def finite(x: float | None) -> float | None:
     """JSON has no infinity: a standing with no grant is reported as null."""
     return x if x is not None and math.isfinite(x) else None
+
+
+def private_sqlite(url: str) -> None:
+    """An SQLite ledger and its -wal/-shm files are readable by the service's user only
+    (SQLite gives -wal/-shm the database file's mode): create the file 0600, or take group
+    and other bits off an existing one."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(u.database + suffix)
+        if suffix == "":
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
+        if p.exists() and p.stat().st_mode & 0o077:
+            p.chmod(0o600)
 
 
 class GpuBudgetService(Application):
@@ -111,10 +128,26 @@ class GpuBudgetService(Application):
     unhealthy_after_intervals = Float(3.0, help="/healthz answers 503 when no scheduling "
                                       "cycle succeeded for this many cycle intervals (plus 30 "
                                       "s).").tag(config=True)
+    max_body_bytes = Integer(1024 * 1024, help="Largest request body accepted (bytes); a "
+                             "larger one is answered 413. Each field has its own limit too "
+                             "(docs/service.md, 'Limits').").tag(config=True)
+    umask = Unicode("0077", help="The service process's umask (octal): the ledger (and its "
+                    "-wal/-shm), logs and anything else it creates are private to its user."
+                    ).tag(config=True)
     session_stale_after = Float(help="Seconds without a word from the hub about a session "
                                 "(long-poll while queued, heartbeat while running) after which "
                                 "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
                                 "300).").tag(config=True)
+
+    @validate("umask")
+    def _check_umask(self, proposal: dict) -> str:
+        try:
+            if 0 <= int(proposal["value"], 8) <= 0o777:
+                return proposal["value"]
+        except ValueError:
+            pass
+        raise TraitError(f"umask: expected an octal string such as '0077', "
+                         f"got {proposal['value']!r}")
 
     @default("session_stale_after")
     def _stale(self) -> float:
@@ -161,6 +194,7 @@ class GpuBudgetService(Application):
         super().initialize(argv)
         if self.config_file:
             self.load_config_file(self.config_file)
+        os.umask(int(self.umask, 8))
         self.budgets = self._load_budgets()
         self._budgets_mtime = self._mtime()
         self.backend: Backend = self.backend_class(parent=self, log=self.log)
@@ -177,6 +211,7 @@ class GpuBudgetService(Application):
                 None if self.inventory_source == "nvml" else self.inventory_file)
         self.log.info("gpubudget inventory: %s (%d GPUs)", self.inventory_message,
                       self.inventory.gpu_count)
+        private_sqlite(self.db_url)
         upgrade(self.db_url)  # Alembic migrations on every start (a no-op when current)
         self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous,
                               busy_timeout=self.ledger_busy_timeout)
@@ -214,7 +249,7 @@ class GpuBudgetService(Application):
             return 0.0
 
     def _load_budgets(self) -> Budgets:
-        return load_budgets(Path(self.budgets_file).read_text(), self.budgets_file)
+        return load_budgets(Path(self.budgets_file).read_bytes(), self.budgets_file)
 
     def tree(self) -> AccountTree:
         """The budgets file's tree, re-read when the file changed (a bad edit is logged and
@@ -364,7 +399,8 @@ class GpuBudgetService(Application):
             await aloop.run_in_executor(self.worker, self.loop.cycle)
         except Exception:  # reported by /healthz; the timer keeps trying
             self.log.exception("first scheduling cycle failed")
-        server = httpserver.HTTPServer(self.make_app(), xheaders=True)
+        server = httpserver.HTTPServer(self.make_app(), xheaders=True,
+                                       max_body_size=max(64 << 20, self.max_body_bytes))
         server.listen(self.port, self.ip)
         self.log.info("gpubudget service on http://%s:%d%s (ledger %s)", self.ip, self.port,
                       self.service_prefix, self.engine.url.render_as_string(hide_password=True))

@@ -18,15 +18,17 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from tornado import web
 
 from jupyter_gpubudget.core.accounts import AccountTree
+from jupyter_gpubudget.launcher.policy import bad_text
 from jupyter_gpubudget.ledger import LedgerError
+from jupyter_gpubudget.ledger.store import STATES as LEDGER_STATES
 
 from .auth import Caller, Denied
-from .validate import Invalid
+from .validate import Invalid, check_strings
 
 if TYPE_CHECKING:
     from .app import GpuBudgetService
 
-STATES = {"pending", "running", "done", "failed", "cancelled", "preempted"}
+STATES = set(LEDGER_STATES)
 T = TypeVar("T")
 
 #: what a busy, locked, read-only or unreachable ledger raises: answered 503 + Retry-After
@@ -41,17 +43,38 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
 
+@web.stream_request_body
 class BaseHandler(web.RequestHandler):
     """Token-authenticated requests need no XSRF token; a state change authenticated by the
-    OAuth cookie must carry JupyterHub's (``X-XSRFToken`` header or ``_xsrf`` argument, from
-    the ``_xsrf`` cookie): ``HubOAuth`` applies JupyterHub's check before it accepts the cookie,
-    so a forged cross-site request is simply unauthenticated (403)."""
+    OAuth cookie must carry JupyterHub's (``X-XSRFToken`` header or ``?_xsrf=``, from the
+    ``_xsrf`` cookie): ``HubOAuth`` applies JupyterHub's check before it accepts the cookie,
+    so a forged cross-site request is simply unauthenticated (403).
+
+    Bodies are streamed in and kept only up to ``GpuBudgetService.max_body_bytes``; a larger
+    body is answered 413 (read to its end, so the client gets the answer)."""
 
     svc: GpuBudgetService
 
     def initialize(self, svc: GpuBudgetService) -> None:
         self.svc = svc
         self.hub_auth = svc.hub_auth
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def data_received(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size <= self.svc.max_body_bytes:
+            self._chunks.append(chunk)
+        else:
+            self._chunks = []
+
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        out = super().decode_argument(value, name)
+        why = bad_text(out)
+        if why:
+            field = name or "path"
+            raise ApiError(400, f"{field}: {why}", field)
+        return out
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
@@ -119,10 +142,19 @@ class BaseHandler(web.RequestHandler):
         return Caller.from_hub_model(model, self.svc.service_name)
 
     def body(self) -> Any:
+        limit = self.svc.max_body_bytes
+        if self._size > limit:
+            raise ApiError(413, f"body: {self._size} bytes; at most {limit} bytes are accepted",
+                           "body")
+        raw = b"".join(self._chunks)
         try:
-            return json.loads(self.request.body or b"null")
+            obj = json.loads(raw or b"null")
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"body: not valid JSON ({e})", "body") from None
+        except RecursionError:
+            raise ApiError(400, "body: JSON nested too deeply", "body") from None
+        check_strings(obj)
+        return obj
 
     def send(self, obj: Any, status: int = 200) -> None:
         self.set_status(status)

@@ -83,6 +83,9 @@ class SchedulingLoop:
         self.view = View()
         self.lock = threading.Lock()  # one cycle or state change of a running workload at a time
         self._reserved: dict[str, float] = {}
+        #: seconds past a job's time_limit after which the loop stops it itself: a backend's
+        #: own enforcement (the local launcher's: SIGTERM, grace, SIGKILL) comes first
+        self.time_limit_slack = float(getattr(backend, "stop_grace", 10.0)) + 30.0
         self._drained: set[str] = set()
         self._unhealthy: dict[str, str] = {}  # node -> reason, as the engine reports it
         self._usage_checked_at = 0.0
@@ -118,6 +121,9 @@ class SchedulingLoop:
             state, reason, by = ("pending" if row.resumable else "preempted"), "preempted", "preempt"
         elif intent == "cancelling":
             state, reason, by = "cancelled", "cancelled", "cancel"
+        elif st.timed_out:
+            state, by = "timeout", "timeout"
+            reason = f"time limit ({row.time_limit or 0:g} s) reached; stopped"
         elif st.exit_code is not None:
             state = "done" if st.exit_code == 0 else "failed"
             reason, by = f"exit code {st.exit_code}", "exit"
@@ -148,6 +154,13 @@ class SchedulingLoop:
             if iv is None:  # cannot happen (start opens one in the same transaction)
                 continue
             st = self.backend.status(row.id, iv.seq)
+            if st.alive and row.time_limit is not None \
+                    and now > iv.start + row.time_limit + self.time_limit_slack:
+                # the backend did not enforce the limit itself (the local launcher does)
+                self.ledger.record_decision(now=now, kind="timeout", workload=row.id,
+                                            reason=f"time limit {row.time_limit:g} s")
+                st = self.backend.stop(row.id, iv.seq)
+                st = BackendStatus(False, st.exit_code, st.ended_at or now, timed_out=True)
             if st.alive:
                 alive.append(row.id)
             else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyter_gpubudget.ledger.store import STATES
+
 NAME = {"type": "string", "minLength": 1}
 WORKLOAD_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$"}
 NUM = {"type": "number"}
@@ -16,8 +18,7 @@ ERROR = {"type": "object", "required": ["status", "message"],
 WORKLOAD = {"type": "object", "properties": {
     "id": {"type": "string"}, "name": {"type": "string"}, "project": {"type": "string"},
     "user": {"type": "string"}, "kind": {"type": "string"},
-    "state": {"type": "string",
-              "enum": ["pending", "running", "done", "failed", "cancelled", "preempted"]},
+    "state": {"type": "string", "enum": list(STATES)},
     "request": {"type": "object"},
     "placement": {"type": "array", "nullable": True, "items": {"type": "object"}},
     "submitted_at": NUM, "started_at": NULL_NUM, "ended_at": NULL_NUM,
@@ -78,6 +79,8 @@ def _op(summary: str, ok: dict, *, auth: bool = True, params: list | None = None
         op["requestBody"] = {"required": True,
                              "content": {"application/json": {"schema": body}}}
         op["responses"]["400"] = _resp("Malformed request (the field is named)", ERROR)
+        op["responses"]["413"] = _resp("Request body too large (GpuBudgetService."
+                                       "max_body_bytes)", ERROR)
     for code, desc in (extra or {}).items():
         op["responses"][code] = _resp(desc, ERROR)
     return op

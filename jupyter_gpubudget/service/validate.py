@@ -7,6 +7,15 @@ import re
 from typing import Any
 
 from jupyter_gpubudget.core.model import SliceRequest
+from jupyter_gpubudget.core.offer import not_offered
+from jupyter_gpubudget.launcher.policy import (
+    MAX_COMMAND_CHARS,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    argv_problem,
+    bad_text,
+    env_problem,
+)
 
 
 class Invalid(ValueError):
@@ -19,7 +28,7 @@ class Invalid(ValueError):
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _MIG = re.compile(r"^(?:mig:)?(\d+)g\.(\d+)gb$")
-_MPS = re.compile(r"^mps:(\d+)(?::(\d+))?$")
+_MPS = re.compile(r"^mps:(\d{1,6})(?::(\d{1,12}))?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
@@ -61,9 +70,59 @@ def _str(body: dict, key: str, required: bool = False, pattern: re.Pattern | Non
     v = body[key]
     if not isinstance(v, str) or not v.strip():
         raise Invalid(key, "expected a non-empty string")
+    if len(v) > 200:
+        raise Invalid(key, "at most 200 characters")
+    if bad_text(v):
+        raise Invalid(key, bad_text(v) or "")
     if pattern is not None and not pattern.match(v):
         raise Invalid(key, f"{v!r} is not a valid name")
     return v
+
+
+def _text(body: dict, key: str, limit: int) -> str:
+    """An optional free-text field (a name, a note): at most ``limit`` characters of text."""
+    v = body.get(key, "")
+    if v is None:
+        return ""
+    if not isinstance(v, str) or len(v) > limit:
+        raise Invalid(key, f"expected a string of at most {limit} characters")
+    why = bad_text(v)
+    if why:
+        raise Invalid(key, why)
+    return v
+
+
+def check_strings(obj: Any, limit: int = 100_000) -> None:
+    """Refuse a parsed JSON body holding a string no database or process can take (a NUL, a
+    lone surrogate), naming its field; walks iteratively (any depth) over at most ``limit``
+    values."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    seen = 0
+    while stack:
+        path, v = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise Invalid("body", f"more than {limit} values")
+        if isinstance(v, str):
+            why = bad_text(v)
+            if why:
+                raise Invalid(path or "body", why)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                why = bad_text(k)
+                if why:
+                    raise Invalid(path or "body", f"a key {why}")
+                stack.append((f"{path}.{k}" if path else k, x))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+
+
+def check_offered(inventory: Any, req: SliceRequest) -> None:
+    """400 (naming the field) for a request no hardware here could ever hold: one check for
+    batch jobs and sessions alike."""
+    why = not_offered(inventory, req)
+    if why is not None:
+        raise Invalid(*why)
 
 
 def _bool(body: dict, key: str, default: bool = False) -> bool:
@@ -103,24 +162,27 @@ def parse_job(body: Any) -> dict:
     body = _check_keys(body, JOB_FIELDS)
     cmd = body.get("command")
     if isinstance(cmd, str) and cmd.strip():
+        if len(cmd) > MAX_COMMAND_CHARS:
+            raise Invalid("command", f"at most {MAX_COMMAND_CHARS} characters")
+        if bad_text(cmd):
+            raise Invalid("command", bad_text(cmd) or "")
         command = ["/bin/sh", "-c", cmd]
-    elif isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd):
-        command = list(cmd)
     elif cmd is None:
         raise Invalid("command", "is required")
     else:
-        raise Invalid("command", "expected a string or a non-empty list of strings")
+        why = argv_problem(cmd)
+        if why:
+            raise Invalid(*why)
+        command = list(cmd)
     project = _str(body, "project", required=True)
     kind = _str(body, "kind", default="batch")
     if kind not in ("batch", "debug"):
         raise Invalid("kind", "a job is 'batch' or 'debug'")
     env = body.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                            for k, v in env.items()):
-        raise Invalid("env", "expected a mapping of strings to strings")
-    name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > 200:
-        raise Invalid("name", "expected a string of at most 200 characters")
+    why = env_problem(env)
+    if why:
+        raise Invalid(*why)
+    name = _text(body, "name", MAX_NAME_CHARS)
     tl = body.get("time_limit")
     return {
         "command": command, "project": project, "kind": kind, "name": name, "env": env,
@@ -149,9 +211,7 @@ def parse_grant(body: Any) -> dict:
         raise Invalid("share_pct", "give either 'grant_hours' or 'share_pct', not both")
     if hours is None and share is None:
         raise Invalid("grant_hours", "give 'grant_hours' or 'share_pct'")
-    note = body.get("note", "")
-    if not isinstance(note, str) or len(note) > 2000:
-        raise Invalid("note", "expected a string of at most 2000 characters")
+    note = _text(body, "note", MAX_NOTE_CHARS)
     return {"grant_hours": hours, "share_pct": share, "note": note}
 
 
@@ -221,8 +281,6 @@ def parse_session(body: Any) -> dict:
         req = request_from_choice(sl)
     else:
         req = parse_slice({k: body[k] for k in ("gpus", "slice", "gpu_model") if k in body})
-    name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > 200:
-        raise Invalid("name", "expected a string of at most 200 characters")
+    name = _text(body, "name", MAX_NAME_CHARS)
     return {"user": body["user"], "project": body["project"], "request": req, "name": name,
             "min_runtime": duration(body.get("min_runtime", 0), "min_runtime")}

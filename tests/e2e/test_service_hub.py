@@ -12,7 +12,8 @@ import time
 import pytest
 import requests
 
-from tests.fixtures.hub import BUDGETS, INVENTORY, free_port, http, start_hub
+from tests.fixtures.hub import BUDGETS, INVENTORY, USERS, free_port, http, start_hub
+from tests.fixtures.unixusers import ensure_accounts
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def managed_hub(tmp_path_factory):
         "command": [sys.executable, "-m", "jupyter_gpubudget.service",
                     f"--budgets={d / 'budgets.yaml'}", f"--inventory={d / 'inventory.yaml'}",
                     f"--db=sqlite:///{d / 'ledger.sqlite'}", f"--jobs-dir={d / 'jobs'}",
-                    "--cycle-interval=0.5"],
+                    "--cycle-interval=0.5", *ensure_accounts(USERS)],
         "cwd": str(d),
     }
     hub = start_hub(d / "hub", services=[service])

@@ -68,7 +68,7 @@ def test_idle_session_is_reported_then_preempted_and_its_charge_ends(hub):
     wait(lambda: not (http("GET", f"{hub.api}/users/alice", hub.token)[1]
                       .get("servers") or {}), "alice's server still listed", hub)
 
-    led = Ledger(connect(f"sqlite:///{hub.dir / 'state' / 'ledger.sqlite'}", read_only=True))
+    led = Ledger(connect(hub.ledger_url, read_only=True))
     ca = [c for c in led.charges() if c.user == "alice"]
     assert len(ca) == 1 and ca[0].end is not None and ca[0].closed_by == "preempt"
     kinds = [d.kind for d in led.decisions(workloads=[a["id"]])]

@@ -122,7 +122,7 @@ def test_queue_progress_start_on_release_env_and_charges(hub):
         assert time.monotonic() < deadline, all_
         time.sleep(0.2)
 
-    led = Ledger(connect(f"sqlite:///{hub.dir / 'state' / 'ledger.sqlite'}", read_only=True))
+    led = Ledger(connect(hub.ledger_url, read_only=True))
     charges = {c.user: c for c in led.charges()}
     assert set(charges) == {"alice", "carol"}
     a, c = charges["alice"], charges["carol"]
@@ -169,5 +169,5 @@ def test_a_queued_spawn_can_be_cancelled_and_gives_up_after_the_maximum_wait(hub
     assert s["state"] == "cancelled"
 
     http("DELETE", f"{hub.api}/users/alice/server", hub.token)
-    led = Ledger(connect(f"sqlite:///{hub.dir / 'state' / 'ledger.sqlite'}", read_only=True))
+    led = Ledger(connect(hub.ledger_url, read_only=True))
     assert [c.user for c in led.charges() if c.user == "carol"] == ["carol"]  # only the first run

@@ -58,7 +58,7 @@ def test_running_session_survives_a_hub_restart(setup):
         srv = hub.wait_ready("alice")
         assert srv["state"]["gpubudget_session"]
         wid = srv["state"]["gpubudget_session"]
-        led = Ledger(connect(f"sqlite:///{d / 'state' / 'ledger.sqlite'}", read_only=True))
+        led = Ledger(connect(hub.ledger_url, read_only=True))
         before = led.open_interval(wid).checkpoint
         deadline = time.monotonic() + 30
         while led.open_interval(wid).checkpoint <= before:  # heartbeats resumed

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpubudget.hub.demo_setup import reachable
+from tests.fixtures.unixusers import shared_tmp
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "hub_config" / "jupyterhub_config.py"
 
@@ -87,6 +90,17 @@ class DemoHub:
     def svc(self) -> str:
         return self.url + "/services/gpubudget/api/v1"
 
+    @property
+    def ledger_path(self) -> Path:
+        """The ledger (in the service's own directory when it runs as its own user)."""
+        state = self.dir / "state"
+        own = state / "service" / "ledger.sqlite"
+        return own if own.exists() else state / "ledger.sqlite"
+
+    @property
+    def ledger_url(self) -> str:
+        return f"sqlite:///{self.ledger_path}"
+
     def logtail(self, n: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-n:]
 
@@ -123,15 +137,43 @@ class DemoHub:
             pass
 
 
+def _shared_state(d: Path, budgets: Path | None, inventory: Path | None
+                  ) -> tuple[Path, Path | None, Path | None]:
+    """The hub's state directory, and the budgets and inventory files, where the service's and
+    the demo users' Unix accounts can reach them (pytest's temporary directory is 0700 to
+    them): ``d/state`` links to a directory under /tmp; files the accounts cannot read are
+    hard-linked there (the same file: a test editing it edits what the service reads)."""
+    state = d / "state"
+    if os.geteuid() != 0 or (state.exists() and not state.is_symlink()):
+        return state, budgets, inventory  # isolation is off, or a state directory made before
+    if not state.is_symlink():
+        state.symlink_to(shared_tmp("gpubudget-hub-"))
+    shared = state.resolve()
+    out = []
+    for f in (budgets, inventory):
+        if f is not None and reachable(f) is not None:
+            link = shared / f"input-{f.name}"
+            if not link.exists():  # (a restarted hub finds it made)
+                try:
+                    os.link(f, link)
+                except OSError:
+                    shutil.copy(f, link)
+                link.chmod(0o644)
+            f = link
+        out.append(f)
+    return state, out[0], out[1]
+
+
 def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None = None,
                    env: dict | None = None, via_cli: bool = False) -> DemoHub:
     require_hub_parts()
     d.mkdir(parents=True, exist_ok=True)
+    state, budgets, inventory = _shared_state(d, budgets, inventory)
     port = free_port()
     token = secrets.token_hex(16)
     e = dict(os.environ)
     e.update({
-        "GPUBUDGET_HUB_DIR": str(d / "state"), "GPUBUDGET_HUB_PORT": str(port),
+        "GPUBUDGET_HUB_DIR": str(state.resolve()), "GPUBUDGET_HUB_PORT": str(port),
         "GPUBUDGET_SERVICE_PORT": str(free_port()), "GPUBUDGET_PROXY_API_PORT": str(free_port()),
         "GPUBUDGET_HUB_API_PORT": str(free_port()), "GPUBUDGET_TEST_TOKEN": token,
         "GPUBUDGET_CYCLE_INTERVAL": "1", "GPUBUDGET_QUEUE_POLL": "0.3",

@@ -41,7 +41,7 @@ def test_servers_stopped_during_shutdown_are_settled_when_the_service_is_back(tm
     log = hub.logtail(400_000)
     assert "the stop is kept" in log, log[-4000:]
 
-    led = Ledger(connect(f"sqlite:///{tmp_path / 'state' / 'ledger.sqlite'}", read_only=True))
+    led = Ledger(connect(hub.ledger_url, read_only=True))
     assert wid in led.open_intervals()  # what the old code left behind for good
 
     time.sleep(2)  # time that must not be charged

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from jupyter_gpubudget.backends.base import Launch
-from jupyter_gpubudget.backends.local import LocalBackend, cuda_env
+from jupyter_gpubudget.backends.local import LocalBackend as _LocalBackend
+from jupyter_gpubudget.backends.local import cuda_env
+from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
+
+
+def LocalBackend(**kw):  # noqa: ANN003, ANN201, N802 - as root, bob's jobs run as gbt-bob
+    if os.geteuid() == 0:
+        ensure_accounts(["bob"])
+        kw.setdefault("unix_user_template", TEMPLATE)
+    return _LocalBackend(**kw)
 
 
 def test_cuda_env_for_whole_mig_and_mps():
@@ -51,7 +61,12 @@ def test_stop_terminates_the_process_group_and_orphans_are_listed(tmp_path):
 
 
 def test_allowed_commands():
-    b = LocalBackend(allowed_commands=["python train\\.py .*"])
+    b = LocalBackend(allowed_commands=["python train\\.py .*", "/usr/bin/sleep [0-9]+"])
     assert b.check_command(["/bin/sh", "-c", "python train.py --lr 1"]) is None
     assert b.check_command(["rm", "-rf", "/"]) is not None
+    # a program name is resolved on the job PATH before it is matched
+    assert b.resolve_command(["sleep", "3"]) == ["/usr/bin/sleep", "3"]
+    assert b.check_command(["sleep", "3"]) is None
+    assert b.check_command(["/usr/bin/../bin/sleep", "3"]) is None
+    assert b.check_command(["/tmp/sleep", "3"]) is not None
     assert LocalBackend().check_command(["anything"]) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..auth import SCOPE_SUBMIT, Denied
 from ..base import ApiError, BaseHandler
 from ..state import request_to_dict
-from ..validate import parse_job
+from ..validate import check_offered, parse_job
 from ..views import workload_json
 
 
@@ -31,7 +31,17 @@ class JobsHandler(BaseHandler):
             raise ApiError(400, f"project: {job['project']!r} is a program; jobs charge a "
                                 "project (a leaf account)", "project")
         c.require_submit(tree, job["project"])
-        refused = self.svc.backend.check_command(job["command"])
+        check_offered(self.svc.inventory, job["request"])
+        backend = self.svc.backend
+        refused = backend.check_user(c.name)
+        if refused:
+            raise ApiError(403, f"user: {refused}", "user")
+        try:
+            job["command"] = backend.resolve_command(job["command"])
+        except ValueError as e:
+            field = getattr(e, "field", "command")
+            raise ApiError(400, f"{field}: {getattr(e, 'message', e)}", field) from None
+        refused = backend.check_command(job["command"])
         if refused:
             raise ApiError(400, f"command: {refused}", "command")
         now = self.svc.clock()

@@ -8,9 +8,8 @@ The endpoints are documented in docs/hub.md and the OpenAPI document.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from jupyter_gpubudget.core.offer import not_offered, slice_choices
+from jupyter_gpubudget.core.offer import slice_choices
 from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
@@ -18,20 +17,13 @@ from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
 from ..state import request_to_dict
-from ..validate import Invalid, duration, parse_session
+from ..validate import check_offered, duration, parse_session
 from ..views import workload_json
 
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
 END_REASONS = {"stop": ("done", "stop"), "cull": ("done", "cull"),
                "preempt": ("preempted", "preempt"), "failed": ("failed", "exit"),
                "timeout": ("cancelled", "cancel")}
-
-
-def check_offered(inventory: Any, req: Any) -> None:
-    """400 (naming the field) for a request no hardware here could ever hold."""
-    why = not_offered(inventory, req)
-    if why is not None:
-        raise Invalid(*why)
 
 
 class _SessionBase(BaseHandler):

@@ -1,0 +1,63 @@
+"""``python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR) VERB [ARG ...]``
+
+Answers one JSON line on stdout: the verb's result, or ``{"error": "..."}`` with exit status 2
+for a refusal (nothing was done). The arguments are read strictly in this order, so a sudoers
+line that pins ``--config FILE`` followed by ``*`` cannot be overridden by later arguments.
+``--jobs-root`` (no config file) is refused when the launcher was started by sudo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from . import jobs
+from .config import LauncherConfig, LauncherError, load_config, make_config
+
+#: verb -> function(config, args, stdin) -> dict; one module per group of verbs
+VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]] = {
+    "launch": jobs.launch,
+    "signal": jobs.signal_job,
+}
+
+USAGE = ("usage: python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR) "
+         f"VERB [ARG ...]; verbs: {', '.join(sorted(VERBS))}")
+
+
+def run(argv: list[str], stdin: BinaryIO) -> tuple[int, dict]:
+    if len(argv) < 3 or argv[0] not in ("--config", "--jobs-root"):
+        return 2, {"error": USAGE}
+    how, where, verb, args = argv[0], argv[1], argv[2], argv[3:]
+    try:
+        if how == "--config":
+            cfg = load_config(where)
+        else:
+            if "SUDO_UID" in os.environ and os.geteuid() == 0:
+                raise LauncherError("--jobs-root: under sudo the launcher takes its settings "
+                                    "only from a config file (--config)")
+            if not os.path.isabs(where):
+                raise LauncherError("--jobs-root: give an absolute path")
+            cfg = make_config(where)
+        fn = VERBS.get(verb)
+        if fn is None:
+            raise LauncherError(f"unknown verb {verb!r}; verbs: {', '.join(sorted(VERBS))}")
+        return 0, fn(cfg, args, stdin)
+    except LauncherError as e:
+        return 2, {"error": str(e)}
+    except OSError as e:
+        return 1, {"error": f"{type(e).__name__}: {e}"}
+
+
+def main() -> None:
+    os.umask(0o077)
+    code, out = run(sys.argv[1:], sys.stdin.buffer)
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

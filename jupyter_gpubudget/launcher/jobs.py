@@ -1,0 +1,422 @@
+"""Verbs for batch jobs: ``launch`` (the spec comes as JSON on stdin) and ``signal`` (stop a
+job's process group: SIGTERM, a grace period, SIGKILL).
+
+``launch`` checks the spec again (the service already did: this is defence in depth), makes
+the attempt's directory under the jobs root, and forks a *monitor* that stays for the job's
+lifetime: it starts the job in a new session as the job's user (never root: uid 0 and system
+accounts are refused), records its pid and start time, enforces ``time_limit`` (SIGTERM,
+grace, SIGKILL; the exit record then says ``timed_out``), waits for it, ends what is left of
+its process group, and writes the exit record. The monitor keeps the launcher's privileges,
+so the job's user can neither signal it nor touch the records.
+
+A job spec::
+
+    {"workload": "a1b2", "attempt": 1, "user": "bob",
+     "command": ["/usr/bin/python3", "train.py"],         # absolute program
+     "env": {"WANDB_MODE": "offline"},                     # the user's (refused names: policy)
+     "job_env": {"CUDA_VISIBLE_DEVICES": "GPU-…", "GPUBUDGET_WORKLOAD": "a1b2", …},
+     "time_limit": 3600, "grace": 10}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pwd
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .config import LauncherConfig, LauncherError, secure_path
+from .policy import SERVICE_ENV, WORKLOAD_ID, argv_problem, bad_text, env_problem
+from .records import (
+    create_file,
+    ensure_dir,
+    make_dir,
+    proc_starttime,
+    proc_uid,
+    read_record,
+    write_record,
+)
+
+MAX_SPEC_BYTES = 512 * 1024
+SPEC_KEYS = {"workload", "attempt", "user", "command", "env", "job_env", "time_limit", "grace"}
+PRIVILEGED = os.geteuid() == 0
+
+
+# ---------------------------------------------------------------------------- the spec
+def _account(cfg: LauncherConfig, name: object) -> pwd.struct_passwd:
+    """The job's Unix account: it must exist, and (as root) be no system account."""
+    if not isinstance(name, str) or not name or bad_text(name) or len(name) > 64:
+        raise LauncherError("user: expected a Unix user name")
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise LauncherError(f"user: no Unix account {name!r}") from None
+    if not PRIVILEGED:
+        if pw.pw_uid != os.geteuid():
+            raise LauncherError(f"user: {name!r} is not the launcher's own user and the launcher "
+                                "is not privileged (it cannot switch users)")
+        return pw
+    if pw.pw_uid == 0 or pw.pw_gid == 0:
+        raise LauncherError(f"user: {name!r} is root or in group root; jobs never run as root")
+    if pw.pw_name in cfg.denied_users or pw.pw_uid in (65534, 4294967294, 4294967295):
+        raise LauncherError(f"user: {name!r} may not run jobs (denied_users, or the overflow "
+                            "account nobody)")
+    if pw.pw_uid < cfg.min_uid:
+        raise LauncherError(f"user: {name!r} (uid {pw.pw_uid}) is a system account "
+                            f"(min_uid {cfg.min_uid})")
+    if cfg.gid is not None and cfg.gid in os.getgrouplist(name, pw.pw_gid):
+        raise LauncherError(f"user: {name!r} is in the service's group {cfg.group!r}: it could "
+                            "read other jobs' records")
+    if cfg.allowed_groups:
+        import grp
+
+        mine = set(os.getgrouplist(name, pw.pw_gid))
+        ok = set()
+        for g in cfg.allowed_groups:
+            try:
+                ok.add(grp.getgrnam(g).gr_gid)
+            except KeyError:
+                continue
+        if not mine & ok:
+            raise LauncherError(f"user: {name!r} is in none of the allowed groups "
+                                f"{', '.join(cfg.allowed_groups)}")
+    return pw
+
+
+def _seconds(v: object, key: str, hi: float, allow_none: bool = True) -> float | None:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+            or not 0 <= v <= hi:
+        raise LauncherError(f"{key}: expected seconds, 0..{hi:g}")
+    return float(v)
+
+
+def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
+    if not isinstance(raw, dict):
+        raise LauncherError("spec: expected a JSON object")
+    unknown = set(raw) - SPEC_KEYS
+    if unknown:
+        raise LauncherError(f"{sorted(unknown)[0]}: unknown spec key")
+    wid = raw.get("workload")
+    if not isinstance(wid, str) or not WORKLOAD_ID.match(wid):
+        raise LauncherError("workload: not a workload id")
+    attempt = raw.get("attempt")
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= 10**6:
+        raise LauncherError("attempt: expected a whole number 1..1000000")
+    pw = _account(cfg, raw.get("user"))
+    cmd = raw.get("command")
+    why = argv_problem(cmd)
+    if why:
+        raise LauncherError(f"{why[0]}: {why[1]}")
+    assert isinstance(cmd, list)
+    if not os.path.isabs(cmd[0]):
+        raise LauncherError("command[0]: the program must be an absolute path")
+    env = raw.get("env", {})
+    why = env_problem(env)
+    if why:
+        raise LauncherError(f"{why[0]}: {why[1]}")
+    job_env = raw.get("job_env", {})
+    if not isinstance(job_env, dict):
+        raise LauncherError("job_env: expected a mapping")
+    for k, v in job_env.items():
+        if k not in SERVICE_ENV:
+            raise LauncherError(f"job_env.{k}: not a variable the service sets")
+        if not isinstance(v, str) or bad_text(v) or len(v) > 65536:
+            raise LauncherError(f"job_env.{k}: expected a string")
+    time_limit = _seconds(raw.get("time_limit"), "time_limit", 366 * 86400)
+    grace = _seconds(raw.get("grace", 10.0), "grace", cfg.max_grace, allow_none=False)
+    home = pw.pw_dir or "/"
+    full = {"HOME": home, "USER": pw.pw_name, "LOGNAME": pw.pw_name,
+            "SHELL": pw.pw_shell or "/bin/sh", "PATH": cfg.path, "LANG": "C.UTF-8"}
+    full.update(env)
+    full.update(cfg.env)
+    full.update(job_env)
+    workdir = cfg.workdir.format(home=home, user=pw.pw_name, workload=wid, attempt=attempt)
+    workdir = os.path.normpath(workdir)
+    if not os.path.isabs(workdir):
+        raise LauncherError(f"workdir: {workdir!r} is not absolute")
+    return {"workload": wid, "attempt": attempt, "pw": pw, "command": list(cmd), "env": full,
+            "workdir": workdir, "time_limit": time_limit, "grace": grace, "umask": cfg.umask}
+
+
+# ---------------------------------------------------------------------------- launch
+def launch(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
+    if args:
+        raise LauncherError("launch takes no arguments: the spec comes as JSON on stdin")
+    data = stdin.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise LauncherError(f"spec: more than {MAX_SPEC_BYTES} bytes")
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise LauncherError(f"spec: not JSON ({e})") from None
+    spec = parse_spec(raw, cfg)
+    gid = cfg.gid
+    secure_path(cfg.jobs_root, "jobs_root")
+    ensure_dir(cfg.jobs_root, gid)
+    wdir = cfg.jobs_root / spec["workload"]
+    ensure_dir(wdir, gid)
+    adir = wdir / str(spec["attempt"])
+    try:
+        make_dir(adir, gid)
+    except FileExistsError:
+        raise LauncherError(f"attempt {spec['attempt']} of {spec['workload']} was already "
+                            "launched") from None
+    out_fd = create_file(adir / "output.log", gid)
+    log_fd = create_file(adir / "launcher.log", gid)
+    r, w = os.pipe()
+    sys.stdout.flush()
+    monitor = os.fork()
+    if monitor == 0:
+        code = 1
+        try:
+            os.close(r)
+            code = _monitor(spec, adir, gid, out_fd, log_fd, w)
+        except BaseException as e:  # noqa: BLE001 - the monitor reports and ends, whatever
+            try:
+                os.write(log_fd, f"{time.ctime()} monitor failed: {e!r}\n".encode())
+                os.write(w, json.dumps({"error": f"monitor failed: {e}"}).encode())
+            except OSError:
+                pass
+        os._exit(code)
+    os.close(w)
+    os.close(out_fd)
+    os.close(log_fd)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    try:
+        report = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        report = {}
+    if "error" in report or "pid" not in report:
+        raise LauncherError(f"the job did not start: {report.get('error', 'no report')}")
+    return {"pid": report["pid"], "user": spec["pw"].pw_name, "dir": str(adir),
+            "monitor_pid": monitor}
+
+
+def _note(log_fd: int, text: str) -> None:
+    try:
+        os.write(log_fd, f"{time.strftime('%Y-%m-%d %H:%M:%S %z')} {text}\n".encode())
+    except OSError:
+        pass
+
+
+def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
+             report_fd: int) -> int:
+    """The monitor process: start the job, record it, wait for it, record how it ended."""
+    os.setsid()  # out of the service's session: a service restart does not touch it
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # never hold the launcher's stdout (the service reads it to EOF)
+        os.dup2(null, fd)
+    os.close(null)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # only root (or the service's user) could send them
+    err_r, err_w = os.pipe()
+    job = os.fork()
+    if job == 0:
+        os.close(err_r)
+        _exec_job(spec, out_fd, err_w)  # never returns
+    os.close(err_w)
+    os.close(out_fd)
+    failure = b""
+    while chunk := os.read(err_r, 65536):  # EOF at the job's exec (close-on-exec)
+        failure += chunk
+    os.close(err_r)
+    pw = spec["pw"]
+    if failure:
+        os.waitpid(job, 0)
+        msg = failure.decode(errors="replace")
+        _note(log_fd, f"could not start the job as {pw.pw_name}: {msg}")
+        write_record(adir / "exit", {"exit_code": 127, "ended_at": time.time(),
+                                     "timed_out": False, "error": msg}, gid)
+        os.write(report_fd, json.dumps({"error": msg}).encode())
+        os.close(report_fd)
+        return 0
+    launched = time.time()
+    record = {"pid": job, "pgid": job, "start": proc_starttime(job), "uid": pw.pw_uid,
+              "user": pw.pw_name, "monitor_pid": os.getpid(),
+              "monitor_start": proc_starttime(os.getpid()), "launched_at": launched,
+              "time_limit": spec["time_limit"]}
+    write_record(adir / "pid", record, gid)
+    _note(log_fd, f"started {spec['command'][0]} as {pw.pw_name} (uid {pw.pw_uid}), pid {job}, "
+                  f"in {spec['workdir']}")
+    os.write(report_fd, json.dumps({"pid": job}).encode())
+    os.close(report_fd)
+
+    grace = spec["grace"]
+    timed_out = False
+    limit = spec["time_limit"]
+    deadline = launched + limit if limit is not None else None
+    if not _exited(job, None if deadline is None else deadline - time.time()):
+        timed_out = True
+        _note(log_fd, f"time limit {limit:g} s reached: SIGTERM, then SIGKILL after {grace:g} s")
+        _kill(job, signal.SIGTERM)
+        if not _exited(job, grace):
+            _kill(job, signal.SIGKILL)
+    _, status = os.waitpid(job, 0)
+    ended = time.time()
+    code = os.waitstatus_to_exitcode(status)
+    end_group(job, min(grace, 5.0))  # what the job left behind in its group ends with it
+    write_record(adir / "exit", {"exit_code": code, "ended_at": ended, "timed_out": timed_out,
+                                 "signal": -code if code < 0 else None}, gid)
+    _note(log_fd, f"ended with {code}" + (" (time limit)" if timed_out else ""))
+    return 0
+
+
+def _exited(child: int, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: for ever) for ``child`` to exit, without reaping
+    it. A pidfd where the kernel has them, else polling."""
+    try:
+        pidfd = os.pidfd_open(child)
+    except OSError:
+        pidfd = None
+    if pidfd is not None:
+        try:
+            ready, _, _ = select.select([pidfd], [], [], None if timeout is None
+                                        else max(0.0, timeout))
+            return bool(ready)
+        finally:
+            os.close(pidfd)
+    end = None if timeout is None else time.monotonic() + timeout
+    while end is None or time.monotonic() < end:
+        if os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.1)
+    return os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _exec_job(spec: dict, out_fd: int, err_w: int) -> None:
+    """In the job's process: new session, the user's identity, the workdir, exec."""
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        pw = spec["pw"]
+        if PRIVILEGED:
+            os.setgroups(os.getgrouplist(pw.pw_name, pw.pw_gid))
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (
+                    pw.pw_uid, pw.pw_uid, pw.pw_gid, pw.pw_gid) or 0 in os.getgroups():
+                raise PermissionError("could not drop root's identity")
+            try:
+                os.setuid(0)
+            except PermissionError:
+                pass
+            else:
+                raise PermissionError("root could be regained")
+        os.umask(spec["umask"])
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE,
+                    signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.makedirs(spec["workdir"], 0o700, exist_ok=True)  # as the user: their permissions
+        os.chdir(spec["workdir"])
+        os.execve(spec["command"][0], spec["command"], spec["env"])
+    except BaseException as e:  # noqa: BLE001
+        try:
+            os.write(err_w, f"{type(e).__name__}: {e}".encode()[:4000])
+        finally:
+            os._exit(127)
+
+
+def _kill(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies waiting for a parent do not)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def end_group(pgid: int, grace: float) -> None:
+    """SIGTERM what is left of a process group, SIGKILL it after ``grace`` seconds."""
+    if not _group_alive(pgid):
+        return
+    _kill(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.05)
+    if _group_alive(pgid):
+        _kill(pgid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------- signal
+def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
+    """``signal WORKLOAD ATTEMPT GRACE``: SIGTERM the attempt's process group, SIGKILL it after
+    GRACE seconds. Only a group this launcher started, and only while it is the same one: the
+    pid record must be the launcher's own, and the job (or its monitor) must still be the
+    process recorded (same start time, same user)."""
+    if len(args) != 3:
+        raise LauncherError("usage: signal WORKLOAD ATTEMPT GRACE_SECONDS")
+    wid, attempt_s, grace_s = args
+    if not WORKLOAD_ID.match(wid) or not attempt_s.isdigit() or not 1 <= int(attempt_s) <= 10**6:
+        raise LauncherError("signal: not a workload id and attempt")
+    try:
+        grace = _seconds(float(grace_s), "grace", cfg.max_grace, allow_none=False)
+    except ValueError:
+        raise LauncherError("grace: expected seconds") from None
+    assert grace is not None
+    adir = cfg.jobs_root / wid / attempt_s
+    secure_path(cfg.jobs_root, "jobs_root")
+    me = os.geteuid()
+    rec = read_record(adir / "pid", trusted_uid=me)
+    if rec is None:
+        return {"signalled": False, "reason": "no pid record written by the launcher",
+                "exit": read_record(adir / "exit", trusted_uid=me)}
+    try:
+        pid, start, uid = int(rec["pid"]), str(rec["start"]), int(rec["uid"])
+        mpid, mstart = int(rec["monitor_pid"]), str(rec["monitor_start"])
+    except (KeyError, TypeError, ValueError):
+        raise LauncherError("the pid record is damaged") from None
+    if pid <= 1 or mpid <= 1:
+        raise LauncherError("the pid record is damaged")
+    monitor_alive = proc_starttime(mpid) == mstart and proc_uid(mpid) == me
+    job_alive = proc_starttime(pid) == start and proc_uid(pid) == uid
+    if not (monitor_alive or job_alive):
+        return {"signalled": False, "reason": "not running",
+                "exit": read_record(adir / "exit", trusted_uid=me)}
+    _kill(pid, signal.SIGTERM)  # the job's group: its pgid is its pid (a new session)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _group_alive(pid):
+        time.sleep(0.05)
+    if _group_alive(pid):
+        _kill(pid, signal.SIGKILL)
+    exit_rec = None
+    deadline = time.monotonic() + 10
+    while monitor_alive and time.monotonic() < deadline:  # the monitor writes the exit record
+        exit_rec = read_record(adir / "exit", trusted_uid=me)
+        if exit_rec is not None or proc_starttime(mpid) != mstart:
+            break
+        time.sleep(0.05)
+    return {"signalled": True, "exit": exit_rec or read_record(adir / "exit", trusted_uid=me)}

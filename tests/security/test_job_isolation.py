@@ -66,14 +66,16 @@ def state(hub: DemoHub) -> Path:
 
 
 def service_pid(hub: DemoHub) -> int:
-    db = f"--db=sqlite:///{state(hub)}/".encode()
+    """This hub's service: its ledger URL is in its environment, never on its command line."""
+    db = f"GPUBUDGET_DB_URL=sqlite:///{state(hub)}/".encode()
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
                 argv = (p / "cmdline").read_bytes().split(b"\0")
+                env = (p / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"jupyter_gpubudget.service" in argv and any(a.startswith(db) for a in argv):
+            if b"jupyter_gpubudget.service" in argv and any(e.startswith(db) for e in env):
                 return int(p.name)
     raise AssertionError("the gpubudget service process was not found")
 

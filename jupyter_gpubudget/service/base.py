@@ -164,7 +164,7 @@ class BaseHandler(web.RequestHandler):
                    now: float) -> tuple[int, dict]:
         """Apply once per Idempotency-Key (on the database threads); a retry with the same key
         and the same body gets the first answer, one with another body is refused (422)."""
-        digest = hashlib.sha256(self.request.body or b"").hexdigest()
+        digest = hashlib.sha256(b"".join(self._chunks)).hexdigest()  # the body as streamed in
         status, body, _ = self.svc.ledger.idempotent(key, apply, now, fingerprint=digest)
         return status, body
 

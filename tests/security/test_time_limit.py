@@ -117,7 +117,7 @@ def test_the_loop_stops_a_job_its_backend_lets_run_past_the_limit(tmp_path):
                              unix_user_template=TEMPLATE)
     ensure_accounts(["bob"])
     loop = SchedulingLoop(ledger, lambda: budgets.accounts, load_inventory(INVENTORY),
-                          budgets.policy, backend, clock=lambda: now[0])
+                          lambda: budgets.policy, backend, clock=lambda: now[0])
     row = ledger.submit(project="lattice", user="bob", kind="batch", now=now[0],
                         request={"kind": "gpu", "gpus": 1}, command=["/bin/sleep", "60"],
                         time_limit=5, backend="local")

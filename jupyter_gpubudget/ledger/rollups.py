@@ -48,7 +48,9 @@ def _greatest(dialect: str, a, b):  # noqa: ANN001, ANN202
     return func.greatest(a, b) if dialect == "postgresql" else func.max(a, b)
 
 
-def buckets(s: Session, since: float) -> Iterable[UsageRollupRow]:
-    """Buckets that may hold usage after ``since``, oldest first."""
-    return s.scalars(select(UsageRollupRow).where(UsageRollupRow.hour >= since - HOUR)
-                     .order_by(UsageRollupRow.hour, UsageRollupRow.project))
+def buckets(s: Session, since: float) -> Iterable[tuple[str, float, float, float]]:
+    """Buckets that may hold usage after ``since``, oldest first: (project, hour, gpu_ms,
+    last_end)."""
+    t = UsageRollupRow.__table__.c
+    return s.execute(select(t.project, t.hour, t.gpu_ms, t.last_end)
+                     .where(t.hour >= since - HOUR).order_by(t.hour, t.project))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, Row, Text, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -218,6 +218,34 @@ class Ledger:
                 q = q.where(WorkloadRow.backend == backend)
             return list(s.scalars(q.order_by(WorkloadRow.submitted_at, WorkloadRow.id)))
 
+    #: columns of :meth:`live` (JSON columns as their stored text: equal text, equal value)
+    LIVE_COLUMNS = ("id", "project", "user", "kind", "state", "min_runtime", "resumable",
+                    "time_limit", "backend", "submitted_at", "started_at", "backed",
+                    "protected_until")
+
+    def live(self, backend: str | None = None,
+             states: tuple[str, ...] = ("pending", "running")) -> list[Row]:
+        """Pending and running workloads (of ``backend``, or all) as plain rows — what every
+        cycle reads, without building ORM objects: ``request`` and ``placement`` come as
+        their stored JSON text (the caller decodes, and may reuse what it decoded before)."""
+        t = WorkloadRow.__table__.c
+        cols = [t[c] for c in self.LIVE_COLUMNS]
+        cols += [cast(t.request, Text).label("request_json"),
+                 cast(t.placement, Text).label("placement_json")]
+        q = select(*cols).where(t.state.in_(states))
+        if backend is not None:
+            q = q.where(t.backend == backend)
+        with self.ro() as s:
+            return s.execute(q.order_by(t.submitted_at, t.id)).all()
+
+    def open_charges(self) -> list[Row]:
+        """Open intervals as plain rows (workload, seq, project, user, milli, start,
+        checkpoint)."""
+        t = ChargeRow.__table__.c
+        with self.ro() as s:
+            return s.execute(select(t.workload, t.seq, t.project, t.user, t.milli, t.start,
+                                    t.checkpoint).where(t.end.is_(None))).all()
+
     def workloads_of(self, user: str, states: tuple[str, ...] | None = None) -> list[WorkloadRow]:
         """``workloads(user=...)`` served from memory until this process writes again.
 
@@ -343,18 +371,16 @@ class Ledger:
                 q = q.where(ChargeRow.workload == workload)
             return list(s.scalars(q.order_by(ChargeRow.id)))
 
-    def usage_for_window(self, since: float
-                         ) -> tuple[list[tuple[str, float, float, float]], list[ChargeRow]]:
-        """What the core needs to compute usage after ``since``, a bounded read however long
-        the history: the hourly rollups of closed intervals as (project, start, end, milli
-        spread evenly between them), and the open intervals themselves."""
+    def usage_for_window(self, since: float) -> list[tuple[str, float, float, float]]:
+        """The hourly rollups of closed intervals that may count after ``since`` as (project,
+        start, end, milli spread evenly between them): a bounded read however long the
+        history (open intervals: :meth:`open_charges`)."""
         with self.ro() as s:
             closed = []
-            for b in rollups.buckets(s, since):
-                end = max(b.last_end, b.hour + 1.0)
-                closed.append((b.project, b.hour, end, b.gpu_ms / (end - b.hour)))
-            still_open = list(s.scalars(select(ChargeRow).where(ChargeRow.end.is_(None))))
-            return closed, still_open
+            for project, hour, gpu_ms, last_end in rollups.buckets(s, since):
+                end = max(last_end, hour + 1.0)
+                closed.append((project, hour, end, gpu_ms / (end - hour)))
+            return closed
 
     def recent_runs(self, limit: int) -> list[tuple[str, str, str, float]]:
         """The last ``limit`` finished runs (user, project, kind, seconds), oldest first, for

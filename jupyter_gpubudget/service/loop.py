@@ -28,7 +28,7 @@ from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, paused_gc
 from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
-from .state import build_state, placement_to_list
+from .state import LiveWorkloads, build_state, placement_to_list
 
 
 @dataclass
@@ -88,6 +88,7 @@ class SchedulingLoop:
         self.time_limit_slack = float(getattr(backend, "stop_grace", 10.0)) + 30.0
         self._drained: set[str] = set()
         self._unhealthy: dict[str, str] = {}  # node -> reason, as the engine reports it
+        self._live = LiveWorkloads()  # rows -> core workloads, reused while unchanged
         self._usage_checked_at = 0.0
 
     # ------------------------------------------------------------------ reconcile
@@ -148,8 +149,8 @@ class SchedulingLoop:
     def _reap(self, now: float) -> list[str]:
         """Settle ended local workloads; return the ids still alive."""
         alive: list[str] = []
-        open_iv = self.ledger.open_intervals()
-        for row in self.ledger.workloads(states=("running",), backend=self.backend.name):
+        open_iv = {c.workload: c for c in self.ledger.open_charges()}
+        for row in self.ledger.live(backend=self.backend.name, states=("running",)):
             iv = open_iv.get(row.id)
             if iv is None:  # cannot happen (start opens one in the same transaction)
                 continue
@@ -176,7 +177,7 @@ class SchedulingLoop:
         """The ledger as the core sees it, with the budgets file's current tree and policy."""
         state, rows = build_state(self.ledger, tree if tree is not None else self.tree_fn(),
                                   self.inventory, self.policy, now,
-                                  sync_backends=self.sync_backends)
+                                  sync_backends=self.sync_backends, live=self._live)
         return replace(state, unhealthy=frozenset(self._unhealthy)), rows
 
     # ------------------------------------------------------------------ cycle
@@ -223,7 +224,7 @@ class SchedulingLoop:
                 self.on_cycle(self.view.cycle_seconds)
             return decisions
 
-    def _apply(self, d, by_id: dict[str, WorkloadRow], now: float) -> None:  # noqa: ANN001
+    def _apply(self, d, by_id: dict, now: float) -> None:  # noqa: ANN001
         cycle = self.view.cycle + 1
         if isinstance(d, Preempt):
             row = by_id[d.workload]
@@ -256,11 +257,13 @@ class SchedulingLoop:
                 self.ledger.set_backend_ref(row.id, row.backend)
                 self._reserved.pop(row.id, None)
                 return
+            full = self.ledger.get(row.id)  # command and env: read only for what launches
             try:
                 ref = self.backend.launch(Launch(
                     workload=row.id, attempt=charge.seq, user=row.user, project=row.project,
-                    command=list(row.command or []), placement=placement,
-                    env=dict(row.env or {}), kind=row.kind, min_runtime=row.min_runtime,
+                    command=list(full.command or []) if full else [], placement=placement,
+                    env=dict(full.env or {}) if full else {}, kind=row.kind,
+                    min_runtime=row.min_runtime,
                     protected_until=d.protected_until, backed=d.backed,
                     resumable=row.resumable, time_limit=row.time_limit))
             except Exception as e:  # noqa: BLE001

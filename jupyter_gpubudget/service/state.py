@@ -3,6 +3,7 @@ rebuilds :class:`ClusterState` from the ledger, which is what makes a restart sa
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, fields
 
 from jupyter_gpubudget.core.accounts import AccountTree
@@ -63,23 +64,65 @@ def tree_with_ledger_grants(tree: AccountTree, ledger: Ledger) -> AccountTree:
     return tree
 
 
+class LiveWorkloads:
+    """Ledger rows of live work -> core ``Workload`` objects, reusing the object built in an
+    earlier cycle when nothing of the row changed (the core never mutates its inputs): a cycle
+    decodes only what changed since the last one, however long the queue."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple, Workload]] = {}
+        self._requests: dict[str, SliceRequest] = {}
+
+    def convert(self, rows: list, idle: set[str], stopping: set[str],
+                sync_backends: frozenset[str]) -> list[Workload]:
+        out, fresh = [], {}
+        for r in rows:
+            sig = (*r, r.id in idle, r.id in stopping, r.backend in sync_backends)
+            hit = self._cache.get(r.id)
+            if hit is not None and hit[0] == sig:
+                w = hit[1]
+            else:
+                req = self._requests.get(r.request_json)
+                if req is None:
+                    req = request_from_dict(json.loads(r.request_json))
+                    if len(self._requests) < 10_000:
+                        self._requests[r.request_json] = req
+                placement = (placement_from_list(json.loads(r.placement_json))
+                             if r.placement_json not in (None, "null") else None)
+                w = Workload(id=r.id, project=r.project, user=r.user, request=req,
+                             submitted_at=r.submitted_at, kind=r.kind,
+                             min_runtime=r.min_runtime, resumable=r.resumable,
+                             time_limit=r.time_limit, started_at=r.started_at,
+                             placement=placement, backed=r.backed,
+                             protected_until=r.protected_until, idle=r.id in idle,
+                             stops_at_once=r.backend in sync_backends,
+                             stopping=r.id in stopping)
+            fresh[r.id] = (sig, w)
+            out.append(w)
+        self._cache = fresh
+        return out
+
+
 def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float,  # noqa: ANN001
-                history_keep: int = 500, sync_backends: frozenset[str] = frozenset({"local"})
-                ) -> tuple[ClusterState, list[WorkloadRow]]:
-    rows = ledger.workloads(states=("pending", "running"))
+                history_keep: int = 500, sync_backends: frozenset[str] = frozenset({"local"}),
+                live: LiveWorkloads | None = None) -> tuple[ClusterState, list]:
+    """The ledger as the core sees it. Returns the state and the live rows it was built from
+    (plain rows: id, project, user, kind, state, backend, ...; see ``Ledger.live``)."""
+    rows = ledger.live()
     idle = ledger.idle_running()
     stopping = ledger.stop_requested_running()
-    running = [to_workload(r, r.id in idle, r.id in stopping, sync_backends) for r in rows
-               if r.state == "running" and r.placement is not None]
+    workloads = (live or LiveWorkloads()).convert(rows, idle, stopping, sync_backends)
+    running = [w for w, r in zip(workloads, rows, strict=True)
+               if r.state == "running" and w.placement is not None]
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits
     # (visible in the API) until the project is back or the job is cancelled
-    pending = [to_workload(r) for r in rows if r.state == "pending" and tree.is_project(r.project)]
+    pending = [w for w, r in zip(workloads, rows, strict=True)
+               if r.state == "pending" and tree.is_project(r.project)]
     horizon = max(policy.window, 20 * policy.half_life if policy.half_life else 0.0)
-    closed, still_open = ledger.usage_for_window(now - horizon)
     charges = [ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", milli, start, end)
-               for project, start, end, milli in closed]
+               for project, start, end, milli in ledger.usage_for_window(now - horizon)]
     charges += [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, None)
-                for c in still_open]
+                for c in ledger.open_charges()]
     history = RuntimeHistory()
     for user, project, kind, seconds in ledger.recent_runs(history_keep):
         history.add(user, project, kind, seconds)

@@ -51,6 +51,9 @@ class Ledger:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
         self.generation = 0  # bumped after every write transaction of this process
+        #: bumped after every write of this process that changes what the scheduler reads
+        #: (everything but checkpoints): while it stands still, the last state read holds
+        self.state_version = 0
         #: called (from any thread) after every write transaction of this process
         self.on_write: Callable[[], None] | None = None
         self._by_user: dict[tuple, tuple[int, list[WorkloadRow]]] = {}
@@ -71,8 +74,9 @@ class Ledger:
 
     # ------------------------------------------------------------ plumbing
     @contextmanager
-    def tx(self, s: Session | None = None) -> Iterator[Session]:
-        """A transaction: the caller's if given, else a new one committed on exit."""
+    def tx(self, s: Session | None = None, changes_state: bool = True) -> Iterator[Session]:
+        """A transaction: the caller's if given, else a new one committed on exit.
+        ``changes_state=False``: it changes nothing the scheduler reads (a checkpoint)."""
         if s is not None:
             yield s
             return
@@ -80,10 +84,12 @@ class Ledger:
             with self._sessions.begin() as new:
                 yield new
         finally:
-            self._wrote()
+            self._wrote(changes_state)
 
-    def _wrote(self) -> None:
+    def _wrote(self, changes_state: bool = True) -> None:
         self.generation += 1
+        if changes_state:
+            self.state_version += 1
         if self.on_write is not None:
             self.on_write()
 
@@ -342,7 +348,7 @@ class Ledger:
     def checkpoint(self, now: float, workload_ids: list[str] | None = None,
                    s: Session | None = None) -> int:
         """Record that the open intervals' workloads are still running at ``now``."""
-        with self.tx(s) as s:
+        with self.tx(s, changes_state=False) as s:
             q = update(ChargeRow).where(ChargeRow.end.is_(None), ChargeRow.checkpoint < now)
             if workload_ids is not None:
                 q = q.where(ChargeRow.workload.in_(workload_ids))

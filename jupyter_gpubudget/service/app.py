@@ -120,6 +120,11 @@ class GpuBudgetService(Application):
     ledger_busy_timeout = Float(5.0, help="Seconds a ledger write waits for a lock (SQLite) "
                                 "before the request is answered 503 'ledger unavailable' with "
                                 "Retry-After.").tag(config=True)
+    checkpoint_interval = Float(30.0, help="Seconds between checkpoints of running work's "
+                                "open charge intervals (one write of every running row): after "
+                                "a crash of the service, a job found dead without an exit "
+                                "record is charged up to its last checkpoint, so at most this "
+                                "much of its tail is lost. 0: every cycle.").tag(config=True)
     forecast_interval = Float(60.0, help="Seconds at most between two forecasts of when "
                               "queued work starts (the core replays the queue; at scale it "
                               "costs about one cycle).").tag(config=True)
@@ -223,6 +228,7 @@ class GpuBudgetService(Application):
                                    self.backend, log=self.log, clock=self.clock,
                                    on_cycle=lambda s: self.cycle_hist.observe(s))
         self.loop.forecast_interval = self.forecast_interval
+        self.loop.checkpoint_interval = self.checkpoint_interval
         self.loop.forecast_min_interval = self.forecast_min_interval
         self.registry, self.cycle_hist = make_registry(self)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")

@@ -89,6 +89,12 @@ class SchedulingLoop:
         self._drained: set[str] = set()
         self._unhealthy: dict[str, str] = {}  # node -> reason, as the engine reports it
         self._live = LiveWorkloads()  # rows -> core workloads, reused while unchanged
+        self._last_read: tuple | None = None  # (version key, state, rows) of the last read
+        self._preemptions: tuple[int, dict[str, int]] = (-1, {})
+        #: seconds between checkpoints of running work's open intervals (each a write of
+        #: every running row): what a crash of the service can lose at most
+        self.checkpoint_interval = 0.0
+        self._checkpointed_at = float("-inf")
         self._usage_checked_at = 0.0
 
     # ------------------------------------------------------------------ reconcile
@@ -173,11 +179,22 @@ class SchedulingLoop:
         return self.policy_fn()
 
     def build_state(self, now: float, tree: AccountTree | None = None
-                    ) -> tuple[ClusterState, list[WorkloadRow]]:
-        """The ledger as the core sees it, with the budgets file's current tree and policy."""
-        state, rows = build_state(self.ledger, tree if tree is not None else self.tree_fn(),
-                                  self.inventory, self.policy, now,
-                                  sync_backends=self.sync_backends, live=self._live)
+                    ) -> tuple[ClusterState, list]:
+        """The ledger as the core sees it, with the budgets file's current tree and policy.
+
+        This process is the ledger's only writer: while nothing that the scheduler reads was
+        written since the last read (``Ledger.state_version``; checkpoints do not count) and
+        the budgets are the same, that read still holds and is reused — a cycle in which
+        nothing changed does not grow with the queue's length."""
+        tree = tree if tree is not None else self.tree_fn()
+        policy = self.policy
+        key = (self.ledger.state_version, id(tree), id(policy))
+        if self._last_read is not None and self._last_read[0] == key:
+            state, rows = self._last_read[1], self._last_read[2]
+        else:
+            state, rows = build_state(self.ledger, tree, self.inventory, policy, now,
+                                      sync_backends=self.sync_backends, live=self._live)
+            self._last_read = (key, state, rows)
         return replace(state, unhealthy=frozenset(self._unhealthy)), rows
 
     # ------------------------------------------------------------------ cycle
@@ -197,8 +214,10 @@ class SchedulingLoop:
             t0 = time.perf_counter()
             now = self.clock()
             alive = self._reap(now)
-            if alive:
+            if alive and now - self._checkpointed_at >= self.checkpoint_interval:
+                # a crash loses at most the time since the last checkpoint of what ran on
                 self.ledger.checkpoint(now, alive)
+                self._checkpointed_at = now
             tree = self.tree_fn()
             self._unhealthy = self._node_health()
             self._drained &= set(self._unhealthy)  # back in service: may be drained again
@@ -362,7 +381,9 @@ class SchedulingLoop:
         for w in sched.pending.values():
             k = (w.project, w.kind)
             v.pending[k] = v.pending.get(k, 0) + 1
-        v.preemptions = self.ledger.preemptions_by_project()
+        if self._preemptions[0] != self.ledger.state_version:
+            self._preemptions = (self.ledger.state_version, self.ledger.preemptions_by_project())
+        v.preemptions = self._preemptions[1]
         v.quoter = Quoter(sched, fc, now)
         self.view = v
 

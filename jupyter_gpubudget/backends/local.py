@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from traitlets import Dict, Float, List, Unicode
 
-from .base import Backend, BackendStatus, Launch
+from .base import Backend, BackendStatus, Launch, LogChunk
 from .local_run import proc_starttime, write_atomic
 
 
@@ -160,6 +161,26 @@ class LocalBackend(Backend):
                     time.sleep(0.01)
         st = self.status(workload, attempt)
         return st if not st.alive else BackendStatus(False)
+
+    def read_log(self, workload: str, attempt: int, offset: int, limit: int) -> LogChunk | None:
+        """From the attempt's ``output.log`` (a regular file only: a link or a pipe put there
+        by the job is not followed)."""
+        path = self._dir(workload, attempt) / "output.log"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return LogChunk(b"", 0, 0)
+        except OSError as e:
+            raise OSError(f"the job's output cannot be read ({e.strerror})") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError("the job's output.log is not a regular file")
+            size = st.st_size
+            start = max(0, size + offset) if offset < 0 else min(offset, size)
+            f.seek(start)
+            data = f.read(max(0, min(limit, size - start)))
+        return LogChunk(data, start, size)
 
     @staticmethod
     def _signal(pgid: int, sig: int) -> None:

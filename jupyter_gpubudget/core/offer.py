@@ -7,12 +7,13 @@ that will later decide, run on a copy of the state with the would-be session add
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .backfill import predict_runtime
 from .inventory import Inventory
 from .mig import profiles_for
-from .model import Policy, Reserve, SliceRequest, Start, Workload
+from .model import Policy, Preempt, Reserve, SliceRequest, Start, Workload
 from .scheduler import ClusterState, Scheduler, request_milli
 
 MPS_SHARES = (250, 500)
@@ -124,4 +125,36 @@ def quote(state: ClusterState, user: str, project: str, req: SliceRequest,
                        "time; it may run on idle capacity but is never protected and is "
                        "preempted first")
     out["cost_gpu_hours"] = round(fraction * out["protected_s"] / 3600, 4)
+    return out
+
+
+def starts_now(state: ClusterState, workload_id: str, options: dict[str, SliceRequest],
+               now: float) -> list[str]:
+    """Which other requests would start *now* for the queued workload ``workload_id`` — same
+    project, user and contract, only the slice changed — without preempting anyone: the keys
+    of ``options`` whose request the next cycle would start, in the order given.
+
+    The queue page's hint ("a MIG 3g.40gb slice is free now"). Each option is one cycle of the
+    real scheduler on the state with the workload's request swapped (nothing is kept); the
+    workload's own request and options of the same shape are skipped."""
+    idx = next((i for i, w in enumerate(state.pending) if w.id == workload_id), None)
+    if idx is None:
+        return []
+    own = state.pending[idx]
+    pending = state.pending
+    out: list[str] = []
+    try:
+        for key, req in options.items():
+            if req.shape == own.request.shape:
+                continue
+            state.pending = [*pending[:idx], replace(own, request=req), *pending[idx + 1:]]
+            decisions = Scheduler.from_state(state).cycle(now)
+            started = any(isinstance(d, Start) and d.workload == workload_id
+                          for d in decisions)
+            evicts = any(isinstance(d, Preempt) and d.for_workload == workload_id
+                         for d in decisions)
+            if started and not evicts:
+                out.append(key)
+    finally:
+        state.pending = pending
     return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -33,12 +32,7 @@ from .handlers import routes
 from .loop import SchedulingLoop
 from .metrics import make_registry
 from .reaper import reaper, reconcile_with_hub
-from .views import grant_json
-
-
-def finite(x: float | None) -> float | None:
-    """JSON has no infinity: a standing with no grant is reported as null."""
-    return x if x is not None and math.isfinite(x) else None
+from .views import finite, grant_json
 
 
 class GpuBudgetService(Application):

@@ -7,18 +7,25 @@ The endpoints are documented in docs/hub.md and the OpenAPI document.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from jupyter_gpubudget.core.offer import estimate_start, not_offered, quote, slice_choices
+from jupyter_gpubudget.core.offer import (
+    estimate_start,
+    not_offered,
+    quote,
+    slice_choices,
+    starts_now,
+)
 from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
 from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
-from ..state import request_to_dict
+from ..state import request_from_dict, request_to_dict
 from ..validate import Invalid, duration, parse_session, request_from_choice
-from ..views import workload_json
+from ..views import finite, workload_json
 
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
 END_REASONS = {"stop": ("done", "stop"), "cull": ("done", "cull"),
@@ -63,6 +70,7 @@ class _SessionBase(BaseHandler):
         now, view = self.svc.clock(), self.svc.loop.view
         out = workload_json(row, view, now)
         out["preempt_requested"] = None
+        out["preempt_deadline"] = None
         out["idle_reported"] = None
         if row.state == "running":
             for d in self.svc.ledger.decisions(workloads=[row.id], limit=20):
@@ -70,15 +78,37 @@ class _SessionBase(BaseHandler):
                     break
                 if d.kind == "preempt-requested" and out["preempt_requested"] is None:
                     out["preempt_requested"] = d.reason or "preempted"
+                    # the server is stopped at the latest when the grace period is over
+                    out["preempt_deadline"] = d.at + self.svc.policy().stop_grace
                 if d.kind == "idle" and out["idle_reported"] is None:
                     out["idle_reported"] = d.at
-        if row.state == "pending" and out["predicted_start"] is None:
-            pos = out["queue_position"] or 1
+        if row.state == "pending":
             state, _ = self.svc.loop.build_state(now)
-            out["predicted_start"] = estimate_start(state, pos, now)
-            out["predicted_start_kind"] = "estimate"
+            if out["predicted_start"] is None:
+                pos = out["queue_position"] or 1
+                out["predicted_start"] = estimate_start(state, pos, now)
+                out["predicted_start_kind"] = "estimate"
+            out["free_now"] = self.free_now(state, row, now)
         out["inventory"] = self.svc.inventory.source
         return out
+
+    def free_now(self, state: Any, row: WorkloadRow, now: float) -> list[dict]:
+        """The other GPU slices that would start at once for this queued session (the queue
+        page's hint): ``[{"key", "label", "kind", "fraction"}]``, largest first."""
+        own = request_from_dict(row.request)
+        if own.kind == "cpu":  # CPU-only work does not wait for a GPU
+            return []
+        choices = [ch for ch in slice_choices(self.svc.inventory) if ch["kind"] != "cpu"]
+        options = {}
+        for ch in choices:
+            req = request_from_choice(ch["key"])
+            if own.gpu_model and req.kind != "mig":
+                req = replace(req, gpu_model=own.gpu_model)
+            options[ch["key"]] = req
+        keys = set(starts_now(state, row.id, options, now))
+        free = [ch for ch in choices if ch["key"] in keys]
+        free.sort(key=lambda ch: -ch["fraction"])
+        return [{k: ch[k] for k in ("key", "label", "kind", "fraction")} for ch in free]
 
 
 class OfferHandler(_SessionBase):
@@ -103,11 +133,52 @@ class OfferHandler(_SessionBase):
             return {"now": now, "quotes": quotes}
 
         q = await self.db(work)
-        pol = svc.budgets.policy
+        pol = svc.policy()
         self.send({"user": user, "projects": projects, "choices": choices,
+                   "figures": {p: self.figures(p) for p in projects},
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
                    "inventory": svc.inventory.source,
                    "inventory_gpus": svc.inventory.gpu_count, **q})
+
+    def figures(self, project: str) -> dict:
+        """A project's budget as the last cycle saw it: grant, used, left (GPU-hours in the
+        window) and standing (used / grant; null without a grant)."""
+        st = self.svc.loop.view.standings.get(project, {})
+        grant, used = finite(st.get("grant_hours")), finite(st.get("usage_hours"))
+        return {"grant_hours": grant, "usage_hours": used,
+                "left_hours": None if grant is None or used is None else grant - used,
+                "standing": finite(st.get("standing")),
+                "parent": self.tree.get(project).parent}
+
+
+class QuoteHandler(_SessionBase):
+    """One quote — one project, one slice, one minimum runtime — for the spawn form's live
+    quote (fast: one scheduling cycle on a copy of the state)."""
+
+    async def get(self) -> None:
+        _, user = await self.acting_for(self.get_query_argument("user", None))
+        project = self.get_query_argument("project", "")
+        if not project:
+            raise ApiError(400, "project: is required", "project")
+        key = self.get_query_argument("slice", "cpu")
+        req = request_from_choice(key)
+        min_runtime = duration(self.get_query_argument("min_runtime", "1h"), "min_runtime")
+        tree, svc = self.tree, self.svc
+        mine = tree.projects_of(user)
+        if project not in mine:
+            raise ApiError(403, f"user {user!r} is not a member of project {project!r} "
+                                f"(their projects: {', '.join(mine) or 'none'})", "project")
+        check_offered(svc.inventory, req)
+
+        def work() -> tuple[float, dict]:
+            now = svc.clock()
+            state, _ = svc.loop.build_state(now, tree)
+            return now, quote(state, user, project, req, min_runtime, now)
+
+        now, q = await self.db(work)
+        pol = svc.policy()
+        self.send({"user": user, "project": project, "slice": key, "min_runtime": min_runtime,
+                   "min_runtime_cap": pol.cap_for("interactive"), "now": now, "quote": q})
 
 
 class SessionsHandler(_SessionBase):
@@ -257,6 +328,7 @@ class IdleHandler(_SessionBase):
 SESSION_ID = r"([A-Za-z0-9][A-Za-z0-9_.@+-]{0,199})"
 API_ROUTES = [
     ("/sessions/offer", OfferHandler),
+    ("/sessions/quote", QuoteHandler),
     ("/sessions", SessionsHandler),
     (f"/sessions/{SESSION_ID}", SessionHandler),
     (f"/sessions/{SESSION_ID}/heartbeat", HeartbeatHandler),

@@ -309,7 +309,7 @@ function LogView(props: { model: BudgetModel; id: string }) {
       {error && <div className="jp-GpuBudget-error">{error}</div>}
       {log && (
         <pre tabIndex={0} aria-label={`log of ${props.id}`}>
-          {log.truncated ? '…\n' : ''}
+          {log.truncated ? `… (earlier output left out: gpubudget logs ${props.id} prints all of it)\n` : ''}
           {log.text || '(empty so far)'}
         </pre>
       )}

@@ -137,7 +137,7 @@ class OfferHandler(_SessionBase):
         self.send({"user": user, "projects": projects, "choices": choices,
                    "figures": {p: self.figures(p) for p in projects},
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
-                   "inventory": svc.inventory.source,
+                   "window_s": pol.window, "inventory": svc.inventory.source,
                    "inventory_gpus": svc.inventory.gpu_count, **q})
 
     def figures(self, project: str) -> dict:

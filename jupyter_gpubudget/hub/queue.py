@@ -54,12 +54,14 @@ async def _changed(sp: BudgetSpawner, timeout: float = 5) -> None:
 
 
 def free_words(free: list[dict] | None) -> str:
-    """'A MIG 3g.40gb slice is free now ...' for the largest slices that would start at once."""
+    """'A MIG 3g.40gb slice is free now ...': the largest slice that would start at once."""
     if not free:
         return ""
-    names = [ask_choice(f) for f in free[:2]]
-    text = (f"{' or '.join(names)} {'is' if len(names) == 1 else 'are'} free now: leave the "
-            "queue and choose it on the form to start at once.")
+    more = " (or a smaller one)" if len(free) > 1 else ""
+    name = ask_choice(free[0])
+    verb = "are" if name[0].isdigit() else "is"
+    text = (f"{name} {verb} free now{more}: leave the queue and choose it on the form to "
+            "start at once.")
     return text[0].upper() + text[1:]
 
 

@@ -191,4 +191,5 @@ async def _fast_changed(sp, timeout: float = 5) -> None:  # noqa: ANN001
 def test_free_words():
     assert queue.free_words([]) == ""
     two = [{"key": "gpu:2"}, {"key": "mps:500"}, {"key": "mig:1g.10gb"}]
-    assert queue.free_words(two).startswith("2 whole GPUs or an MPS share of 50% are free now")
+    assert queue.free_words(two).startswith("2 whole GPUs are free now (or a smaller one): ")
+    assert queue.free_words([{"key": "mps:500"}]).startswith("An MPS share of 50% is free now:")

@@ -47,10 +47,12 @@ def gpu_hours(h: float) -> str:
 
 
 def span(seconds: float) -> str:
-    """'30 min', '1 h', '1 h 30 min', '7 days'."""
+    """'45 s', '30 min', '1 h', '1 h 30 min', '7 days'."""
     seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     if seconds < 3600:
-        return f"{max(1, round(seconds / 60))} min"
+        return f"{round(seconds / 60)} min"
     if seconds >= 2 * 86400 and seconds % 86400 == 0:
         return f"{seconds / 86400:.0f} days"
     h, m = int(seconds // 3600), round((seconds % 3600) / 60)

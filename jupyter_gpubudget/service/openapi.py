@@ -190,6 +190,8 @@ def session_paths() -> dict:
                               "description": "Why the scheduler wants this session stopped"},
         "idle_reported": {"type": "number", "nullable": True,
                           "description": "When it was reported idle (protection ended)"},
+        "charged_gpu_hours": {"type": "number", "description": "GPU-hours charged so far "
+                              "(slice fraction × time running, up to now)"},
         "preempt_deadline": {"type": "number", "nullable": True,
                              "description": "When the server will be stopped at the latest "
                                             "after a preemption was asked for"},

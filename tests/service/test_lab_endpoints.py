@@ -271,6 +271,10 @@ def test_preempted_session_says_when_its_server_will_be_stopped(service, tokens,
                       min_runtime="1h")
     v = _state(service, root, victim["id"], "running")
     assert v["preempt_deadline"] is None and v["preempt_requested"] is None
+    time.sleep(1)
+    v = http("GET", f"{service.api}/sessions/{victim['id']}", root)[1]
+    ran = time.time() - v["started_at"]
+    assert v["charged_gpu_hours"] == pytest.approx(ran / 3600, abs=0.5 / 3600)  # 1 GPU
     # backed work wants the GPU: the scheduler asks for the unbacked session to stop
     _session(service, root, user="bob", project="lattice", slice="gpu:1", min_runtime="1h")
     s = wait_for(lambda: (s := http("GET", f"{service.api}/sessions/{victim['id']}",

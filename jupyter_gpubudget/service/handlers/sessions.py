@@ -69,6 +69,9 @@ class _SessionBase(BaseHandler):
     def session_json(self, row: WorkloadRow) -> dict:
         now, view = self.svc.clock(), self.svc.loop.view
         out = workload_json(row, view, now)
+        out["charged_gpu_hours"] = sum(
+            c.milli / 1000 * max(0.0, (now if c.end is None else c.end) - c.start) / 3600
+            for c in self.svc.ledger.charges(workload=row.id)) if row.started_at else 0.0
         out["preempt_requested"] = None
         out["preempt_deadline"] = None
         out["idle_reported"] = None

@@ -35,6 +35,31 @@ from .reaper import reaper, reconcile_with_hub
 from .views import finite, grant_json
 
 
+def load_tokens(path: str) -> dict[str, dict]:
+    """``GpuBudgetService.tokens_file``: token -> {"name", "scopes"}; refused (OSError naming
+    the problem) when others may read it or an entry is malformed."""
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        raise OSError(f"{path}: readable by others (mode {st.st_mode & 0o777:o}); "
+                      "chmod 600 it")
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise OSError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise OSError(f"{path}: expected an object of token: identity")
+    out = {}
+    for i, (token, ident) in enumerate(data.items()):
+        if (len(token) < 16 or not isinstance(ident, dict)
+                or not isinstance(ident.get("name"), str) or not ident["name"]
+                or not isinstance(ident.get("scopes", []), list)):
+            raise OSError(f"{path}: entry {i + 1}: a token of at least 16 characters mapping "
+                          "to {\"name\": ..., \"scopes\": [...]}")
+        out[token] = {"name": ident["name"], "kind": "user",
+                      "scopes": [str(x) for x in ident.get("scopes", [])]}
+    return out
+
+
 class GpuBudgetService(Application):
     name = "gpubudget-service"
     description = "GPU budget service: ledger, scheduling loop and REST API for JupyterHub."
@@ -100,6 +125,13 @@ class GpuBudgetService(Application):
     unhealthy_after_intervals = Float(3.0, help="/healthz answers 503 when no scheduling "
                                       "cycle succeeded for this many cycle intervals (plus 30 "
                                       "s).").tag(config=True)
+    tokens_file = Unicode("", help="Without JupyterHub (Binder, a laptop): a JSON file, "
+                          "readable only by the service's user, mapping tokens to who they "
+                          "are: {\"<token>\": {\"name\": \"alice\", \"scopes\": "
+                          "[\"custom:gpubudget:submit\"]}}. When set, only these tokens are "
+                          "accepted and JupyterHub is never asked (no login cookie, no "
+                          "settling of sessions with a hub). Empty: identities come from "
+                          "JupyterHub.").tag(config=True)
     session_stale_after = Float(help="Seconds without a word from the hub about a session "
                                 "(long-poll while queued, heartbeat while running) after which "
                                 "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
@@ -189,6 +221,10 @@ class GpuBudgetService(Application):
                                  cookie_options=cookie_options)
         self._kick_event: asyncio.Event | None = None
         self.session_seen: dict[str, float] = {}  # session -> last word from the hub
+        self.local_tokens = load_tokens(self.tokens_file) if self.tokens_file else None
+        if self.local_tokens is not None:
+            self.log.info("identities from %s (%d tokens); JupyterHub is not asked",
+                          self.tokens_file, len(self.local_tokens))
 
     def _mtime(self) -> float:
         try:
@@ -356,7 +392,8 @@ class GpuBudgetService(Application):
             aloop.add_signal_handler(sig, stop.set)
         timer = asyncio.create_task(self._timer())
         reaping = asyncio.create_task(reaper(self))
-        settling = asyncio.create_task(reconcile_with_hub(self))
+        settling = asyncio.create_task(reconcile_with_hub(self) if self.local_tokens is None
+                                       else asyncio.sleep(0))
         await stop.wait()
         timer.cancel()
         reaping.cancel()

@@ -2,8 +2,8 @@
 
 The spawn form's page has only the hub's login cookie, never a token for the gpubudget service.
 ``QuoteHandler`` (``GET /hub/api/gpubudget/users/{name}/quote``) is a JupyterHub API handler:
-it authenticates the browser as the logged-in user (cookie + JupyterHub's XSRF check, which
-the hub applies to cookie-authenticated API requests, GETs included) or a token, requires the
+it authenticates the browser as the logged-in user (cookie + the hub's XSRF token, always: also
+where JupyterHub itself would let a page-view GET pass without one) or a token, requires the
 ``servers`` scope for that user (the same right as starting the server), and asks the service
 for *one* quote with the user's own spawner, whose token stays in the hub.
 
@@ -18,6 +18,7 @@ it the form works, but its quote is the one computed when the page was rendered.
 
 from __future__ import annotations
 
+import hmac
 import json
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -33,8 +34,19 @@ QUOTE_ROUTE = r"/api/gpubudget/users/([^/]+)/quote"
 class QuoteHandler(APIHandler):
     """One quote for the project, slice and minimum runtime the form has selected."""
 
+    def check_xsrf_always(self) -> None:
+        """JupyterHub skips the XSRF check for cookie-authenticated GETs that look like page
+        views (``Sec-Fetch-Mode: navigate`` or none); this endpoint is only ever fetched by
+        the form's script, which sends the token, so it always wants it."""
+        if getattr(self, "_token_authenticated", False):
+            return
+        sent = self.request.headers.get("X-XSRFToken") or self.get_argument("_xsrf", "")
+        if not sent or not hmac.compare_digest(sent.encode(), self.xsrf_token):
+            raise web.HTTPError(403, "the hub's XSRF token is missing or wrong (X-XSRFToken)")
+
     @needs_scope("servers")
     async def get(self, user_name: str) -> None:
+        self.check_xsrf_always()
         user = self.find_user(user_name)
         if user is None:
             raise web.HTTPError(404, f"no user {user_name!r}")

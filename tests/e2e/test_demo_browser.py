@@ -101,8 +101,9 @@ def test_queued_spawn_shows_its_place_in_the_queue_then_starts(demo):
             page.wait_for_selector("select[name=project]")
             page.check("input[name=slice][value='gpu:1']")
             page.click("form button[type=submit], form input[type=submit]")
-            page.wait_for_selector("text=position 1 in the queue", timeout=60_000)
-            assert "predicted start" in page.content()
+            page.wait_for_selector("#gb-position:has-text('1 — first in line')",
+                                   timeout=60_000)  # the queue page
+            assert page.locator("#gb-start").inner_text()  # a predicted start
             for wid in fillers:  # capacity frees
                 http("DELETE", f"{demo.svc}/sessions/{wid}", demo.token)
             page.wait_for_url("**/user/bob/lab**", timeout=150_000)

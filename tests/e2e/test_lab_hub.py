@@ -223,6 +223,17 @@ def test_second_user_queues_sees_position_and_predicted_start_and_leaves(demo):
         try:
             b.login("bob")
             page.wait_for_selector("select[name=project]")
+            # the quote handler: bob's cookie counts only with the hub's XSRF token, and only
+            # for his own server
+            xsrf = page.evaluate("window.jhdata.xsrf_token")
+            q = "quote?project=lattice-qcd&slice=gpu:1&min_runtime=1h"
+            mine = f"{demo.url}/hub/api/gpubudget/users/bob/{q}"
+            assert page.request.get(mine).status == 403
+            assert page.request.get(mine, headers={"X-XSRFToken": "forged"}).status == 403
+            r = page.request.get(mine, headers={"X-XSRFToken": xsrf})
+            assert r.status == 200 and r.json()["user"] == "bob", r.text()
+            assert page.request.get(f"{demo.url}/hub/api/gpubudget/users/alice/{q}",
+                                    headers={"X-XSRFToken": xsrf}).status in (403, 404)
             page.check("input[name=slice][value='gpu:1']")
             page.wait_for_function("() => document.querySelector('#gpubudget-quote-for')"
                                    ".innerText.includes('1 whole GPU')")
@@ -272,3 +283,23 @@ def test_second_user_queues_sees_position_and_predicted_start_and_leaves(demo):
             b.close()
             for f in fillers:
                 http("DELETE", f"{demo.svc}/sessions/{f}", demo.token)
+
+
+def test_a_user_in_no_project_gets_a_clear_page_and_no_start_button(demo):
+    from playwright.sync_api import sync_playwright
+
+    st, offer = http("GET", f"{demo.svc}/sessions/offer?user=admin&quotes=0", demo.token)
+    assert st == 200 and offer["projects"] == []  # the demo's admin charges no project
+    with sync_playwright() as p:
+        b = Browser(p, demo.url)
+        page = b.page
+        try:
+            b.login("admin")
+            page.goto(demo.url + "/hub/spawn")
+            page.get_by_text("You are not in any GPU project yet").wait_for()
+            assert not page.locator("#spawn_form button[type=submit]").is_visible()
+            assert page.locator("select[name=project]").count() == 0
+            b.shot("hub-spawn-no-project.png", full_page=True)
+            assert not b.errors, b.errors
+        finally:
+            b.close()

@@ -51,6 +51,8 @@ def span(seconds: float) -> str:
     seconds = max(0.0, float(seconds))
     if seconds < 60:
         return f"{seconds:.0f} s"
+    if seconds < 600 and round(seconds) % 60:
+        return f"{int(seconds // 60)} min {round(seconds) % 60} s"
     if seconds < 3600:
         return f"{round(seconds / 60)} min"
     if seconds >= 2 * 86400 and seconds % 86400 == 0:

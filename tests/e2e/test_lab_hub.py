@@ -123,15 +123,15 @@ def test_form_lab_countdown_cost_budget_and_protection_running_out(demo):
             # a live quote for exactly the selection, as the service quotes it
             page.check("input[name=slice][value='mig:7g.80gb']")
             page.check("#gpubudget-runtime-custom")
-            page.fill("#gpubudget-runtime-custom-value", "50s")
+            page.fill("#gpubudget-runtime-custom-value", "90s")  # ample for the lab to load
             page.wait_for_function("() => document.querySelector('#gpubudget-quote-for')"
-                                   ".innerText.includes('MIG 7g.80gb, minimum runtime 50 s')")
+                                   ".innerText.includes('MIG 7g.80gb, minimum runtime 1 min 30 s')")
             q = http("GET", f"{demo.svc}/sessions/quote?user=alice&project=lattice-qcd"
-                            "&slice=mig:7g.80gb&min_runtime=50s", demo.token)[1]["quote"]
+                            "&slice=mig:7g.80gb&min_runtime=90s", demo.token)[1]["quote"]
             assert q["starts_now"] and q["backed"]
             quote = page.locator("#gpubudget-quote").inner_text()
             assert re.search(r"Start\s+now", quote), quote
-            assert near_clock(quote, time.time() + 50), quote  # "until HH:MM", Berlin time
+            assert near_clock(quote, time.time() + 90), quote  # "until HH:MM", Berlin time
             assert "1.00 GPU-h for each hour it runs, charged to lattice-qcd" in quote
             assert "yes: lattice-qcd's grant covers the protected time" in quote
             b.shot("hub-spawn-form.png", full_page=True)
@@ -145,7 +145,7 @@ def test_form_lab_countdown_cost_budget_and_protection_running_out(demo):
             sid = sess[0]["id"]
             status = page.locator(".jp-GpuBudget-statusButton")
             status.wait_for()
-            assert re.fullmatch(r"protected \d+s · 0\.0\d GPU-h", status.inner_text()), \
+            assert re.fullmatch(r"protected (1m|\d+s) · 0\.0\d GPU-h", status.inner_text()), \
                 status.inner_text()
             b.shot("hub-lab-statusbar.png",
                    clip={"x": 0, "y": 900 - 60, "width": 1280, "height": 60})

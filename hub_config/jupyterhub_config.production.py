@@ -75,6 +75,12 @@ c.BudgetSpawner.default_min_runtime = "2h"     # protected time unless the user 
 c.BudgetSpawner.idle_limit = 2 * 3600          # idle (GPU util via NVML, else kernel activity)
 c.BudgetSpawner.gpu_idle_utilisation = 5.0     # ... at or below this GPU utilisation, percent
 c.BudgetSpawner.heartbeat_interval = 30        # charge checkpoints; preemption reaction time
+# the spawn form's live quote and the queue page (place in the queue, "Leave queue")
+from jupyter_gpubudget.hub.form import TEMPLATES as GPUBUDGET_TEMPLATES  # noqa: E402
+from jupyter_gpubudget.hub.handlers import extra_handlers  # noqa: E402
+
+c.JupyterHub.extra_handlers = extra_handlers()
+c.JupyterHub.template_paths = [str(GPUBUDGET_TEMPLATES)]
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 120
 

@@ -36,6 +36,8 @@ from pathlib import Path
 
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.hub import demo_setup
+from jupyter_gpubudget.hub.form import TEMPLATES as GPUBUDGET_TEMPLATES
+from jupyter_gpubudget.hub.handlers import extra_handlers as gpubudget_handlers
 from jupyter_gpubudget.service.auth import CUSTOM_SCOPES
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
@@ -202,6 +204,10 @@ c.BudgetSpawner.idle_limit = float(env("GPUBUDGET_IDLE_LIMIT", "3600"))
 c.BudgetSpawner.heartbeat_interval = float(env("GPUBUDGET_HEARTBEAT", "10"))
 c.BudgetSpawner.queue_poll_interval = float(env("GPUBUDGET_QUEUE_POLL", "2"))
 c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
+# the spawn form's live quote (a hub handler: the page has only the hub's cookie) and the
+# queue page (JupyterHub's spawn-pending page with the place in the queue and "Leave queue")
+c.JupyterHub.extra_handlers = gpubudget_handlers()
+c.JupyterHub.template_paths = [str(GPUBUDGET_TEMPLATES)]
 c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"

@@ -40,6 +40,16 @@ class BackendStatus:
     timed_out: bool = False  # it was stopped because its time_limit was over
 
 
+@dataclass(frozen=True)
+class LogChunk:
+    """Part of an attempt's output: ``data`` starts at byte ``offset`` of a log that is
+    ``size`` bytes long now."""
+
+    data: bytes
+    offset: int
+    size: int
+
+
 class Backend(LoggingConfigurable):
     """Subclasses implement launch, stop and status."""
 
@@ -65,6 +75,13 @@ class Backend(LoggingConfigurable):
     def status(self, workload: str, attempt: int) -> BackendStatus:
         """Is the attempt still running? Must work after the service restarted."""
         raise NotImplementedError
+
+    def read_log(self, workload: str, attempt: int, offset: int, limit: int) -> LogChunk | None:
+        """At most ``limit`` bytes of the attempt's output (stdout and stderr) from byte
+        ``offset``; a negative ``offset`` counts from the end (the last ``-offset`` bytes).
+        An attempt without output yet gives an empty chunk; None: this backend keeps no
+        output it could show (``GET /jobs/{id}/log`` then answers 404 saying so)."""
+        return None
 
     def check_command(self, command: list[str]) -> str | None:
         """None if the backend may run ``command``, else the reason it may not."""

@@ -25,6 +25,7 @@ import pwd
 import re
 import selectors
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -36,7 +37,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from jupyter_gpubudget.launcher.policy import DEFAULT_JOB_PATH
 from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
-from .base import Backend, BackendStatus, Launch
+from .base import Backend, BackendStatus, Launch, LogChunk
 
 
 def cuda_env(placement: list[dict], uuids: dict[tuple[str, int], str] | None = None) -> dict[str, str]:
@@ -282,6 +283,26 @@ class LocalBackend(Backend):
                 self.log.error("stopping %s attempt %d: %s", workload, attempt, e)
         st = self.status(workload, attempt)
         return st if not st.alive else BackendStatus(False)
+
+    def read_log(self, workload: str, attempt: int, offset: int, limit: int) -> LogChunk | None:
+        """From the attempt's ``output.log`` (a regular file only: a link or a pipe put there
+        by the job is not followed)."""
+        path = self._dir(workload, attempt) / "output.log"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return LogChunk(b"", 0, 0)
+        except OSError as e:
+            raise OSError(f"the job's output cannot be read ({e.strerror})") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError("the job's output.log is not a regular file")
+            size = st.st_size
+            start = max(0, size + offset) if offset < 0 else min(offset, size)
+            f.seek(start)
+            data = f.read(max(0, min(limit, size - start)))
+        return LogChunk(data, start, size)
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []

@@ -1,5 +1,5 @@
 """`gpubudget` — the command line, one module per command group: hub, demo, budgets,
-simulate, submit/jobs/cancel, service."""
+simulate, submit/jobs/cancel/logs, service."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`gpubudget submit | jobs | cancel`: the batch-job client.
+"""`gpubudget submit | jobs | cancel | logs`: the batch-job client.
 
 ``register(subparsers)`` adds the sub-commands; each sets ``func`` to a ``cmd_*(args) -> int``.
 
@@ -13,11 +13,13 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 
 def _default_url() -> str:
@@ -151,6 +153,61 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return rc
 
 
+ENDED = ("done", "failed", "cancelled", "preempted")
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print a job's output from the start; with --follow keep printing what it writes (and
+    what a requeued attempt writes) until it ends."""
+    out, err = sys.stdout, sys.stderr
+    path = f"/jobs/{quote(args.id, safe='')}/log"
+    offset, attempt, last_look = 0, None, False
+    try:
+        while True:
+            q = f"?offset={offset}&limit=1048576" + (f"&attempt={attempt}" if attempt else "")
+            page = call(args, "GET", path + q)
+            attempt = attempt or page["attempt"] or None
+            out.write(page["text"])
+            out.flush()
+            offset = page["next_offset"]
+            if offset < page["size"]:
+                continue  # more is there already
+            if not args.follow:
+                if page["attempt"] == 0:
+                    print(f"(job {args.id} is {page['state']}: no output yet)", file=err)
+                return 0
+            if last_look:
+                print(f"(job {args.id} {page['state']})", file=err)
+                return 0
+            latest = call(args, "GET", path + "?limit=1")  # the newest attempt and the state
+            if latest["attempt"] and latest["attempt"] != attempt:
+                if attempt is not None:  # requeued after a preemption: a new attempt
+                    print(f"--- attempt {latest['attempt']} ---", file=err)
+                attempt, offset = latest["attempt"], 0
+                continue
+            if latest["state"] in ENDED:
+                last_look = True  # read what it wrote before it ended, then stop
+                continue
+            time.sleep(args.interval)
+    except (ServiceError, OSError) as e:
+        print(f"gpubudget logs {args.id}: {e}", file=err)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def add_logs_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("logs", help="print a batch job's output (stdout and stderr)")
+    p.add_argument("id", help="job id")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing new output until the job ends")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between polls with --follow (default 1)")
+    _client_args(p)
+    p.set_defaults(func=cmd_logs)
+    return p
+
+
 def add_submit_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a batch job (job YAML: command, project, gpus "
                        "or slice, min_runtime, resumable, time_limit, name, env)")
@@ -179,5 +236,5 @@ def add_cancel_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def register(sub: Any) -> None:
-    for add in (add_submit_parser, add_jobs_parser, add_cancel_parser):
+    for add in (add_submit_parser, add_jobs_parser, add_cancel_parser, add_logs_parser):
         add(sub)

@@ -28,34 +28,46 @@ QUOTE_ID = "quote:would-be-session"
 
 
 def slice_choices(inventory: Inventory) -> list[dict]:
-    """What the inventory can offer a session: CPU only, whole GPUs, MIG profiles, MPS."""
+    """What the inventory can offer a session: CPU only, whole GPUs, MIG profiles, MPS.
+
+    Each choice: ``key`` (what a session asks for), ``label``, ``kind``, ``fraction`` (of a
+    GPU, what an hour costs in GPU-hours), ``compute`` (share of one GPU's compute),
+    ``memory_gb`` (GPU memory it gets for itself; None for CPU only and MPS shares, which
+    share the GPU's memory) and ``gpu_model``/``gpu_memory_gb`` where they apply."""
     models: dict[str, dict[str, Any]] = {}
     max_gpus = 0
     for node in inventory.nodes:
         max_gpus = max(max_gpus, sum(1 for g in node.gpus if not g.mig))
         for g in node.gpus:
-            m = models.setdefault(g.model, {"whole": 0, "mig": False})
+            m = models.setdefault(g.model, {"whole": 0, "mig": False, "mem": []})
             if g.mig:
                 m["mig"] = True
             else:
                 m["whole"] += 1
+                m["mem"].append(g.memory_mib)
+    whole_mem = [mib for m in models.values() for mib in m["mem"]]
+    per_gpu_gb = round(min(whole_mem) / 1024) if whole_mem and min(whole_mem) else None
     out: list[dict] = [{"key": "cpu", "label": "CPU only (no GPU)", "kind": "cpu",
-                        "fraction": 0.0}]
+                        "fraction": 0.0, "compute": 0.0, "memory_gb": None}]
     n = 1
     while n <= max_gpus:
         out.append({"key": f"gpu:{n}", "label": f"{n} whole GPU{'s' if n > 1 else ''}",
-                    "kind": "gpu", "fraction": float(n)})
+                    "kind": "gpu", "fraction": float(n), "compute": float(n),
+                    "memory_gb": per_gpu_gb * n if per_gpu_gb else None,
+                    "gpu_memory_gb": per_gpu_gb})
         n *= 2
     for model, m in sorted(models.items()):
         if m["mig"]:
             for p in profiles_for(model).values():
                 out.append({"key": f"mig:{p.name}", "label": f"MIG {p.name} on {model} "
                             f"({p.compute}/7 of a GPU)", "kind": "mig", "gpu_model": model,
-                            "fraction": p.milli / 1000})
+                            "fraction": p.milli / 1000, "compute": p.compute / 7,
+                            "memory_gb": p.memory_gb})
     if any(m["whole"] for m in models.values()):
         for milli in MPS_SHARES:
             out.append({"key": f"mps:{milli}", "label": f"MPS share, {milli / 10:g}% of a GPU",
-                        "kind": "mps", "fraction": milli / 1000})
+                        "kind": "mps", "fraction": milli / 1000, "compute": milli / 1000,
+                        "memory_gb": None, "gpu_memory_gb": per_gpu_gb})
     return out
 
 
@@ -234,6 +246,21 @@ class Quoter:
             return None
         slow = any(v.stopping or not v.stops_at_once for v in victims)
         return now + s.policy.stop_grace if slow else now
+
+    def free_now(self, own: SliceRequest, keys: list[str], now: float) -> list[str]:
+        """The queue page's hint ("a MIG 3g.40gb slice is free now"): the slice choices other
+        than the queued request's own that fit the capacity left free after the last cycle —
+        taken without preempting anyone, so the next cycle would start them. In the order
+        given."""
+        out = []
+        with self._lock:
+            for key in keys:
+                req = request_for(key)
+                if req.shape == own.shape or req.kind == "cpu":
+                    continue
+                if place(self.sched.cluster, req, now + self.sched.policy.default_runtime):
+                    out.append(key)
+        return out
 
     def offer(self, user: str, projects: list[str], keys: list[str], min_runtime: float,
               now: float) -> dict[str, dict[str, dict]]:

@@ -8,6 +8,7 @@ fall inside [now - window, now]; with a half-life h instead, each moment t count
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
 
@@ -30,6 +31,27 @@ def interval_usage(milli: int, start: float, end: float, now: float, policy: Pol
     if end <= lo:
         return 0.0
     return milli / MILLI * (end - lo) / HOUR
+
+
+def usage_by_span(charges: Iterable[ChargeInterval], spans: list[tuple[float, float]],
+                  now: float) -> list[float]:
+    """GPU-hours charged inside each ``(start, end)`` span — sorted, not overlapping, e.g. the
+    days of a chart — without window or decay: slice fraction × wall time of each interval's
+    overlap. Open intervals count up to ``now``."""
+    out = [0.0] * len(spans)
+    ends = [hi for _, hi in spans]
+    for c in charges:
+        end = min(now, c.end if c.end is not None else now)
+        if end <= c.start:
+            continue
+        i = bisect_right(ends, c.start)  # the first span ending after the interval starts
+        while i < len(spans) and spans[i][0] < end:
+            lo, hi = spans[i]
+            overlap = min(end, hi) - max(c.start, lo)
+            if overlap > 0:
+                out[i] += c.milli / MILLI * overlap / HOUR
+            i += 1
+    return out
 
 
 def usage_by_project(charges: Iterable[ChargeInterval], now: float, policy: Policy

@@ -1,67 +1,205 @@
-"""The spawn form: the user's projects, slices with quotes, minimum runtime, the inventory in
-use. Rendered from the service's offer (``GET /sessions/offer``)."""
+"""The spawn form: the user's projects with their budget, the slices the inventory offers
+(grouped, with memory and compute), the minimum runtime (presets, a custom value, the cap) and
+a live quote for exactly what is selected.
+
+Rendered from a Jinja template (``BudgetSpawner.form_template``; default
+``templates/gpubudget_form.html`` in this package) with the context built by
+:func:`form_context` from the service's offer (``GET /sessions/offer``). An admin's template
+may ``{% extends "gpubudget_form.html" %}`` and override its blocks. The live quote is fetched
+by the page from the hub (``handlers.QuoteHandler``), one quote per request.
+"""
 
 from __future__ import annotations
 
-import html
+import json
 import time
-from typing import TYPE_CHECKING
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpubudget.service.validate import Invalid, duration
 
 from .client import ServiceError
-from .words import hours as _hours
-from .words import when as _when
+from .words import gpu_hours, span, standing_words, when
 
 if TYPE_CHECKING:
     from .spawner import BudgetSpawner
 
+TEMPLATES = Path(__file__).parent / "templates"
+DEFAULT_TEMPLATE = "gpubudget_form.html"
+
+#: slice groups in the order the form shows them: kind -> (title, what it means)
+GROUPS = (
+    ("cpu", "CPU only", "no GPU: for editing, data preparation, small tests"),
+    ("mig", "MIG slices", "a fixed part of one GPU with its own memory and compute: nobody "
+                          "else's work can slow it down"),
+    ("mps", "MPS shares", "a share of one GPU's compute; its memory is shared with the "
+                          "other sessions on that GPU"),
+    ("gpu", "Whole GPUs", "one or more complete GPUs"),
+)
+EXPLAIN = ("<b>Protected</b>: for the minimum runtime you choose, nobody can take the slice "
+           "from you. <b>Backed</b>: your project's grant covers that protected time; an "
+           "unbacked session may still run on idle GPUs, but it is never protected and is "
+           "stopped first when backed work needs the slice.")
+
+
+@cache
+def _environment(extra_dir: str) -> Any:
+    from jinja2 import ChoiceLoader, Environment, FileSystemLoader, select_autoescape
+
+    loaders = ([FileSystemLoader(extra_dir)] if extra_dir else []) + [FileSystemLoader(TEMPLATES)]
+    return Environment(loader=ChoiceLoader(loaders), autoescape=select_autoescape(default=True),
+                       trim_blocks=True, lstrip_blocks=True)
+
+
+def render_template(template: str, context: dict) -> str:
+    """``template``: a file path (an admin's template; it may extend ``gpubudget_form.html``)
+    or empty for the package's default."""
+    if template:
+        p = Path(template)
+        return _environment(str(p.parent.resolve())).get_template(p.name).render(**context)
+    return _environment("").get_template(DEFAULT_TEMPLATE).render(**context)
+
 
 async def render_form(spawner: BudgetSpawner) -> str:
+    """``BudgetSpawner.options_form``: the form for this user, keeping the choices of the
+    last attempt (after an error the form comes back as the user left it)."""
+    chosen = spawner.form_choices()
+    ctx: dict[str, Any]
     try:
-        offer = await spawner.offer(spawner.default_min_runtime)
+        offer = await spawner.offer(quotes=False)
     except ServiceError as e:
-        return (f"<div class='alert alert-danger'>The GPU budget service is not answering "
-                f"({html.escape(e.message)}). Try again in a moment.</div>")
-    return render_form_html(offer, spawner.default_min_runtime)
+        ctx = {"error": f"The GPU budget service is not answering ({e.message}). Reload this "
+                        "page in a moment.", "hide_start": True}
+        return render_template(spawner.form_template, ctx)
+    ctx = form_context(offer, chosen, spawner.min_runtime_presets, spawner.default_min_runtime)
+    if ctx["projects"]:
+        try:
+            ctx["quote"] = await spawner.quote(ctx["selected"]["project"],
+                                               ctx["selected"]["slice"],
+                                               ctx["selected"]["min_runtime"])
+        except ServiceError as e:
+            ctx["quote_error"] = e.message
+    ctx.update(quote_url=spawner.quote_url(), server_name=spawner.name or "",
+               user_name=spawner.user.name)
+    ctx["quote_json"] = json.dumps(ctx.get("quote"))
+    ctx["quote_text"] = quote_words(ctx.get("quote"))
+    return render_template(spawner.form_template, ctx)
 
 
-def render_form_html(offer: dict, min_runtime: str) -> str:
-    e = html.escape
+def _runtime_presets(presets: list[str], cap: float, default: str) -> list[dict]:
+    out: list[dict] = []
+    for p in [*presets, default]:
+        try:
+            secs = duration(p, "min_runtime")
+        except Invalid:
+            continue
+        if secs <= cap and all(o["seconds"] != secs for o in out):
+            out.append({"value": p, "seconds": secs, "label": span(secs)})
+    out.sort(key=lambda o: o["seconds"])
+    return out
+
+
+def form_context(offer: dict, chosen: dict, presets: list[str], default_min_runtime: str
+                 ) -> dict:
+    """What the template needs, from the service's offer and the user's last choices."""
     projects = offer.get("projects") or []
-    if not projects:
-        return ("<div class='alert alert-warning'>You are not a member of any project, so no "
-                "session can be charged. Ask an admin to add you to a project in the budgets "
-                "file.</div>")
+    figures = offer.get("figures") or {}
+    cap = float(offer.get("min_runtime_cap") or 0)
     inv = offer.get("inventory")
-    inv_text = ("GPUs discovered with NVML" if inv == "nvml" else
-                "a <b>declared</b> inventory (no GPU driver here: demo / test hardware)")
-    cap = offer.get("min_runtime_cap") or 0
-    now = offer.get("now") or time.time()
-    out = [f"<p class='gpubudget-inventory'>Inventory in use: {inv_text}, "
-           f"{offer.get('inventory_gpus', 0)} GPUs.</p>",
-           "<div class='form-group'><label for='gpubudget-project'>Project (charged for the "
-           "session)</label><select class='form-control' id='gpubudget-project' "
-           "name='project'>"]
-    for i, p in enumerate(projects):
-        out.append(f"<option value='{e(p)}'{' selected' if i == 0 else ''}>{e(p)}</option>")
-    out.append("</select></div>")
-    out.append(f"<div class='form-group'><label for='gpubudget-min-runtime'>Minimum runtime "
-               f"(protected time; at most {_hours(cap)})</label><input class='form-control' "
-               f"id='gpubudget-min-runtime' name='min_runtime' value='{e(min_runtime)}'></div>")
-    out.append("<fieldset class='form-group'><legend>Slice</legend>")
-    for i, ch in enumerate(offer.get("choices") or []):
-        key = ch["key"]
-        out.append(f"<div class='gpubudget-choice'><label><input type='radio' name='slice' "
-                   f"value='{e(key)}'{' checked' if i == 0 else ''}> {e(ch['label'])}</label>"
-                   "<ul class='gpubudget-quotes'>")
-        for p in projects:
-            q = (offer.get("quotes") or {}).get(p, {}).get(key)
-            if not q:
-                continue
-            backed = "backed" if q.get("backed") else "unbacked (never protected, preempted first)"
-            out.append(f"<li data-project='{e(p)}'>{e(p)}: starts "
-                       f"{e(_when(q.get('predicted_start'), now))}; protected "
-                       f"{_hours(q.get('protected_s') or 0)}; cost "
-                       f"{q.get('cost_gpu_hours', 0):.2f} GPU-h; {backed}</li>")
-        out.append("</ul></div>")
-    out.append("</fieldset>")
-    return "\n".join(out)
+    window = float(offer.get("window_s") or 7 * 86400)
+    ctx: dict[str, Any] = {
+        "explain": EXPLAIN, "now": offer.get("now") or time.time(),
+        "inventory": inv, "inventory_gpus": offer.get("inventory_gpus", 0),
+        "inventory_text": ("GPUs discovered with NVML" if inv == "nvml" else
+                           "a declared inventory (no GPU driver here: demo or test hardware)"),
+        "cap_s": cap, "cap_text": span(cap), "hide_start": not projects,
+        "window_text": span(window),
+    }
+    ctx["projects"] = []
+    for p in projects:
+        f = figures.get(p) or {}
+        grant, used, left = f.get("grant_hours"), f.get("usage_hours"), f.get("left_hours")
+        st = f.get("standing")
+        where = f"{f['parent']} › {p}" if f.get("parent") else p
+        if grant is None:
+            short = f"{p} — {standing_words(st, short=True)}"
+            info = f"{where}: {standing_words(st)}."
+        else:
+            short = (f"{p} — {gpu_hours(max(0.0, left or 0.0))[:-6]} of {gpu_hours(grant)} left · "
+                     f"{standing_words(st, short=True)}")
+            info = (f"{where}: granted {gpu_hours(grant)} per {span(window)}, used "
+                    f"{gpu_hours(used or 0.0)}, {gpu_hours(max(0.0, left or 0.0))} left. "
+                    f"Standing {st if st is not None else 0:.2f} (used ÷ grant): "
+                    f"{standing_words(st)}.")
+        ctx["projects"].append({
+            "name": p, "parent": f.get("parent"), "grant_hours": grant, "usage_hours": used,
+            "left_hours": left, "standing": st, "standing_words": standing_words(st),
+            "option_text": short, "info": info})
+    choices = offer.get("choices") or []
+    ctx["groups"] = []
+    for kind, title, what in GROUPS:
+        items = [dict(ch, hint=slice_hint(ch), short=slice_name(ch)) for ch in choices
+                 if ch.get("kind") == kind]
+        if items:
+            ctx["groups"].append({"kind": kind, "title": title, "what": what,
+                                  "choices": items})
+    keys = [ch["key"] for ch in choices]
+    default_slice = next((ch["key"] for kind in ("mig", "mps", "gpu") for ch in choices
+                          if ch.get("kind") == kind), keys[0] if keys else "cpu")
+    project = chosen.get("project") if chosen.get("project") in projects else (
+        projects[0] if projects else "")
+    sl = chosen.get("slice") if chosen.get("slice") in keys else default_slice
+    ctx["presets"] = _runtime_presets(presets, cap, default_min_runtime)
+    mr = str(chosen.get("min_runtime") or default_min_runtime)
+    ctx["custom_runtime"] = all(o["value"] != mr for o in ctx["presets"])
+    ctx["selected"] = {"project": project, "slice": sl, "min_runtime": mr}
+    return ctx
+
+
+def slice_name(ch: dict) -> str:
+    """'MIG 3g.40gb', 'MPS share, 25%', '2 whole GPUs', 'CPU only'."""
+    key, kind = str(ch.get("key", "")), ch.get("kind")
+    if kind == "mig":
+        return f"MIG {key[4:]}"
+    if kind == "mps":
+        return f"MPS share, {float(ch.get('fraction') or 0) * 100:g}%"
+    if kind == "cpu":
+        return "CPU only"
+    return str(ch.get("label") or key)
+
+
+def slice_hint(ch: dict) -> str:
+    """'40 GB memory · 3/7 of an H100-80GB · 0.43 GPU-h per hour'."""
+    kind, frac = ch.get("kind"), float(ch.get("fraction") or 0)
+    if kind == "cpu":
+        return "no GPU · costs no GPU-hours"
+    parts = []
+    if kind == "mig":
+        model = ch.get("gpu_model") or "GPU"
+        article = "an" if model[:1].upper() in "AEFHILMNORSX" else "a"
+        parts += [f"{ch.get('memory_gb')} GB memory",
+                  f"{round(frac * 7)}/7 of {article} {model}"]
+    elif kind == "mps":
+        parts.append(f"{frac * 100:g}% of a GPU's compute")
+        if ch.get("gpu_memory_gb"):
+            parts.append(f"its {ch['gpu_memory_gb']} GB memory shared")
+    elif ch.get("memory_gb"):
+        parts.append(f"{ch['memory_gb']} GB memory")
+    parts.append(f"{gpu_hours(frac)} per hour")
+    return " · ".join(parts)
+
+
+def quote_words(answer: dict | None) -> str:
+    """The quote in words (hub's local time), for browsers without JavaScript."""
+    if not answer:
+        return ""
+    q = answer.get("quote") or {}
+    start = "starts now" if q.get("starts_now") else \
+        f"predicted start {when(q.get('predicted_start'), answer.get('now'))}"
+    if q.get("backed"):
+        return (f"{answer.get('project')}: {start}; protected for "
+                f"{span(q.get('protected_s') or 0)}, which costs "
+                f"{gpu_hours(q.get('cost_gpu_hours') or 0)}; backed.")
+    return (f"{answer.get('project')}: {start}; unbacked: never protected, stopped first "
+            "when backed work needs the slice.")

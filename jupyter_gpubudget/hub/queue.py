@@ -53,24 +53,77 @@ async def _changed(sp: BudgetSpawner, timeout: float = 5) -> None:
         pass
 
 
+def free_words(free: list[dict] | None) -> str:
+    """'A MIG 3g.40gb slice is free now ...': the largest slice that would start at once."""
+    if not free:
+        return ""
+    more = " (or a smaller one)" if len(free) > 1 else ""
+    name = ask_choice(free[0])
+    verb = "are" if name[0].isdigit() else "is"
+    text = (f"{name} {verb} free now{more}: leave the queue and choose it on the form to "
+            "start at once.")
+    return text[0].upper() + text[1:]
+
+
+def ask_choice(choice: dict) -> str:
+    key = str(choice.get("key", ""))
+    if key.startswith("mig:"):
+        return f"a MIG {key[4:]} slice"
+    if key.startswith("mps:"):
+        return f"an MPS share of {int(key[4:].split(':')[0]) / 10:g}%"
+    if key.startswith("gpu:"):
+        n = int(key[4:])
+        return "a whole GPU" if n == 1 else f"{n} whole GPUs"
+    return str(choice.get("label") or key)
+
+
+#: a new predicted start is reported when it moved by more than this (seconds)
+PREDICTION_STEP = 300.0
+
+
 async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
-    """JupyterHub progress events: queue position and predicted start while queued, then the
-    grant, then the backend spawner's own events."""
-    last = None
-    n = 0
+    """JupyterHub progress events: the queue position and predicted start while queued (one
+    event per real change: position, the slices free now, or a predicted start that moved by
+    more than 5 minutes), then the grant, then the backend spawner's own events.
+
+    The bar is position-based while queued: 5 % on joining, up to 45 % as the work ahead of
+    this session is done (``first_position`` is the position it started from), 50 % granted,
+    60 % and on: the server starting."""
+    shown: tuple | None = None
+    shown_start: float | None = None
+    first: int | None = None
+    joining = False
     while sp._phase == "queued":
         s = sp._session
-        if s:
-            pos = s.get("queue_position")
-            msg = (f"Queued in project {s.get('project')} for {ask(s.get('request'))}: "
-                   f"position {pos if pos is not None else '?'} in the queue, predicted "
-                   f"start {when(s.get('predicted_start'))}.")
-            if msg != last:
-                n += 1
-                last = msg
-                yield {"progress": min(40, 5 + n), "message": msg,
-                       "gpubudget": {"queue_position": pos,
-                                     "predicted_start": s.get("predicted_start"),
+        pos = s.get("queue_position") if s else None
+        if pos is None:
+            if not joining and shown is None:
+                joining = True
+                yield {"progress": 3, "message": "Joining the queue...",
+                       "gpubudget": {"queue_position": None}}
+        else:
+            first = max(first or pos, pos)
+            pred = s.get("predicted_start")
+            free = s.get("free_now") or []
+            moved = (pred is None) != (shown_start is None) or (
+                pred is not None and shown_start is not None
+                and abs(pred - shown_start) > PREDICTION_STEP)
+            key = (pos, tuple(f.get("key") for f in free))
+            if key != (shown or (None,))[:2] or moved:
+                shown, shown_start = (*key, pred), pred
+                ahead = "first in line" if pos == 1 else f"{pos - 1} ahead of you"
+                msg = (f"Queued in project {s.get('project')} for {ask(s.get('request'))}: "
+                       f"position {pos} in the queue ({ahead}), predicted start "
+                       f"{when(pred)}.")
+                hint = free_words(free)
+                yield {"progress": round(5 + 40 * (first - pos) / first),
+                       "message": f"{msg} {hint}".strip(),
+                       "gpubudget": {"queue_position": pos, "first_position": first,
+                                     "predicted_start": pred,
+                                     "predicted_start_kind": s.get("predicted_start_kind"),
+                                     "free_now": free, "hint": hint,
+                                     "project": s.get("project"),
+                                     "request": ask(s.get("request")),
                                      "session": s.get("id")}}
         await _changed(sp)
     if sp._phase in ("starting", "running"):
@@ -80,8 +133,12 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
             prot = f"; protected for {hours(max(0, s['protected_until'] - time.time()))}"
         elif not s.get("backed"):
             prot = "; unbacked (not protected, preempted first)"
-        yield {"progress": 50, "message": f"Granted {describe(sp.placement)}{prot}."}
+        yield {"progress": 50, "message": f"Granted {describe(sp.placement)}{prot}.",
+               "gpubudget": {"granted": describe(sp.placement),
+                             "protected_until": s.get("protected_until")}}
         yield {"progress": 60, "message": "Starting the server..."}
         if sp.child is not None:
             async for ev in sp.child.progress():
+                if "progress" in ev:  # the bar never goes back
+                    ev = {**ev, "progress": max(60, int(ev["progress"]))}
                 yield ev

@@ -27,12 +27,15 @@ from urllib.parse import quote as urlquote
 from jupyterhub.spawner import LocalProcessSpawner, Spawner
 from tornado import web
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Float, Type, Unicode, default
+from traitlets import Bool, Dict, Float, List, Type, Unicode, default
+
+from jupyter_gpubudget.service.validate import Invalid, duration
 
 from . import queue, watch
 from .child import configure_child, construct_child
 from .client import ServiceClient, ServiceError
 from .form import render_form
+from .handlers import QUOTE_ROUTE
 from .placement import describe, placement_env
 
 __all__ = ["BudgetSpawner", "ServiceError", "normalise_slice"]
@@ -93,6 +96,17 @@ class BudgetSpawner(Spawner):
              "and of queue position / predicted start changes at least this often (seconds).")
     default_min_runtime = Unicode("1h", config=True,
                                   help="min_runtime when the user gives none (capped by policy).")
+    min_runtime_presets = List(
+        Unicode(), ["30m", "1h", "2h", "4h", "8h"], config=True,
+        help="Minimum runtimes the spawn form offers as buttons (those above the policy's cap "
+             "are left out); the user may also type another value.")
+    form_template = Unicode(
+        "", config=True,
+        help="Jinja template of the spawn form (a file path). Empty: the package's "
+             "templates/gpubudget_form.html. Your template may {% extends "
+             "\"gpubudget_form.html\" %} and override its blocks (intro, project, slices, "
+             "runtime, quote, inventory, no_project, script); the context is described in "
+             "docs/hub.md.")
     heartbeat_interval = Float(
         10.0, config=True, help="Seconds between heartbeats to the service while the server "
                                 "runs (checkpoints its charge; asks whether to stop it).")
@@ -147,6 +161,7 @@ class BudgetSpawner(Spawner):
         self._gpu_busy_at: float | None = None
         self._stop_reason = "stop"
         self._offer: dict | None = None
+        self._form_choices: dict = {}
         self._discovery: Any = None
         self._watch_task: asyncio.Task | None = None
 
@@ -156,23 +171,50 @@ class BudgetSpawner(Spawner):
         client = ServiceClient(self.service_api_url, self.service_token, self.request_timeout)
         return await client.request(method, path, body, headers)
 
-    async def offer(self, min_runtime: str | None = None) -> dict:
+    async def offer(self, min_runtime: str | None = None, quotes: bool = True) -> dict:
         q = f"/sessions/offer?user={urlquote(self.user.name)}"
         if min_runtime:
             q += f"&min_runtime={urlquote(min_runtime)}"
+        if not quotes:
+            q += "&quotes=0"
         self._offer = await self.api("GET", q)
         self.log.info("gpubudget: %s", self._offer.get("inventory_message") or
                       f"inventory in use: {self._offer.get('inventory')} "
                       f"({self._offer.get('inventory_gpus')} GPUs)")
         return self._offer
 
+    async def quote(self, project: str, slice_key: str, min_runtime: str) -> dict:
+        """One quote for this user (the spawn form's live quote)."""
+        return await self.api(
+            "GET", f"/sessions/quote?user={urlquote(self.user.name)}"
+                   f"&project={urlquote(project)}&slice={urlquote(slice_key)}"
+                   f"&min_runtime={urlquote(min_runtime)}")
+
+    def quote_url(self) -> str:
+        """Where the spawn form's page asks the hub for a quote (``handlers.QuoteHandler``,
+        registered through ``c.JupyterHub.extra_handlers``)."""
+        base = self.hub.base_url if getattr(self, "hub", None) is not None else "/hub/"
+        return base.rstrip("/") + QUOTE_ROUTE.replace("([^/]+)", urlquote(self.user.name, ""))
+
     # ------------------------------------------------------------------ form
+    def form_choices(self) -> dict:
+        """The choices to show: those of the last form (also when it was refused), else the
+        last spawn's options."""
+        return dict(self._form_choices or self.user_options or {})
+
     def options_from_form(self, formdata: dict) -> dict:
         def one(k: str, d: str = "") -> str:
             return (formdata.get(k) or [d])[0].strip()
 
-        opts = {"project": one("project"), "slice": one("slice", "cpu"),
-                "min_runtime": one("min_runtime", self.default_min_runtime)}
+        runtime = one("min_runtime", self.default_min_runtime)
+        if runtime == "custom":
+            runtime = one("min_runtime_custom") or self.default_min_runtime
+        opts = {"project": one("project"), "slice": one("slice", "cpu"), "min_runtime": runtime}
+        self._form_choices = opts  # the form comes back with these after an error
+        try:
+            duration(runtime, "min_runtime")
+        except Invalid as e:
+            raise web.HTTPError(400, f"Minimum runtime: {e.message}") from None
         offer = self._offer
         if offer is not None and opts["project"] not in offer.get("projects", []):
             raise web.HTTPError(

@@ -37,3 +37,41 @@ def ask(request: dict | None) -> str:
         n = request.get("gpus", 1)
         return f"{n} GPU{'s' if n != 1 else ''}"
     return "CPU only"
+
+
+def gpu_hours(h: float) -> str:
+    """'0 GPU-h', '0.43 GPU-h', '412 GPU-h'."""
+    if abs(h) < 0.005:
+        return "0 GPU-h"
+    return f"{h:.2f} GPU-h" if abs(h) < 10 else f"{h:.0f} GPU-h"
+
+
+def span(seconds: float) -> str:
+    """'45 s', '30 min', '1 h', '1 h 30 min', '7 days'."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 600 and round(seconds) % 60:
+        return f"{int(seconds // 60)} min {round(seconds) % 60} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    if seconds >= 2 * 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:.0f} days"
+    h, m = int(seconds // 3600), round((seconds % 3600) / 60)
+    if m == 60:
+        h, m = h + 1, 0
+    return f"{h} h" + (f" {m} min" if m else "")
+
+
+def standing_words(standing: float | None, short: bool = False) -> str:
+    """What a project's standing (used / grant) means for its next session."""
+    if standing is None:
+        return "no grant: unbacked" if short else \
+            "no grant: its sessions are unbacked (never protected)"
+    if standing < 1:
+        return "under its share: starts first" if short else \
+            ("under its share, so its sessions start before those of projects that used "
+             "more of theirs")
+    return "over its share: starts after others" if short else \
+        ("over its share: its sessions start after those of projects under theirs, and are "
+         "unbacked once the grant is used up")

@@ -39,9 +39,10 @@ class GpuBudgetLab(LoggingConfigurable):
         "+ $JUPYTERHUB_BASE_URL + services/gpubudget."
     )).tag(config=True)
     api_token = Unicode(help=(
-        "Token sent to the service (never to the browser). Default: $JUPYTERHUB_API_TOKEN, the "
-        "token JupyterHub gives this server; it needs the custom:gpubudget:read scope "
-        "(custom:gpubudget:submit to cancel work from the sidebar)."
+        "Token sent to the service (never to the browser). Default: $GPUBUDGET_TOKEN (as for "
+        "the gpubudget CLI; a service without JupyterHub, e.g. on Binder), else "
+        "$JUPYTERHUB_API_TOKEN, the token JupyterHub gives this server; it needs the "
+        "custom:gpubudget:read scope (custom:gpubudget:submit to cancel work from the sidebar)."
     )).tag(config=True)
     session_id = Unicode(help=(
         "The gpubudget session this server runs in. Default: $GPUBUDGET_SESSION, which "
@@ -62,7 +63,7 @@ class GpuBudgetLab(LoggingConfigurable):
 
     @default("api_token")
     def _api_token(self) -> str:
-        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        return os.environ.get("GPUBUDGET_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
     @default("session_id")
     def _session_id(self) -> str:
@@ -81,8 +82,9 @@ class GpuBudgetLab(LoggingConfigurable):
         if u.scheme not in ("http", "https") or not u.netloc:
             return (f"GpuBudgetLab.service_url: {self.service_url!r} is not an http(s) URL")
         if not self.api_token:
-            return ("no token: this server has no $JUPYTERHUB_API_TOKEN (not started by "
-                    "JupyterHub?); set GpuBudgetLab.api_token")
+            return ("no token: this server has neither $GPUBUDGET_TOKEN nor "
+                    "$JUPYTERHUB_API_TOKEN (not started by JupyterHub?); set "
+                    "GpuBudgetLab.api_token")
         return None
 
     def api_url(self, path: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -33,12 +32,32 @@ from .handlers import routes
 from .loop import SchedulingLoop
 from .metrics import make_registry
 from .reaper import reaper, reconcile_with_hub
-from .views import grant_json
+from .views import finite, grant_json
 
 
-def finite(x: float | None) -> float | None:
-    """JSON has no infinity: a standing with no grant is reported as null."""
-    return x if x is not None and math.isfinite(x) else None
+def load_tokens(path: str) -> dict[str, dict]:
+    """``GpuBudgetService.tokens_file``: token -> {"name", "scopes"}; refused (OSError naming
+    the problem) when others may read it or an entry is malformed."""
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        raise OSError(f"{path}: readable by others (mode {st.st_mode & 0o777:o}); "
+                      "chmod 600 it")
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise OSError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise OSError(f"{path}: expected an object of token: identity")
+    out = {}
+    for i, (token, ident) in enumerate(data.items()):
+        if (len(token) < 16 or not isinstance(ident, dict)
+                or not isinstance(ident.get("name"), str) or not ident["name"]
+                or not isinstance(ident.get("scopes", []), list)):
+            raise OSError(f"{path}: entry {i + 1}: a token of at least 16 characters mapping "
+                          "to {\"name\": ..., \"scopes\": [...]}")
+        out[token] = {"name": ident["name"], "kind": "user",
+                      "scopes": [str(x) for x in ident.get("scopes", [])]}
+    return out
 
 
 def private_sqlite(url: str) -> None:
@@ -139,6 +158,13 @@ class GpuBudgetService(Application):
     umask = Unicode("0077", help="The service process's umask (octal): the ledger (and its "
                     "-wal/-shm), logs and anything else it creates are private to its user."
                     ).tag(config=True)
+    tokens_file = Unicode("", help="Without JupyterHub (Binder, a laptop): a JSON file, "
+                          "readable only by the service's user, mapping tokens to who they "
+                          "are: {\"<token>\": {\"name\": \"alice\", \"scopes\": "
+                          "[\"custom:gpubudget:submit\"]}}. When set, only these tokens are "
+                          "accepted and JupyterHub is never asked (no login cookie, no "
+                          "settling of sessions with a hub). Empty: identities come from "
+                          "JupyterHub.").tag(config=True)
     session_stale_after = Float(help="Seconds without a word from the hub about a session "
                                 "(long-poll while queued, heartbeat while running) after which "
                                 "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
@@ -247,6 +273,10 @@ class GpuBudgetService(Application):
                                  cookie_options=cookie_options)
         self._kick_event: asyncio.Event | None = None
         self.session_seen: dict[str, float] = {}  # session -> last word from the hub
+        self.local_tokens = load_tokens(self.tokens_file) if self.tokens_file else None
+        if self.local_tokens is not None:
+            self.log.info("identities from %s (%d tokens); JupyterHub is not asked",
+                          self.tokens_file, len(self.local_tokens))
 
     def _mtime(self) -> float:
         try:
@@ -415,7 +445,8 @@ class GpuBudgetService(Application):
             aloop.add_signal_handler(sig, stop.set)
         timer = asyncio.create_task(self._timer())
         reaping = asyncio.create_task(reaper(self))
-        settling = asyncio.create_task(reconcile_with_hub(self))
+        settling = asyncio.create_task(reconcile_with_hub(self) if self.local_tokens is None
+                                       else asyncio.sleep(0))
         await stop.wait()
         timer.cancel()
         reaping.cancel()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -131,6 +132,8 @@ class BaseHandler(web.RequestHandler):
 
     # ---------------------------------------------------------------- helpers
     async def caller(self) -> Caller:
+        if self.svc.local_tokens is not None:  # no JupyterHub: the tokens file decides
+            return self.local_caller()
         try:
             model = await self.svc.hub_auth.get_user(self, sync=False)
         except web.HTTPError as e:
@@ -140,6 +143,15 @@ class BaseHandler(web.RequestHandler):
         if not model:
             raise ApiError(403, "missing, invalid or expired token")
         return Caller.from_hub_model(model, self.svc.service_name)
+
+    def local_caller(self) -> Caller:
+        auth = self.request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() in ("token", "bearer") and token:
+            for known, ident in self.svc.local_tokens.items():
+                if hmac.compare_digest(known.encode(), token.strip().encode()):
+                    return Caller.from_hub_model(ident, self.svc.service_name)
+        raise ApiError(403, "missing, invalid or expired token")
 
     def body(self) -> Any:
         limit = self.svc.max_body_bytes

@@ -30,6 +30,31 @@ WORKLOAD = {"type": "object", "properties": {
     "preemptions": {"type": "integer"}, "exit_code": {"type": "integer", "nullable": True},
     "reason": {"type": "string"}, "backend": {"type": "string"}}}
 
+USAGE_DAILY = {"type": "object", "properties": {
+    "account": {"type": "string"}, "tz": {"type": "string"}, "window_s": NUM,
+    "days": {"type": "array", "items": {"type": "object", "properties": {
+        "date": {"type": "string", "format": "date"}, "start": NUM, "end": NUM,
+        "gpu_hours": NUM}}},
+    "computed_at": NUM}}
+
+JOB_LOG = {"type": "object", "properties": {
+    "id": {"type": "string"}, "attempt": {"type": "integer",
+                                          "description": "0: not started yet (no output)"},
+    "offset": {"type": "integer", "description": "Byte where the text starts"},
+    "next_offset": {"type": "integer", "description": "Ask from here for what follows"},
+    "size": {"type": "integer", "description": "Bytes of output so far"},
+    "text": {"type": "string"},
+    "truncated": {"type": "boolean", "description": "Earlier output is left out"},
+    "state": {"type": "string"}}}
+
+LOG_PARAMS = [
+    {"name": "offset", "in": "query", "required": False, "schema": {"type": "integer",
+     "minimum": 0}, "description": "From this byte on (default: the last `limit` bytes)"},
+    {"name": "limit", "in": "query", "required": False, "schema": {
+        "type": "integer", "minimum": 1, "maximum": 1048576, "default": 65536}},
+    {"name": "attempt", "in": "query", "required": False, "schema": {
+        "type": "integer", "minimum": 1}, "description": "Default: the latest"}]
+
 DURATION = {"oneOf": [{"type": "number", "minimum": 0},
                       {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[smhd]?\s*$"}]}
 
@@ -112,6 +137,13 @@ def openapi_document(api_prefix: str) -> dict:
             params=acct, body=GRANT_BODY, extra=nf)},
         "/accounts/{name}/usage": {"get": _op("Usage and standing", _resp("Usage"),
                                               params=acct, extra=nf)},
+        "/accounts/{name}/usage/daily": {"get": _op(
+            "GPU-hours per day over the usage window (the account and everything below it)",
+            _resp("Days, oldest first; the last is today so far", USAGE_DAILY),
+            params=[*acct, {"name": "tz", "in": "query", "required": False,
+                            "description": "IANA time zone of the days (default UTC)",
+                            "schema": {"type": "string", "example": "Europe/Berlin"}}],
+            extra={**nf, "400": "Unknown time zone"})},
         "/workloads/me": {"get": _op("My workloads", _resp("Workloads", {
             "type": "object", "properties": {"user": {"type": "string"}, "workloads": {
                 "type": "array", "items": WORKLOAD}}}), params=[STATE_Q],
@@ -129,6 +161,11 @@ def openapi_document(api_prefix: str) -> dict:
         "/jobs/{name}": {"delete": _op("Cancel a job", _resp("The job", WORKLOAD),
                                        params=[_path_param("name")],
                                        extra={"404": "No such job", "409": "Already ended"})},
+        "/jobs/{name}/log": {"get": _op(
+            "A job's output (owner or admin)", _resp("Part of the output", JOB_LOG),
+            params=[_path_param("name"), *LOG_PARAMS],
+            extra={"404": "No such job, attempt or kept output", "400": "Bad offset or limit",
+                   "409": "The output cannot be read"})},
         "/notices": {"get": _op("Preemption notices for my workloads", _resp("Notices"))},
         "/usage/events": {"post": _op(
             "Usage reported by an external backend (admins)", _resp("Applied"), body=EVENT,
@@ -156,6 +193,15 @@ def session_paths() -> dict:
                               "description": "Why the scheduler wants this session stopped"},
         "idle_reported": {"type": "number", "nullable": True,
                           "description": "When it was reported idle (protection ended)"},
+        "charged_gpu_hours": {"type": "number", "description": "GPU-hours charged so far "
+                              "(slice fraction × time running, up to now)"},
+        "preempt_deadline": {"type": "number", "nullable": True,
+                             "description": "When the server will be stopped at the latest "
+                                            "after a preemption was asked for"},
+        "free_now": {"type": "array", "description": "Queued: other GPU slices that would "
+                     "start at once (largest first)", "items": {"type": "object", "properties": {
+                         "key": {"type": "string"}, "label": {"type": "string"},
+                         "kind": {"type": "string"}, "fraction": NUM}}},
         "inventory": {"type": "string", "enum": ["declared", "nvml"]}}}
     body = {"type": "object", "required": ["user", "project"], "additionalProperties": False,
             "properties": {"user": NAME, "project": NAME,
@@ -173,6 +219,15 @@ def session_paths() -> dict:
             "Projects, slice choices and quotes for a spawn form", _resp("Offer"),
             params=[user_q, {"name": "min_runtime", "in": "query", "required": False,
                              "schema": {"type": "string"}}])},
+        "/sessions/quote": {"get": _op(
+            "One quote (a project, a slice, a minimum runtime) for the spawn form",
+            _resp("Quote"), params=[user_q, {
+                "name": "project", "in": "query", "required": True, "schema": NAME}, {
+                "name": "slice", "in": "query", "required": False, "schema": {
+                    "type": "string", "description": "cpu, gpu:N, mig:<profile>, mps:<milli>"}},
+                {"name": "min_runtime", "in": "query", "required": False,
+                 "schema": {"type": "string"}}],
+            extra={"400": "Bad slice or minimum runtime"})},
         "/sessions": {
             "get": _op("Interactive sessions", _resp("Sessions"), params=[user_q, STATE_Q]),
             "post": _op("Queue an interactive session (BudgetSpawner)", _resp("Session",

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
 
 from .loop import View
+
+
+def finite(x: float | None) -> float | None:
+    """JSON has no infinity: a standing with no grant is reported as null."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def workload_json(r: WorkloadRow, view: View, now: float) -> dict:

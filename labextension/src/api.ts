@@ -56,7 +56,7 @@ export interface ISession extends IWorkload {
   idle_reported: Epoch | null;
   blocked_by?: string[];
   inventory?: 'declared' | 'nvml' | string;
-  /** When the server will be stopped after a preemption was asked for (proposed field). */
+  /** When the server will be stopped after a preemption was asked for. */
   preempt_deadline?: Epoch | null;
 }
 
@@ -96,7 +96,7 @@ export interface IUsage {
   computed_at: Epoch | null;
 }
 
-/** Proposed: GET /accounts/{name}/usage/daily?tz=<IANA zone>. */
+/** GET /accounts/{name}/usage/daily?tz=<IANA zone>. */
 export interface IUsageDaily {
   account: string;
   tz: string;
@@ -105,7 +105,7 @@ export interface IUsageDaily {
   computed_at: Epoch;
 }
 
-/** Proposed: GET /jobs/{id}/log?offset=N&limit=B. */
+/** GET /jobs/{id}/log[?offset=N&limit=B]. */
 export interface IJobLog {
   id: string;
   attempt: number;
@@ -246,8 +246,10 @@ export class GpuBudgetClient {
     return this.request<{ notices: INotice[] }>('v1/notices').then(r => r.notices);
   }
 
-  async jobLog(id: string, offset = 0): Promise<IJobLog | null> {
-    return this.optional<IJobLog>(`v1/jobs/${seg(id, 'job')}/log?offset=${Math.max(0, offset)}`);
+  /** The end of a job's output (the service's last 64 KiB), or from `offset` on. */
+  async jobLog(id: string, offset?: number): Promise<IJobLog | null> {
+    const q = offset === undefined ? '' : `?offset=${Math.max(0, Math.floor(offset))}`;
+    return this.optional<IJobLog>(`v1/jobs/${seg(id, 'job')}/log${q}`);
   }
 
   async cancelJob(id: string): Promise<IWorkload> {

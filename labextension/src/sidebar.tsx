@@ -236,34 +236,40 @@ function DailyChart(props: { snap: ISnapshot; now: number }) {
   const max = Math.max(...daily.days.map(d => d.gpu_hours), 0.01);
   const w = 240;
   const h = 64;
+  const top = 11; // room for the values above the bars
   const bw = w / daily.days.length;
   const label = daily.days.map(d => `${d.date} ${formatGpuHours(d.gpu_hours)}`).join(', ');
+  const short = (x: number) => (x >= 10 ? x.toFixed(0) : x >= 0.05 ? x.toFixed(1) : '');
   return (
     <figure className="jp-GpuBudget-chart">
-      <svg viewBox={`0 0 ${w} ${h + 14}`} role="img" aria-label={`Usage per day: ${label}`}>
+      <svg viewBox={`0 0 ${w} ${top + h + 14}`} role="img" aria-label={`Usage per day: ${label}`}>
         {daily.days.map((d, i) => {
           const bh = (d.gpu_hours / max) * h;
           const day = new Date(toLocalMs(d.start, props.snap.offsetMs));
+          const last = i === daily.days.length - 1;
           return (
             <g key={d.date}>
               <rect
                 x={i * bw + 2}
-                y={h - bh}
+                y={top + h - bh}
                 width={Math.max(1, bw - 4)}
                 height={bh}
                 className="jp-GpuBudget-bar"
               >
                 <title>{`${d.date}: ${formatGpuHours(d.gpu_hours)}`}</title>
               </rect>
-              <text x={i * bw + bw / 2} y={h + 11} textAnchor="middle" className="jp-GpuBudget-axis">
-                {day.toLocaleDateString(undefined, { weekday: 'narrow' })}
+              <text x={i * bw + bw / 2} y={top + h - bh - 2} textAnchor="middle" className="jp-GpuBudget-axis">
+                {short(d.gpu_hours)}
+              </text>
+              <text x={i * bw + bw / 2} y={top + h + 11} textAnchor="middle" className="jp-GpuBudget-axis">
+                {last ? 'today' : day.toLocaleDateString(undefined, { weekday: 'short' }).slice(0, 2) + ' ' + day.getDate()}
               </text>
             </g>
           );
         })}
       </svg>
       <figcaption className="jp-GpuBudget-muted">
-        {daily.account}: GPU-hours per day over the window (max {formatGpuHours(max)})
+        {daily.account}: GPU-hours used per day over the last {formatWindow(daily.window_s)}, your local days
       </figcaption>
     </figure>
   );
@@ -309,7 +315,7 @@ function LogView(props: { model: BudgetModel; id: string }) {
       {error && <div className="jp-GpuBudget-error">{error}</div>}
       {log && (
         <pre tabIndex={0} aria-label={`log of ${props.id}`}>
-          {log.truncated ? '…\n' : ''}
+          {log.truncated ? `… (earlier output left out: gpubudget logs ${props.id} prints all of it)\n` : ''}
           {log.text || '(empty so far)'}
         </pre>
       )}

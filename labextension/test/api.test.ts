@@ -70,11 +70,13 @@ describe('GpuBudgetClient', () => {
 
   it('an endpoint the service does not have is null, any other 404 is an error', async () => {
     const t = transport({
-      'v1/jobs/j-3/log?offset=0': () => json(404, { status: 404, message: "no workload 'j-3'" })
+      'v1/jobs/j-3/log': () => json(404, { status: 404, message: "no job 'j-3'" }),
+      'v1/jobs/j-4/log?offset=12': () => json(200, { id: 'j-4', offset: 12, text: 'x' })
     });
     const c = new GpuBudgetClient(t.fetcher);
     expect(await c.usageDaily('astro', 'UTC')).toBeNull();
     await expect(c.jobLog('j-3')).rejects.toBeInstanceOf(ApiError);
+    expect(await c.jobLog('j-4', 12.7)).toMatchObject({ offset: 12, text: 'x' });
   });
 
   it('refuses a bad name before sending anything', async () => {

@@ -49,10 +49,13 @@ def test_new_user_logs_in_spawns_a_mig_slice_and_sees_jupyterlab(demo):
             page.click("#login_submit")
             page.wait_for_selector("select[name=project]")  # the spawn form
             form = page.content()
-            assert "Inventory in use" in form and "declared" in form
-            options = page.locator("select[name=project] option").all_inner_texts()
-            assert options == ["lattice-qcd", "astro"]  # only alice's projects
-            assert "GPU-h" in form and "backed" in form  # quotes
+            assert "Hardware: a declared inventory" in form
+            options = page.locator("select[name=project] option")
+            values = [options.nth(i).get_attribute("value") for i in range(options.count())]
+            assert values == ["lattice-qcd", "astro"]  # only alice's projects
+            assert "GPU-h left" in options.nth(0).inner_text()  # with their budgets
+            page.wait_for_function("() => document.querySelector('#gpubudget-q-backed')"
+                                   ".innerText.startsWith('yes')")  # the quote
             page.select_option("select[name=project]", "lattice-qcd")
             page.check("input[name=slice][value='mig:1g.10gb']")
             page.click("form button[type=submit], form input[type=submit]")
@@ -98,8 +101,9 @@ def test_queued_spawn_shows_its_place_in_the_queue_then_starts(demo):
             page.wait_for_selector("select[name=project]")
             page.check("input[name=slice][value='gpu:1']")
             page.click("form button[type=submit], form input[type=submit]")
-            page.wait_for_selector("text=position 1 in the queue", timeout=60_000)
-            assert "predicted start" in page.content()
+            page.wait_for_selector("#gb-position:has-text('1 — first in line')",
+                                   timeout=60_000)  # the queue page
+            assert page.locator("#gb-start").inner_text()  # a predicted start
             for wid in fillers:  # capacity frees
                 http("DELETE", f"{demo.svc}/sessions/{wid}", demo.token)
             page.wait_for_url("**/user/bob/lab**", timeout=150_000)

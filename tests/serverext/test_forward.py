@@ -20,7 +20,8 @@ def _stable(obj: object) -> object:
     """An answer without the figures that change from one second to the next."""
     if isinstance(obj, dict):
         return {k: _stable(v) for k, v in obj.items()
-                if k not in ("protected_left_s", "computed_at", "predicted_start")}
+                if k not in ("protected_left_s", "computed_at", "predicted_start",
+                             "charged_gpu_hours")}
     if isinstance(obj, list):
         return [_stable(v) for v in obj]
     return obj

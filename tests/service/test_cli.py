@@ -40,3 +40,23 @@ def test_refusal_is_reported(tmp_path, capsys, service, tokens):
     job.write_text("command: 'true'\nproject: genomics\n")
     rc, _, err = run(capsys, service, tokens["bob"], "submit", str(job))
     assert rc == 1 and "403" in err and "genomics" in err
+
+
+def test_logs_prints_the_output_and_follows_a_running_job(capsys, service, tokens, tmp_path):
+    bob = tokens["bob"]
+    job = tmp_path / "job.yaml"
+    job.write_text("command: 'for i in 1 2 3 4; do echo line $i; sleep 0.4; done; echo fin'\n"
+                   "project: lattice\ngpus: 0\nname: cli-logs\n")
+    rc, out, err = run(capsys, service, bob, "submit", str(job))
+    assert rc == 0, err
+    wid = out.split()[1]
+    rc, out, err = run(capsys, service, bob, "logs", wid, "--follow", "--interval=0.1")
+    assert rc == 0, err
+    assert out == "line 1\nline 2\nline 3\nline 4\nfin\n"  # all of it, once, in order
+    assert f"job {wid} done" in err
+    rc, out, err = run(capsys, service, bob, "logs", wid)  # again, without following
+    assert rc == 0 and out == "line 1\nline 2\nline 3\nline 4\nfin\n"
+    rc, _, err = run(capsys, service, tokens["dave"], "logs", wid)  # another user's job
+    assert rc == 1 and "403" in err
+    rc, _, err = run(capsys, service, bob, "logs", "no-such-job")
+    assert rc == 1 and "404" in err

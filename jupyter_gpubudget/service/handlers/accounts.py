@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from jupyter_gpubudget.core.model import ChargeInterval
+from jupyter_gpubudget.core.usage import usage_by_span
 from jupyter_gpubudget.ledger.models import GrantRow
 
-from ..base import BaseHandler
+from ..base import ApiError, BaseHandler
 from ..state import tree_with_ledger_grants
 from ..validate import parse_grant
 from ..views import grant_json
@@ -67,6 +73,66 @@ class UsageHandler(BaseHandler):
         self.send(self.svc.usage_json(name))
 
 
+_TZ = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$")
+
+
+def time_zone(name: str) -> ZoneInfo:
+    """An IANA zone name (``Europe/Berlin``, ``UTC``) or a 400 naming the field ``tz``."""
+    if len(name) > 64 or not _TZ.match(name):
+        raise ApiError(400, f"tz: {name[:64]!r} is not an IANA time zone name such as "
+                            "'Europe/Berlin' or 'UTC'", "tz")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ApiError(400, f"tz: unknown time zone {name!r}", "tz") from None
+
+
+def day_spans(now: float, window: float, tz: ZoneInfo) -> list[tuple[date, float, float]]:
+    """The days of ``tz`` that overlap ``[now - window, now]``, oldest first, each clipped to
+    that range: ``(date, start, end)``. Days are local midnight to midnight (23 or 25 hours
+    long when the clocks change)."""
+    lo = now - window
+    day = datetime.fromtimestamp(lo, tz).date()
+    today = datetime.fromtimestamp(now, tz).date()
+    out = []
+    while day <= today:
+        start = datetime(day.year, day.month, day.day, tzinfo=tz).timestamp()
+        nxt = day + timedelta(days=1)
+        end = datetime(nxt.year, nxt.month, nxt.day, tzinfo=tz).timestamp()
+        out.append((day, max(start, lo), min(end, now)))
+        day = nxt
+    return out
+
+
+class UsageDailyHandler(BaseHandler):
+    """GPU-hours per day of ``tz`` over the usage window, for the account and everything
+    below it, from the ledger's charge intervals (slice fraction × wall time; no decay)."""
+
+    async def get(self, name: str) -> None:
+        c = await self.caller()
+        self.account_or_404(name)
+        c.require_see_account(self.tree, name)
+        tz_name = self.get_query_argument("tz", "UTC")
+        tz = time_zone(tz_name)
+        tree, svc = self.tree, self.svc
+        window = svc.policy().window
+        below = {p for p in tree.projects() if name in tree.path(p)}
+
+        def work() -> tuple[float, list]:
+            now = svc.clock()
+            charges = [ChargeInterval(r.workload, r.project, r.user, r.milli, r.start, r.end)
+                       for r in svc.ledger.charges(since=now - window) if r.project in below]
+            return now, charges
+
+        now, charges = await self.db(work)
+        spans = day_spans(now, window, tz)
+        hours = usage_by_span(charges, [(a, b) for _, a, b in spans], now)
+        self.send({"account": name, "tz": tz_name, "window_s": window,
+                   "days": [{"date": d.isoformat(), "start": a, "end": b, "gpu_hours": h}
+                            for (d, a, b), h in zip(spans, hours, strict=True)],
+                   "computed_at": now})
+
+
 _NAME = r"([^/]+)"  # account names follow the budgets file; unknown ones are a 404
 API_ROUTES = [
     ("/accounts", AccountsHandler),
@@ -74,4 +140,5 @@ API_ROUTES = [
     (f"/accounts/{_NAME}/grants", GrantHistoryHandler),
     (f"/accounts/{_NAME}/grant", GrantHandler),
     (f"/accounts/{_NAME}/usage", UsageHandler),
+    (f"/accounts/{_NAME}/usage/daily", UsageDailyHandler),
 ]

@@ -1,6 +1,8 @@
-"""Batch jobs: list, submit, cancel."""
+"""Batch jobs: list, submit, cancel, output."""
 
 from __future__ import annotations
+
+import asyncio
 
 from ..auth import SCOPE_SUBMIT, Denied
 from ..base import ApiError, BaseHandler
@@ -80,7 +82,94 @@ class JobHandler(BaseHandler):
         self.send(workload_json(row, self.svc.loop.view, self.svc.clock()))
 
 
+LOG_LIMIT = 64 * 1024  # bytes of output per request by default
+LOG_LIMIT_MAX = 1024 * 1024
+
+
+def utf8_cut(data: bytes, at_start: bool, at_end: bool) -> tuple[int, int]:
+    """``(skip, keep)``: drop a character cut in half at the start (unless the chunk starts
+    the log) and at the end (unless it ends the log), so a log read in pieces decodes
+    exactly as the whole."""
+    skip = 0
+    if not at_start:
+        while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+            skip += 1
+    keep = len(data)
+    if not at_end:
+        for back in range(1, min(4, len(data) - skip) + 1):
+            b = data[keep - back]
+            if b & 0xC0 == 0x80:
+                continue  # a continuation byte: look further back for the lead byte
+            if b >= 0xC0:  # a lead byte: is its character complete?
+                need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+                if back < need:
+                    keep -= back
+            break
+    return skip, keep
+
+
+class JobLogHandler(BaseHandler):
+    """``GET /jobs/{id}/log[?offset=N][&limit=B][&attempt=A]``: a job's output (stdout and
+    stderr) as the backend kept it. Without ``offset``: the last ``limit`` bytes; with it:
+    from that byte on (``next_offset`` is where to continue, as ``gpubudget logs --follow``
+    does). ``truncated``: earlier output is left out."""
+
+    def _int(self, name: str, default: int | None, lo: int, hi: int) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw is None:
+            return default
+        try:
+            v = int(raw)
+        except ValueError:
+            raise ApiError(400, f"{name}: expected a whole number, got {raw[:40]!r}",
+                           name) from None
+        if not lo <= v <= hi:
+            raise ApiError(400, f"{name}: must be between {lo} and {hi}", name)
+        return v
+
+    async def get(self, wid: str) -> None:
+        c = await self.caller()
+        row = await self.db(self.svc.ledger.get, wid)
+        if row is None or row.kind not in ("batch", "debug"):
+            raise ApiError(404, f"no job {wid!r}")
+        c.require_see_workload(row.user)
+        offset = self._int("offset", None, 0, 2**62)
+        limit = self._int("limit", LOG_LIMIT, 1, LOG_LIMIT_MAX)
+        attempt = self._int("attempt", None, 1, 1_000_000)
+        assert limit is not None
+        backend = self.svc.backend
+        if row.backend != backend.name:
+            raise ApiError(404, f"job {wid} is run by the {row.backend!r} backend; its output "
+                                "is kept there")
+        charges = await self.db(lambda: self.svc.ledger.charges(workload=wid))
+        attempts = sorted({ch.seq for ch in charges})
+        if attempt is None:
+            attempt = attempts[-1] if attempts else 0
+        elif attempt not in attempts:
+            raise ApiError(404, f"job {wid} has no attempt {attempt} (attempts: "
+                                f"{', '.join(map(str, attempts)) or 'none yet'})", "attempt")
+        if attempt:
+            start = offset if offset is not None else -limit
+            try:
+                chunk = await asyncio.get_running_loop().run_in_executor(
+                    self.svc.db_pool, backend.read_log, wid, attempt, start, limit)
+            except OSError as e:
+                raise ApiError(409, f"job {wid}: {e}") from None
+            if chunk is None:
+                raise ApiError(404, f"the {backend.name!r} backend keeps no output of job "
+                                    f"{wid}")
+            data, first, size = chunk.data, chunk.offset, chunk.size
+        else:  # still queued: no output yet
+            data, first, size = b"", 0, 0
+        skip, keep = utf8_cut(data, first == 0, first + len(data) >= size)
+        text = data[skip:keep].decode("utf-8", errors="replace")
+        self.send({"id": wid, "attempt": attempt, "offset": first + skip,
+                   "next_offset": first + keep, "size": size, "text": text,
+                   "truncated": first + skip > 0, "state": row.state})
+
+
 API_ROUTES = [
     ("/jobs", JobsHandler),
     (r"/jobs/([^/]+)", JobHandler),
+    (r"/jobs/([^/]+)/log", JobLogHandler),
 ]

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 
-from jupyter_gpubudget.core.offer import slice_choices
+from jupyter_gpubudget.core.offer import request_for, slice_choices
 from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
 from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
-from ..state import request_to_dict
-from ..validate import check_offered, duration, parse_session
-from ..views import workload_json
+from ..state import request_from_dict, request_to_dict
+from ..validate import check_offered, duration, parse_session, request_from_choice
+from ..views import finite, workload_json
 
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
 END_REASONS = {"stop": ("done", "stop"), "cull": ("done", "cull"),
@@ -55,7 +55,11 @@ class _SessionBase(BaseHandler):
     def session_json(self, row: WorkloadRow) -> dict:
         now, view = self.svc.clock(), self.svc.loop.view
         out = workload_json(row, view, now)
+        out["charged_gpu_hours"] = sum(
+            c.milli / 1000 * max(0.0, (now if c.end is None else c.end) - c.start) / 3600
+            for c in self.svc.ledger.charges(workload=row.id)) if row.started_at else 0.0
         out["preempt_requested"] = None
+        out["preempt_deadline"] = None
         out["idle_reported"] = None
         if row.state == "running":
             for d in self.svc.ledger.decisions(workloads=[row.id], limit=20):
@@ -63,10 +67,30 @@ class _SessionBase(BaseHandler):
                     break
                 if d.kind == "preempt-requested" and out["preempt_requested"] is None:
                     out["preempt_requested"] = d.reason or "preempted"
+                    # the server is stopped at the latest when the grace period is over
+                    out["preempt_deadline"] = d.at + self.svc.policy().stop_grace
                 if d.kind == "idle" and out["idle_reported"] is None:
                     out["idle_reported"] = d.at
+        if row.state == "pending":
+            out["free_now"] = self.free_now(row, now)
         out["inventory"] = self.svc.inventory.source
         return out
+
+    def free_now(self, row: WorkloadRow, now: float) -> list[dict]:
+        """The other GPU slices that would start at once for this queued session (the queue
+        page's hint): ``[{"key", "label", "kind", "fraction"}]``, largest first — from the
+        last cycle's scheduler (core/offer.py: ``Quoter.free_now``)."""
+        quoter = self.svc.loop.view.quoter
+        own = request_from_dict(row.request)
+        if own.kind == "cpu" or quoter is None:  # CPU-only work does not wait for a GPU
+            return []
+        choices = [ch for ch in slice_choices(self.svc.inventory) if ch["kind"] != "cpu"
+                   and (not own.gpu_model or request_for(ch["key"]).kind == "mig"
+                        or ch.get("gpu_model") in (None, own.gpu_model))]
+        keys = set(quoter.free_now(own, [ch["key"] for ch in choices], now))
+        free = [ch for ch in choices if ch["key"] in keys]
+        free.sort(key=lambda ch: -ch["fraction"])
+        return [{k: ch[k] for k in ("key", "label", "kind", "fraction")} for ch in free]
 
 
 class OfferHandler(_SessionBase):
@@ -100,12 +124,53 @@ class OfferHandler(_SessionBase):
         if want_quotes and quoter is not None:  # CPU work: off the event loop
             quotes = await asyncio.get_running_loop().run_in_executor(
                 svc.db_pool, quoter.offer, user, projects, keys, min_runtime, now)
-        pol = svc.budgets.policy
+        pol = svc.policy()
         self.send({"user": user, "projects": projects, "choices": choices,
+                   "figures": {p: self.figures(p) for p in projects},
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
-                   "inventory": svc.inventory.source, "now": now,
+                   "window_s": pol.window, "inventory": svc.inventory.source, "now": now,
                    "quotes_computed_at": quoter.at if quoter is not None else None,
                    "inventory_gpus": svc.inventory.gpu_count, "quotes": quotes})
+
+    def figures(self, project: str) -> dict:
+        """A project's budget as the last cycle saw it: grant, used, left (GPU-hours in the
+        window) and standing (used / grant; null without a grant)."""
+        st = self.svc.loop.view.standings.get(project, {})
+        grant, used = finite(st.get("grant_hours")), finite(st.get("usage_hours"))
+        return {"grant_hours": grant, "usage_hours": used,
+                "left_hours": None if grant is None or used is None else grant - used,
+                "standing": finite(st.get("standing")),
+                "parent": self.tree.get(project).parent}
+
+
+class QuoteHandler(_SessionBase):
+    """One quote — one project, one slice, one minimum runtime — for the spawn form's live
+    quote, from the last cycle's scheduler and forecast (about a millisecond)."""
+
+    async def get(self) -> None:
+        _, user = await self.acting_for(self.get_query_argument("user", None))
+        project = self.get_query_argument("project", "")
+        if not project:
+            raise ApiError(400, "project: is required", "project")
+        key = self.get_query_argument("slice", "cpu")
+        req = request_from_choice(key)
+        min_runtime = duration(self.get_query_argument("min_runtime", "1h"), "min_runtime")
+        tree, svc = self.tree, self.svc
+        mine = tree.projects_of(user)
+        if project not in mine:
+            raise ApiError(403, f"user {user!r} is not a member of project {project!r} "
+                                f"(their projects: {', '.join(mine) or 'none'})", "project")
+        check_offered(svc.inventory, req)
+
+        quoter = svc.loop.view.quoter
+        if quoter is None:
+            raise ApiError(503, "no scheduling cycle has run yet; retry", retry_after=2)
+        now = svc.clock()
+        q = await asyncio.get_running_loop().run_in_executor(
+            svc.db_pool, quoter.quote, user, project, key, req, min_runtime, now)
+        pol = svc.policy()
+        self.send({"user": user, "project": project, "slice": key, "min_runtime": min_runtime,
+                   "min_runtime_cap": pol.cap_for("interactive"), "now": now, "quote": q})
 
 
 class SessionsHandler(_SessionBase):
@@ -255,6 +320,7 @@ class IdleHandler(_SessionBase):
 SESSION_ID = r"([A-Za-z0-9][A-Za-z0-9_.@+-]{0,199})"
 API_ROUTES = [
     ("/sessions/offer", OfferHandler),
+    ("/sessions/quote", QuoteHandler),
     ("/sessions", SessionsHandler),
     (f"/sessions/{SESSION_ID}", SessionHandler),
     (f"/sessions/{SESSION_ID}/heartbeat", HeartbeatHandler),

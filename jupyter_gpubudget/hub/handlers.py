@@ -1,0 +1,76 @@
+"""Hub-side HTTP handlers of BudgetSpawner: the spawn form's live quote.
+
+The spawn form's page has only the hub's login cookie, never a token for the gpubudget service.
+``QuoteHandler`` (``GET /hub/api/gpubudget/users/{name}/quote``) is a JupyterHub API handler:
+it authenticates the browser as the logged-in user (cookie + the hub's XSRF token, always: also
+where JupyterHub itself would let a page-view GET pass without one) or a token, requires the
+``servers`` scope for that user (the same right as starting the server), and asks the service
+for *one* quote with the user's own spawner, whose token stays in the hub.
+
+Register it in ``jupyterhub_config.py``::
+
+    from jupyter_gpubudget.hub.handlers import extra_handlers
+    c.JupyterHub.extra_handlers = extra_handlers()
+
+(JupyterHub logs that ``extra_handlers`` is deprecated; it still works in JupyterHub 6. Without
+it the form works, but its quote is the one computed when the page was rendered.)
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.scopes import needs_scope
+from tornado import web
+
+from .client import ServiceError
+
+#: under the hub's prefix (``/hub/``); the group is the user's name
+QUOTE_ROUTE = r"/api/gpubudget/users/([^/]+)/quote"
+
+
+class QuoteHandler(APIHandler):
+    """One quote for the project, slice and minimum runtime the form has selected."""
+
+    def check_xsrf_always(self) -> None:
+        """JupyterHub skips the XSRF check for cookie-authenticated GETs that look like page
+        views (``Sec-Fetch-Mode: navigate`` or none); this endpoint is only ever fetched by
+        the form's script, which sends the token, so it always wants it."""
+        if getattr(self, "_token_authenticated", False):
+            return
+        sent = self.request.headers.get("X-XSRFToken") or self.get_argument("_xsrf", "")
+        if not sent or not hmac.compare_digest(sent.encode(), self.xsrf_token):
+            raise web.HTTPError(403, "the hub's XSRF token is missing or wrong (X-XSRFToken)")
+
+    @needs_scope("servers")
+    async def get(self, user_name: str) -> None:
+        self.check_xsrf_always()
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"no user {user_name!r}")
+        server = self.get_argument("server", "")
+        if server not in user.orm_user.orm_spawners:
+            raise web.HTTPError(404, f"{user_name} has no server named {server!r}")
+        spawner = user.spawners[server]
+        if not callable(getattr(spawner, "quote", None)) or not hasattr(spawner, "offer"):
+            raise web.HTTPError(404, "this server is not started by BudgetSpawner")
+        args = {}
+        for k, default in (("project", ""), ("slice", "cpu"), ("min_runtime", "1h")):
+            v = self.get_argument(k, default)
+            if len(v) > 200:
+                raise web.HTTPError(400, f"{k}: at most 200 characters")
+            args[k] = v
+        try:
+            answer = await spawner.quote(args["project"], args["slice"], args["min_runtime"])
+        except ServiceError as e:
+            raise web.HTTPError(e.status if e.status < 500 else 503,
+                                e.message.removeprefix("gpubudget service: ")) from None
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(answer))
+
+
+def extra_handlers() -> list[tuple[str, type]]:
+    """For ``c.JupyterHub.extra_handlers``."""
+    return [(QUOTE_ROUTE, QuoteHandler)]

@@ -1,12 +1,13 @@
 """What the researcher's views ask of the core: which other slices would start now for a queued
-workload (the queue page's hint), and GPU-hours per span (the sidebar's daily chart)."""
+workload (the queue page's hint, ``Quoter.free_now``), and GPU-hours per span (the sidebar's
+daily chart)."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from jupyter_gpubudget.core.model import HOUR, ChargeInterval, Preempt, SliceRequest, Start
-from jupyter_gpubudget.core.offer import starts_now
-from jupyter_gpubudget.core.scheduler import ClusterState, schedule
+from jupyter_gpubudget.core.offer import Quoter, forecast
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
 from jupyter_gpubudget.core.usage import usage_by_span
 
 from .helpers import inventory, job, tree
@@ -15,6 +16,21 @@ NOW = 100 * HOUR
 OPTIONS = {"gpu:1": SliceRequest.whole(1), "gpu:2": SliceRequest.whole(2),
            "mig:1g.10gb": SliceRequest.mig("1g.10gb"), "mig:3g.40gb": SliceRequest.mig("3g.40gb"),
            "mps:500": SliceRequest.mps(500)}
+
+
+def starts_now(state: ClusterState, wid: str, options: dict, now: float) -> list[str]:
+    """The queue page's hint as the service computes it: after the cycle at ``now``, which
+    other slices fit the capacity left free for the queued workload ``wid``."""
+    own = next((w for w in state.pending if w.id == wid), None)
+    if own is None:
+        return []
+    sched = Scheduler.from_state(state)
+    sched.cycle(now)
+    if wid not in sched.pending:  # it starts anyway
+        return []
+    q = Quoter(sched, forecast(state, now), now)
+    keys = q.free_now(own.request, list(options), now)
+    return [k for k in keys if k in options]
 
 
 def _run(state: ClusterState) -> None:

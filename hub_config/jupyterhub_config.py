@@ -89,7 +89,7 @@ if ISOLATION_OFF is None:
     demo_setup.move_old_ledger(STATE, SERVICE_DIR, svc_user)
     JOBS = STATE / "jobs"  # job records: root's, readable by the service's group
     demo_setup.private_dir(JOBS, 0, svc_user.pw_gid, 0o750)
-    LAUNCHER = demo_setup.launcher_config(STATE, JOBS, demo_setup.SERVICE_USER)
+    LAUNCHER = demo_setup.launcher_config(STATE, JOBS, demo_setup.SERVICE_USER, BIN)
     demo_setup.install_sudoers(demo_setup.SERVICE_USER, sys.executable, LAUNCHER)
     print(f"gpubudget demo: the service runs as {demo_setup.SERVICE_USER!r}; notebook servers "
           f"and batch jobs run as {UNIX_TEMPLATE.format(username='<user>')!r}",

@@ -150,12 +150,16 @@ def move_old_ledger(state: Path, service_dir: Path, owner: pwd.struct_passwd) ->
             os.chmod(dst, 0o600)
 
 
-def launcher_config(state: Path, jobs_root: Path, group: str) -> Path:
-    """The launcher's config, owned by root, readable by all (it holds no secret)."""
+def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | None = None
+                    ) -> Path:
+    """The launcher's config, owned by root, readable by all (it holds no secret). Jobs find
+    the demo's Python environment first on their PATH (``python``, ``gpubudget``)."""
     path = state / "launcher.json"
     tmp = state / ".launcher.json.tmp"
-    tmp.write_text(json.dumps({"jobs_root": str(jobs_root), "group": group, "min_uid": 1000,
-                               "workdir": "{home}"}, indent=2) + "\n")
+    cfg = {"jobs_root": str(jobs_root), "group": group, "min_uid": 1000, "workdir": "{home}"}
+    if bin_dir is not None:
+        cfg["path"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     os.chown(tmp, 0, 0)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)

@@ -93,8 +93,10 @@ def test_the_cli_works_in_the_users_server_with_no_setup(demo, tmp_path):
     assert f"job {long_id} cancelled" in err
     assert http("GET", f"{demo.svc}/workloads/{long_id}", demo.token)[1]["state"] == "cancelled"
 
-    # the server's token is alice's: someone else's job is refused, and nothing changes
-    st, other = http("POST", f"{demo.svc}/jobs", demo.token,
+    # the server's token is alice's: someone else's (dana's) job is refused, nothing changes
+    st, tok = http("POST", f"{demo.api}/users/dana/tokens", demo.token, {"note": "test"})
+    assert st == 201, tok
+    st, other = http("POST", f"{demo.svc}/jobs", tok["token"],
                      {"command": "sleep 30", "project": "genomics", "gpus": 0, "name": "other"})
     assert st == 201, other
     for cmd in (("cancel", other["id"]), ("logs", other["id"])):

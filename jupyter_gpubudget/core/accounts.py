@@ -289,8 +289,4 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     return policy
 
 
-def window_hours(policy: Policy) -> float:
-    return policy.window / 3600.0
-
-
 __all__ = ["Account", "AccountTree", "Budgets", "BudgetError", "load_budgets", "DAY"]

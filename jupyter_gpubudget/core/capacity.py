@@ -47,10 +47,6 @@ class Gpu:
     def free(self) -> bool:
         return not self.mig and self.used_milli == 0 and not self.whole
 
-    def usable_until(self, end: float) -> bool:
-        """May work predicted to end at ``end`` use this GPU without delaying a reservation?"""
-        return end <= self.reserved_at
-
 
 class NodeCap:
     __slots__ = ("name", "idx", "rack", "gpus", "cpu_total", "mem_total", "cpu_used",

@@ -26,7 +26,7 @@ It stays in step with a :class:`~jupyter_gpubudget.core.capacity.Cluster` throug
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -104,10 +104,6 @@ class ShapeMix:
             keep = sorted(self.weights.items(), key=lambda kv: (-kv[1], _shape_key(kv[0])))
             self.weights = dict(keep[: self.max_shapes // 2])
         self.version += 1
-
-    def observe_all(self, reqs: Iterable[SliceRequest | Shape]) -> None:
-        for r in reqs:
-            self.observe(r)
 
     def __len__(self) -> int:
         return len(self.weights)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 HOUR = 3600.0
 DAY = 86400.0
 MILLI = 1000  # milli-GPUs in one whole GPU
+MIG_COMPUTE_SLICES = 7  # compute slices of a MIG-enabled GPU
 
 Kind = Literal["interactive", "batch", "debug"]
 KINDS: tuple[str, ...] = ("interactive", "batch", "debug")
@@ -62,6 +63,27 @@ class SliceRequest:
     @staticmethod
     def cpu_only(**kw: Any) -> SliceRequest:
         return SliceRequest(kind="cpu", gpus=0, **kw)
+
+
+def request_milli(req: SliceRequest) -> int:
+    """GPU-thousandths a request is charged once placed: whole GPUs 1000 each, an MPS share
+    its milli, a MIG instance its compute slices out of 7 (``3g.40gb``: 429), CPU-only 0.
+    The one definition of "GPU fraction of a request"; the scheduler, the simulator and the
+    service all use it."""
+    if req.kind == "gpu":
+        return max(req.gpus, 0) * MILLI
+    if req.kind == "mps":
+        return req.milli
+    if req.kind == "mig":
+        head = (req.profile or "").split("g", 1)[0]
+        compute = int(head) if head.isdigit() else 0
+        return round(compute * MILLI / MIG_COMPUTE_SLICES)
+    return 0
+
+
+def gpu_fraction(req: SliceRequest) -> float:
+    """GPU-equivalents a request is charged per hour of wall time (``request_milli / 1000``)."""
+    return request_milli(req) / MILLI
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,12 +35,6 @@ class Standings:
     standing: dict[str, float]
     path_standing: dict[str, tuple[float, ...]]  # for each project: standing of each level
 
-    def beats(self, a: str, b: str) -> bool:
-        """Is project ``a`` strictly below project ``b`` (less used) at the first level where
-        their paths differ? Used to decide who may preempt whom."""
-        pa, pb = self.path_standing[a], self.path_standing[b]
-        return pa < pb
-
 
 def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
                       grants: Mapping[str, float]) -> Standings:

@@ -28,7 +28,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import fragmentation
-from . import mig as migtab
 from .accounts import AccountTree
 from .backfill import plan_reservation, predict_runtime
 from .capacity import Cluster
@@ -44,9 +43,9 @@ from .model import (
     Preempt,
     Reserve,
     RuntimeHistory,
-    SliceRequest,
     Start,
     Workload,
+    request_milli,
 )
 from .placement import place
 from .preemption import choose_victims
@@ -81,18 +80,6 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def request_milli(req: SliceRequest) -> int:
-    """GPU-thousandths a request will be charged."""
-    if req.kind == "gpu":
-        return req.gpus * MILLI
-    if req.kind == "mps":
-        return req.milli
-    if req.kind == "mig":
-        compute = int((req.profile or "0g").split("g", 1)[0] or 0)
-        return round(compute * MILLI / migtab.COMPUTE)
-    return 0
 
 
 class Scheduler:

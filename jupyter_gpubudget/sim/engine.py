@@ -36,11 +36,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..core import fragmentation
 from ..core.accounts import AccountTree
 from ..core.inventory import Inventory
 from ..core.model import HOUR, MILLI, Drain, Policy, Preempt, Reserve, Start, Workload
-from ..core.scheduler import Scheduler, request_milli
+from ..core.scheduler import Scheduler
 from . import fastmeter
 from .traces import Trace, TraceJob
 
@@ -147,15 +146,10 @@ class Simulator:
         self.policy = policy or Policy()
         self.cfg = config or SimConfig()
         self.progress = progress
+        # the scheduler attaches its own FGD index when the policy says "placement: fgd"
         self.sched = Scheduler(accounts, inventory, self.policy)
         if self.cfg.fast_meter:
             fastmeter.install(self.sched)
-        # fragmentation-aware placement, as the policy says (default "fgd"): the scheduler's
-        # cluster gets an FGD index scored against the scheduler's own histogram of shapes
-        if (getattr(self.policy, "placement", "fgd") == "fgd"
-                and fragmentation.active(self.sched.cluster) is None
-                and isinstance(getattr(self.sched, "mix", None), dict)):
-            fragmentation.index_for(self.sched.cluster, fragmentation.MixView(self.sched.mix))
         self.records: dict[str, JobRecord] = {}
         self.heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -423,4 +417,4 @@ def fits_somewhere(inventory: Inventory, job: TraceJob) -> bool:
 
 
 __all__ = ["Simulator", "SimConfig", "SimResult", "JobRecord", "Sample", "NodeFailure",
-           "BudgetChange", "simulate", "fits_somewhere", "request_milli"]
+           "BudgetChange", "simulate", "fits_somewhere"]

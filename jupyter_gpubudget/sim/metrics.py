@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..core.accounts import AccountTree
-from ..core.model import HOUR, KINDS
+from ..core.model import HOUR, KINDS, gpu_fraction
 from .engine import SimResult
 
 
@@ -92,7 +92,7 @@ def account_shares(tree: AccountTree, project_hours: dict[str, float],
     for r in records.values():
         j = r.job
         if j.project in tree.accounts:
-            frac = r.milli / 1000 if r.milli else _fraction(j)
+            frac = r.milli / 1000 if r.milli else gpu_fraction(j.request)
             for a in tree.path(j.project):
                 demand[a] += frac * j.duration / HOUR
     out = {}
@@ -110,17 +110,6 @@ def account_shares(tree: AccountTree, project_hours: dict[str, float],
             "delivered_vs_grant": ds / gs if gs > 0 else None,
         }
     return out
-
-
-def _fraction(j: Any) -> float:
-    r = j.request
-    if r.kind == "gpu":
-        return float(r.gpus)
-    if r.kind == "mps":
-        return r.milli / 1000
-    if r.kind == "mig":
-        return 1 / 7
-    return 0.0
 
 
 def utilisation_series(res: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

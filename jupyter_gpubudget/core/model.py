@@ -146,6 +146,13 @@ class Workload:
     backed: bool = False
     protected_until: float | None = None
     idle: bool = False  # reported idle past the limit: yields to any backed work
+    # what a preemption costs (core/preemption.py: preemption_cost): a resumable job keeps
+    # its progress up to its last checkpoint, taken every ``checkpoint_interval`` seconds of
+    # its run (0: nothing is lost, e.g. a session that is snapshotted; None: the policy's
+    # default for its kind), and a restart spends ``restart_overhead`` seconds (None: the
+    # policy's) reloading before it makes progress again
+    checkpoint_interval: float | None = None
+    restart_overhead: float | None = None
 
     @property
     def running(self) -> bool:
@@ -220,6 +227,11 @@ class Policy:
     # protected run — by more than this factor (1 + margin), at the first level where their
     # paths differ; 0 already stops two projects from taking turns preempting each other
     preemption_margin: float = 0.0
+    # what a preemption costs when the workload declares nothing (see Workload): resumable
+    # batch and debug work checkpoints every 30 min; a session is snapshotted (nothing lost
+    # but the snapshot); every restart spends this long reloading
+    checkpoint_interval: float = 30 * 60
+    restart_overhead: float = 120.0
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:
@@ -229,6 +241,18 @@ class Policy:
 
     def effective_min_runtime(self, w: Workload) -> float:
         return max(0.0, min(w.min_runtime, self.cap_for(w.kind)))
+
+    def checkpoint_interval_of(self, w: Workload) -> float:
+        """Seconds between a workload's checkpoints: declared, else 0 for an interactive
+        session (snapshotted on preemption), else the policy default."""
+        if w.checkpoint_interval is not None:
+            return max(0.0, w.checkpoint_interval)
+        return 0.0 if w.kind == "interactive" else self.checkpoint_interval
+
+    def restart_overhead_of(self, w: Workload) -> float:
+        """Seconds a restart of ``w`` spends before it makes progress again."""
+        return max(0.0, w.restart_overhead if w.restart_overhead is not None
+                   else self.restart_overhead)
 
 
 @dataclass(slots=True)

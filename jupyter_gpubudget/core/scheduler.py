@@ -25,7 +25,7 @@ import bisect
 import gc
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from .accounts import AccountTree
@@ -48,7 +48,13 @@ from .model import (
     request_milli,
 )
 from .placement import place
-from .preemption import choose_victims
+from .preemption import (
+    choose_victims,
+    preemption_cost,
+    preemption_gain,
+    preemption_pays,
+    standing_gap,
+)
 from .ranking import INF, Standings, compute_standings, rank
 from .usage import UsageMeter
 
@@ -264,9 +270,8 @@ class Scheduler:
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
         protected = now + self.policy.effective_min_runtime(w) if backed else None
-        started = Workload(w.id, w.project, w.user, w.request, w.submitted_at, w.kind,
-                           w.min_runtime, w.resumable, w.time_limit, w.snapshot_cost,
-                           now, placement, backed, protected)
+        started = replace(w, started_at=now, placement=placement, backed=backed,
+                          protected_until=protected, idle=False)
         self.running[w.id] = started
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None and w.project in self.accounts:
@@ -479,37 +484,68 @@ class Scheduler:
         """Running work that may ever be preempted now: unprotected, on healthy nodes."""
         return {wid: w for wid, w in self.running.items() if not w.is_protected(now)}
 
+    def gain_horizon(self, w: Workload) -> float:
+        """Seconds of the run a preemption buys the requester: its protected run, or when it
+        asks for no protection, its predicted run capped like a protection would be."""
+        protected = self.policy.effective_min_runtime(w)
+        if protected > 0:
+            return protected
+        cap = self.policy.cap_for(w.kind)
+        return min(self.predict(w), cap) if cap > 0 else self.predict(w)
+
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
                      st: Standings, out: list[Decision]) -> bool:
         margin = self.policy.preemption_margin
-        need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
+        frac = request_milli(w.request) / MILLI
+        need = frac * self.policy.effective_min_runtime(w) / HOUR
+        gain_hours = frac * self.gain_horizon(w) / HOUR
         mine = self.accounts.path(w.project)
         grants = self.grants()
-        verdict: dict[str, bool] = {}
+        gaps: dict[str, float] = {}
 
-        def below_victim(project: str) -> bool:
-            """At the first level where the paths differ, would the requester's account —
-            charged for this workload's protected time — still stand below the victim's?
-            (Kueue's "less than or equal to final share" rule: no flip-back, no thrash.)"""
-            if project not in verdict:
-                ok = False
+        def gap_to(project: str) -> float:
+            """At the first level where the paths differ: how far the victim's account
+            stands above the requester's — charged for this workload's protected time —
+            relative to the victim's (0: not above by the margin; no flip-back, no thrash)."""
+            if project not in gaps:
+                gap = 0.0
                 for mine_acc, theirs in zip(mine, self.accounts.path(project), strict=False):
                     if mine_acc != theirs:
                         g = grants.get(mine_acc, 0.0)
                         after = (st.usage[mine_acc] + need) / g if g > 0 else INF
-                        ok = st.standing[theirs] > after * (1.0 + margin)
+                        if st.standing[theirs] > after * (1.0 + margin):
+                            gap = standing_gap(after, st.standing[theirs])
                         break
-                verdict[project] = ok
-            return verdict[project]
+                gaps[project] = gap
+            return gaps[project]
 
-        eligible = {wid: v for wid, v in pool.items()
-                    if wid in self.running and (not v.backed or v.idle or (
-                        v.project in st.path_standing and below_victim(v.project)))}
+        def gap_of(v: Workload) -> float:
+            if not v.backed or v.idle:
+                return 1.0
+            return gap_to(v.project) if v.project in st.path_standing else 0.0
+
+        costs: dict[str, float] = {}
+        eligible: dict[str, Workload] = {}
+        for wid, v in pool.items():
+            if wid not in self.running:
+                continue
+            gap = gap_of(v)
+            if gap <= 0:
+                continue
+            c = preemption_cost(v, now, self.policy)
+            if preemption_pays(c, preemption_gain(gain_hours, gap)):
+                costs[wid] = c
+                eligible[wid] = v
         if not eligible:
             return False
         victims = choose_victims(self.cluster, w.request, end, eligible,
-                                 lambda v: st.standing.get(v.project, INF))
+                                 lambda v: st.standing.get(v.project, INF),
+                                 lambda v: costs[v.id])
         if not victims:
+            return False
+        total = sum(costs[v.id] for v in victims)
+        if not preemption_pays(total, preemption_gain(gain_hours,
+                                                      min(gap_of(v) for v in victims))):
             return False
         # tentatively free their capacity; keep the choice only if the request then fits
         saved = [(v, self.cluster.release(v.id)) for v in victims]
@@ -523,7 +559,7 @@ class Scheduler:
             reason = ("unbacked work yields to backed work" if not v.backed else
                       "an idle session yields to waiting work" if v.idle else
                       f"project {v.project} stands above {w.project}")
-            self._preempt(v, now, reason, w.id, out)
+            self._preempt(v, now, f"{reason} (loses {costs[v.id]:.2f} GPU-h)", w.id, out)
             pool.pop(v.id, None)
         p = place(self.cluster, w.request, end)
         assert p is not None

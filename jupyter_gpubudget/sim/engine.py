@@ -13,18 +13,23 @@ failures, completions, arrivals, then one full cycle if one is due):
 
 How decisions are carried out:
 
-- ``Start``: the workload runs for its remaining work (+ the restore cost if it resumes from a
-  snapshot); its completion is scheduled.
-- ``Preempt`` (and node failure):
+- ``Start``: the workload runs for its remaining work (+ its restart overhead if it resumes);
+  its completion is scheduled.
+- ``Preempt`` (and node failure): what is thrown away is exactly what the core priced when it
+  chose to preempt (``core.preemption.lost_seconds``):
   * an **interactive** session is snapshotted (``snapshot_cost`` seconds, after which it is
     requeued with its progress) and pays ``restore_cost`` when it starts again; on a failed node
-    there is nothing to snapshot: the session restarts from its last snapshot (its beginning);
-  * a **resumable** job is requeued at once with its remaining work (checkpointed progress);
+    there is nothing to snapshot: the session restarts from its beginning;
+  * a **resumable** job keeps its progress up to its last checkpoint (one every
+    ``checkpoint_interval`` seconds of its run; the workload's own, else the config's, else the
+    policy's 30 min) and is requeued at once; its restart spends ``restart_overhead`` seconds
+    reloading before it makes progress;
   * a **non-resumable** job loses its progress: it is resubmitted from scratch
     (``nonresumable="restart"``, the default) or dropped (``"drop"``).
-  Lost GPU-hours count the progress thrown away plus snapshot/restore time.
-  Simplification: the snapshot's seconds are charged as lost time, but the core has already
-  released the capacity at the preemption instant.
+  Lost GPU-hours count the GPU time that delivered no kept progress: work since the last
+  checkpoint, snapshots and reload time, whole runs of restarted jobs. Simplification: the
+  snapshot's seconds are charged as lost time, but the core has already released the
+  capacity at the preemption instant.
 
 Results are deterministic: no wall clock, no unordered iteration, a seeded RNG for failures.
 """
@@ -39,6 +44,7 @@ from dataclasses import dataclass, field
 from ..core.accounts import AccountTree
 from ..core.inventory import Inventory
 from ..core.model import HOUR, MILLI, Drain, Policy, Preempt, Reserve, Start, Workload
+from ..core.preemption import lost_seconds
 from ..core.scheduler import Scheduler
 from . import fastmeter
 from .traces import Trace, TraceJob
@@ -65,10 +71,13 @@ class SimConfig:
     cycle_interval: float = 600.0  # full cycle every 10 simulated minutes (while work waits)
     idle_cycle_interval: float = 3600.0  # ... but only this often when nothing changed
     snapshot_cost: float = 60.0  # seconds to snapshot an interactive session
-    restore_cost: float = 60.0  # seconds to restore it
+    restore_cost: float = 60.0  # seconds to restore it (a session's restart overhead)
     nonresumable: str = "restart"  # or "drop"
-    checkpoint_interval: float = 0.0  # resumable jobs keep progress up to their last
-    # checkpoint, taken every this many seconds of progress (0: progress is never lost)
+    # resumable jobs that declare no checkpoint interval keep their progress up to their
+    # last checkpoint, taken every this many seconds of their run (0: nothing is lost;
+    # None: the policy's default, 30 min)
+    checkpoint_interval: float | None = None
+    restart_overhead: float | None = None  # a resumable job's reload on restart (None: policy)
     samples: int = 600  # utilisation / fragmentation samples over the run
     failures: Sequence[NodeFailure] = ()
     failure_rate: float = 0.0  # random node failures per node per day (seeded)
@@ -91,6 +100,7 @@ class JobRecord:
     started_at: float | None = None
     run_for: float = 0.0  # length of the current run (work + restore)
     overhead: float = 0.0  # restore seconds at the start of the current run
+    workload: Workload | None = None  # as last submitted to the core
     token: int = 0  # bumps on every start; stale completions are ignored
     preemptions: int = 0
     failures: int = 0
@@ -171,11 +181,21 @@ class Simulator:
         heapq.heappush(self.heap, (t, kind, self._seq, payload))
 
     def _workload(self, r: JobRecord, now: float) -> Workload:
+        """The workload as the core sees it, with the preemption costs the simulator will
+        charge: a session's snapshot and restore, a job's checkpoint interval and reload."""
         j = r.job
-        snap = self.cfg.snapshot_cost if j.kind == "interactive" else 0.0
-        tl = j.time_limit
-        return Workload(j.id, j.project, j.user, j.request, now, j.kind, j.min_runtime,
-                        j.resumable, tl, snap)
+        cfg = self.cfg
+        if j.kind == "interactive":
+            snap, ci, overhead = cfg.snapshot_cost, j.checkpoint_interval, cfg.restore_cost
+        else:
+            snap, overhead = 0.0, cfg.restart_overhead
+            ci = j.checkpoint_interval if j.checkpoint_interval is not None \
+                else cfg.checkpoint_interval
+        w = Workload(j.id, j.project, j.user, j.request, now, j.kind, j.min_runtime,
+                     j.resumable, j.time_limit, snap, checkpoint_interval=ci,
+                     restart_overhead=overhead)
+        r.workload = w
+        return w
 
     # ------------------------------------------------------------------ decisions
     def _apply(self, decisions: Sequence[object], now: float) -> None:
@@ -202,9 +222,7 @@ class Simulator:
             r.backed_starts += 1
         else:
             r.unbacked_starts += 1
-        r.run_for = r.remaining + r.overhead
-        if r.overhead:  # restoring from a snapshot: GPU time that delivers no progress
-            r.lost_gpu_hours += r.milli / MILLI * r.overhead / HOUR
+        r.run_for = r.remaining + r.overhead  # the reload was counted as lost at the stop
         if d.protected_until is not None and d.protected_until > now:
             heapq.heappush(self._expiries, d.protected_until)
         self._push(now + r.run_for, FINISH, (d.workload, r.token))
@@ -224,40 +242,47 @@ class Simulator:
         r = self.records[wid]
         r.token += 1  # its scheduled completion is now stale
         elapsed = self._charge(r, now)
-        progress = max(0.0, elapsed - r.overhead)
         frac = r.milli / MILLI
         if failure:
             r.failures += 1
         else:
             r.preemptions += 1
         j = r.job
-        if j.kind == "interactive" and not failure:
-            # snapshot, then requeue with progress kept; restore when it starts again
-            r.remaining = max(0.0, r.remaining - progress)
-            r.lost_gpu_hours += frac * self.cfg.snapshot_cost / HOUR
-            r.overhead = self.cfg.restore_cost
+        w = r.workload
+        assert w is not None
+        policy = self.policy
+        if failure and (j.kind == "interactive" or not j.resumable):
+            # nothing to snapshot on a dead node: all progress so far, kept or not, is lost
+            r.lost_gpu_hours += frac * (elapsed + (j.duration - r.remaining)) / HOUR
+            self._restart_or_drop(r, wid, now, interactive=j.kind == "interactive")
+            return
+        if not j.resumable and j.kind != "interactive":
+            r.lost_gpu_hours += frac * lost_seconds(w, elapsed, policy) / HOUR
+            self._restart_or_drop(r, wid, now, interactive=False)
+            return
+        # kept progress: all of it for a snapshotted session (checkpoint interval 0), else up
+        # to the run's last checkpoint; this run's reload was counted when it was preempted
+        ci = policy.checkpoint_interval_of(w)
+        kept_wall = elapsed if ci <= 0 else ci * (elapsed // ci)
+        r.remaining = max(0.0, r.remaining - max(0.0, kept_wall - r.overhead))
+        r.lost_gpu_hours += frac * lost_seconds(w, elapsed, policy) / HOUR
+        r.overhead = policy.restart_overhead_of(w)
+        if j.kind == "interactive":
             r.restarts_from_snapshot += 1
-            self._push(now + self.cfg.snapshot_cost, REQUEUE, wid)
-        elif j.resumable and j.kind != "interactive":
-            ci = self.cfg.checkpoint_interval
-            done = j.duration - r.remaining + progress  # total progress, with this run's
-            kept = (done // ci) * ci if ci > 0 else done
-            kept = max(kept, j.duration - r.remaining)  # earlier checkpoints stay
-            r.lost_gpu_hours += frac * (done - kept) / HOUR
-            r.remaining = max(0.0, j.duration - kept)
-            r.overhead = 0.0
-            self._push(now, REQUEUE, wid)
+            self._push(now + w.snapshot_cost, REQUEUE, wid)
         else:
-            r.lost_gpu_hours += frac * progress / HOUR
-            if self.cfg.nonresumable == "drop" and j.kind != "interactive":
-                r.dropped = True
-                r.end = None
-                return
-            r.remaining = j.duration
-            r.overhead = 0.0
             self._push(now, REQUEUE, wid)
         if r.remaining <= 0.0:  # nothing left to do: it finished as it was stopped
             r.end = now
+
+    def _restart_or_drop(self, r: JobRecord, wid: str, now: float, interactive: bool) -> None:
+        if self.cfg.nonresumable == "drop" and not interactive:
+            r.dropped = True
+            r.end = None
+            return
+        r.remaining = r.job.duration
+        r.overhead = 0.0
+        self._push(now, REQUEUE, wid)
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:

@@ -58,6 +58,7 @@ class TraceJob:
     min_runtime: float = 0.0
     resumable: bool = True
     time_limit: float | None = None
+    checkpoint_interval: float | None = None  # declared (None: the simulator's default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,21 +31,27 @@ def scenario(kind: str = "batch", resumable: str = "true", **cfg: object):  # ty
 
 
 def test_hand_computed_resumable_preemption() -> None:
+    """Policy defaults: checkpoints every 30 min, 120 s reload. j1 is preempted at 1800 s,
+    right at its first checkpoint: it keeps 1800 s of work and loses only the reload
+    (2 GPUs × 120 s), which the core priced at 0.067 GPU-h against j2's 1 GPU-hour run."""
     res = scenario()
     j1, j2 = res.records["j1"], res.records["j2"]
     assert (j1.wait, j2.wait) == (0, 1200)
     assert j1.preemptions == 1 and j2.preemptions == 0
-    assert j1.end == 3600 + 1800  # remaining half hour after j2 ends
+    assert j1.end == 3600 + 120 + 1800  # reload, then the remaining half hour after j2 ends
     assert j2.end == 1800 + 1800
-    assert j1.lost_gpu_hours == 0.0
-    # charges: a = 2 GPUs × (1800 s + 1800 s); b = 1 GPU × 1800 s
-    assert res.project_hours == pytest.approx({"a": 2.0, "b": 0.5})
+    assert j1.lost_gpu_hours == pytest.approx(2 * 120 / HOUR)
+    # charges: a = 2 GPUs × (1800 s + 1920 s); b = 1 GPU × 1800 s
+    assert res.project_hours == pytest.approx({"a": 2 * 3720 / HOUR, "b": 0.5})
     assert res.decisions["start"] == 3 and res.decisions["preempt"] == 1
     m = metrics.compute(res)
     assert m["kinds"]["batch"]["wait_p50_s"] == 600
     assert m["kinds"]["batch"]["preemptions"] == 1
-    assert m["accounts"]["a"]["delivered_gpu_hours"] == pytest.approx(2.0)
-    assert m["utilisation"] == pytest.approx(2.5 / (2 * 5400 / HOUR))
+    assert m["accounts"]["a"]["delivered_gpu_hours"] == pytest.approx(2 * 3720 / HOUR)
+    assert m["utilisation"] == pytest.approx((2 * 3720 / HOUR + 0.5) / (2 * 5520 / HOUR))
+    # without a reload and with continuous checkpoints nothing is lost
+    res = scenario(checkpoint_interval=0.0, restart_overhead=0.0)
+    assert res.records["j1"].lost_gpu_hours == 0.0 and res.records["j1"].end == 3600 + 1800
 
 
 def test_hand_computed_non_resumable_loses_progress() -> None:
@@ -79,13 +85,21 @@ def test_node_failure_requeues_resumable_work() -> None:
     trace = parse_native("id,submit,duration,gpus,project,min_runtime\n"
                          "j1,0,3600,1,a,1h\n", "f.csv")
     inv = Inventory((make_node("n0", "H100-80GB", 1), make_node("n1", "H100-80GB", 1)))
-    cfg = SimConfig(failures=[NodeFailure(1000.0, "n0", 600.0)])
+    cfg = SimConfig(failures=[NodeFailure(1000.0, "n0", 600.0)], checkpoint_interval=0.0,
+                    restart_overhead=0.0)
     res = simulate(trace, BUDGETS.accounts, inv, BUDGETS.policy, cfg)
     j1 = res.records["j1"]
     assert j1.failures == 1 and j1.preemptions == 0
-    assert j1.end == 3600  # checkpointed: moves to n1 at once with 2600 s left
+    assert j1.end == 3600  # checkpointed continuously: moves to n1 at once with 2600 s left
     m = metrics.compute(res)
     assert m["node_failure_stops"] == 1
+    # policy defaults: no checkpoint yet at 1000 s (one every 1800 s): all 1000 s are lost,
+    # and the restart on n1 reloads for 120 s before doing the whole hour again
+    res = simulate(trace, BUDGETS.accounts, inv, BUDGETS.policy,
+                   SimConfig(failures=[NodeFailure(1000.0, "n0", 600.0)]))
+    j1 = res.records["j1"]
+    assert j1.end == 1000 + 120 + 3600
+    assert j1.lost_gpu_hours == pytest.approx((1000 + 120) / HOUR)
 
 
 def test_unknown_failure_node_is_refused() -> None:
@@ -164,14 +178,19 @@ def test_engine_uses_the_policys_fragmentation_aware_placement() -> None:
 
 
 def test_checkpoint_interval_loses_progress_since_the_last_checkpoint() -> None:
-    # j1 runs 1800 s before it is preempted; with checkpoints every 600 s... it keeps 1800.
-    # With every 1000 s it keeps 1000 s and loses 800 s on 2 GPUs.
+    # j1 runs 1800 s before it is preempted. With checkpoints every 1000 s it keeps 1000 s
+    # and loses 800 s, plus the 120 s reload, on 2 GPUs; with every 600 s it keeps 1800 s.
     res = scenario(checkpoint_interval=1000.0)
     j1 = res.records["j1"]
-    assert j1.lost_gpu_hours == pytest.approx(2 * 800 / HOUR)
-    assert j1.end == 3600 + (3600 - 1000)
+    assert j1.lost_gpu_hours == pytest.approx(2 * (800 + 120) / HOUR)
+    assert j1.end == 3600 + 120 + (3600 - 1000)
     res = scenario(checkpoint_interval=600.0)
-    assert res.records["j1"].lost_gpu_hours == 0.0 and res.records["j1"].end == 5400
+    assert res.records["j1"].lost_gpu_hours == pytest.approx(2 * 120 / HOUR)
+    assert res.records["j1"].end == 3600 + 120 + 1800
+    # a costly preemption does not happen: checkpoints every 2 h would lose j1's whole
+    # 1800 s run (2 GPU × 0.53 h ≈ 1.07 GPU-h), more than j2's 1-GPU-hour run gains
+    res = scenario(checkpoint_interval=7200.0)
+    assert res.records["j1"].preemptions == 0 and res.records["j2"].wait == 3000
 
 
 def test_horizon_stops_the_clock_and_charges_up_to_it() -> None:

@@ -6,6 +6,7 @@ kept as integer *milli-GPUs* (1000 = one whole GPU) so capacity arithmetic is ex
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -153,6 +154,7 @@ class Workload:
     # policy's) reloading before it makes progress again
     checkpoint_interval: float | None = None
     restart_overhead: float | None = None
+    command: str = ""  # command or image name, when the job spec has one (a prediction feature)
 
     @property
     def running(self) -> bool:
@@ -255,16 +257,92 @@ class Policy:
                    else self.restart_overhead)
 
 
+def shape_label(req: SliceRequest) -> str:
+    """A short name of what a request asks for, as a prediction feature: ``gpu:4``,
+    ``mps:500``, ``mig:1g.10gb``, ``cpu``."""
+    if req.kind == "gpu":
+        return f"gpu:{req.gpus}"
+    if req.kind == "mps":
+        return f"mps:{req.milli}"
+    if req.kind == "mig":
+        return f"mig:{req.profile}"
+    return "cpu"
+
+
+class _Runs:
+    """The last ``keep`` run times of one feature key, also kept sorted for quantiles."""
+
+    __slots__ = ("recent", "ordered", "keep")
+
+    def __init__(self, keep: int) -> None:
+        self.recent: list[float] = []
+        self.ordered: list[float] = []
+        self.keep = keep
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        bisect.insort(self.ordered, seconds)
+        if len(self.recent) > self.keep:
+            old = self.recent.pop(0)
+            del self.ordered[bisect.bisect_left(self.ordered, old)]
+
+    def __len__(self) -> int:
+        return len(self.ordered)
+
+    def quantile(self, q: float) -> float:
+        xs = self.ordered
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
 @dataclass(slots=True)
 class RuntimeHistory:
-    """Observed run times (seconds) per (user, project, kind), newest last; feeds prediction."""
+    """Observed run times (seconds), newest last; feeds prediction (core/backfill.py).
+
+    ``samples`` (per user, project and kind) and ``pooled`` (per project and kind) are what
+    today's plain p90 reads; ``runs`` holds the same runs under every feature key of
+    :func:`feature_keys` (user, project, kind, requested slice, command) for the predictor."""
 
     samples: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     pooled: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    runs: dict[tuple[str, ...], _Runs] = field(default_factory=dict)
+    keep: int = 50
 
-    def add(self, user: str, project: str, kind: str, seconds: float, keep: int = 50) -> None:
+    def add(self, user: str, project: str, kind: str, seconds: float, keep: int = 50,
+            *, shape: str = "", command: str = "") -> None:
         for xs in (self.samples.setdefault((user, project, kind), []),
                    self.pooled.setdefault((project, kind), [])):
             xs.append(seconds)
             if len(xs) > keep:
                 del xs[: len(xs) - keep]
+        for key in feature_keys(user, project, kind, shape, command):
+            runs = self.runs.get(key)
+            if runs is None:
+                runs = self.runs[key] = _Runs(max(keep, self.keep))
+            runs.add(seconds)
+
+    def add_run(self, w: Workload, seconds: float) -> None:
+        """Learn one finished run of ``w`` under all its features."""
+        self.add(w.user, w.project, w.kind, seconds, shape=shape_label(w.request),
+                 command=w.command)
+
+
+def feature_keys(user: str, project: str, kind: str, shape: str = "", command: str = ""
+                 ) -> list[tuple[str, ...]]:
+    """The feature keys a run is learnt and predicted under, broadest first: the kind; the
+    kind and slice; the project and kind (and slice); the user's (and slice); the command's.
+    Keys naming a feature the workload does not have (no slice, no command) are left out."""
+    keys: list[tuple[str, ...]] = [("k", kind)]
+    if shape:
+        keys.append(("ks", kind, shape))
+    keys.append(("p", project, kind))
+    if shape:
+        keys.append(("ps", project, kind, shape))
+    keys.append(("u", user, project, kind))
+    if shape:
+        keys.append(("us", user, project, kind, shape))
+    if command:
+        keys.append(("c", project, kind, command))
+        keys.append(("uc", user, project, kind, command))
+    return keys
+
+

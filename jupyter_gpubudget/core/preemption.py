@@ -80,11 +80,12 @@ def preemption_pays(cost: float, gain: float) -> bool:
 
 
 def victim_cost(v: Workload, standing: float, cost: float = 0.0
-                ) -> tuple[int, float, float, int, float, float]:
+                ) -> tuple[int, float, float, int, float, float, str]:
     """Lower is preempted first: unbacked, then idle, then the cheapest to preempt, most
-    over its grant, resumable, cheap to snapshot, most recently started."""
+    over its grant, resumable, cheap to snapshot, most recently started (then by id, so
+    the choice never depends on the order of a set)."""
     return (0 if not v.backed else 1 if v.idle else 2, round(cost, 9), -standing,
-            0 if v.resumable else 1, v.snapshot_cost, -(v.started_at or 0.0))
+            0 if v.resumable else 1, v.snapshot_cost, -(v.started_at or 0.0), v.id)
 
 
 def set_cost(vs: list[Workload], standing: Callable[[Workload], float],

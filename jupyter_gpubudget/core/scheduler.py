@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import plan_reservation, predict_runtime
+from .backfill import plan_reservation, predict_runtime, predicted_end
 from .capacity import Cluster
 from .inventory import Inventory
 from .model import (
@@ -43,6 +43,7 @@ from .model import (
     Preempt,
     Reserve,
     RuntimeHistory,
+    SliceRequest,
     Start,
     Workload,
     request_milli,
@@ -118,6 +119,10 @@ class Scheduler:
         self._demand: dict[str, float] = {}
         self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
+        # within one cycle: predicted ends of running work (None: to be sorted again), and
+        # per gang constraints the smallest gang that found no reservation
+        self._ends: list[tuple[float, str]] | None = None
+        self._no_plan: dict[tuple[object, ...], float] = {}
 
     # ================================================================= building
     @classmethod
@@ -273,6 +278,7 @@ class Scheduler:
         started = replace(w, started_at=now, placement=placement, backed=backed,
                           protected_until=protected, idle=False)
         self.running[w.id] = started
+        self._ends = None
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None and w.project in self.accounts:
             promised = placement.fraction * (protected - now) / HOUR
@@ -282,6 +288,7 @@ class Scheduler:
 
     def _stop(self, wid: str, now: float) -> Workload:
         w = self.running.pop(wid)
+        self._ends = None
         self.cluster.release(wid)
         self.meter.close(wid, now)
         self._predicted.pop(wid, None)
@@ -325,7 +332,7 @@ class Scheduler:
         if wid in self.running:
             w = self._stop(wid, now)
             if learn and w.started_at is not None:
-                self.history.add(w.user, w.project, w.kind, now - w.started_at)
+                self.history.add_run(w, now - w.started_at)
             return self._fill(now)
         if wid in self.pending:
             self._dequeue(wid)
@@ -388,6 +395,8 @@ class Scheduler:
         st = self._standings(now)
         self.cluster.clear_reservations()
         self.reservations.clear()
+        self._ends = None
+        self._no_plan = {}
         self._drain(now, out)
 
         ranked = rank(list(self.pending.values()), self.accounts, st, self.demand)
@@ -468,9 +477,13 @@ class Scheduler:
                 preempt_failed[shape] = mine if worst is None else min(worst, mine)
         if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
                 and len(self.reservations) < self.policy.max_reservations):
-            ends = sorted((wr.started_at + self.predict(wr) if wr.started_at is not None else now,
-                           wid) for wid, wr in self.running.items())
-            plan = plan_reservation(self.cluster, w.request, now, ends)
+            req = w.request
+            no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib)
+            if self._no_plan.get(no_plan, INF) <= req.gpus:
+                return  # a gang this large or smaller found no reservation in this cycle
+            plan = plan_reservation(self.cluster, req, now, self._running_ends(now))
+            if plan is None:
+                self._no_plan[no_plan] = min(self._no_plan.get(no_plan, INF), req.gpus)
             if plan is not None:
                 at, placement = plan
                 self.cluster.reserve(placement, at)
@@ -483,6 +496,50 @@ class Scheduler:
     def _victim_pool(self, now: float) -> dict[str, Workload]:
         """Running work that may ever be preempted now: unprotected, on healthy nodes."""
         return {wid: w for wid, w in self.running.items() if not w.is_protected(now)}
+
+    def _running_ends(self, now: float) -> list[tuple[float, str]]:
+        """(predicted end, id) of running work, ascending; kept until running work changes."""
+        if self._ends is None:
+            self._ends = sorted((predicted_end(wr, now, self.predict(wr)), wid)
+                                for wid, wr in self.running.items())
+        return self._ends
+
+    def next_free(self, req: SliceRequest, now: float) -> float:
+        """Seconds until running work is predicted to free capacity of the kind ``req`` needs
+        (enough whole GPUs; a GPU outside MIG mode for a share; a MIG GPU for an instance),
+        ignoring the queue ahead and node boundaries: how much sooner a preemption can start
+        it at most. Work already past its predicted end counts as ending now; ∞ when
+        nothing would ever free enough."""
+        c = self.cluster
+        models = frozenset(req.gpu_model.split("|")) if req.gpu_model else None
+        inf = float("inf")
+
+        def usable(node: str, gpu: int) -> bool:
+            n = c.by_name[node]
+            return gpu >= 0 and n.healthy and (models is None or n.gpus[gpu].model in models)
+
+        have = 0
+        if req.kind == "gpu":
+            have = sum(1 for n in c.nodes if n.healthy for i in n.free_whole
+                       if n.gpus[i].reserved_at == inf
+                       and (models is None or n.gpus[i].model in models))
+        for end, wid in self._running_ends(now):
+            p = c.allocations.get(wid)
+            if p is None:
+                continue
+            if req.kind == "gpu":
+                have += sum(1 for sl in p.slices if sl.kind == "gpu" and usable(sl.node, sl.gpu))
+                if have >= req.gpus:
+                    return max(0.0, end - now)
+            elif req.kind == "mps":
+                if any(sl.kind in ("gpu", "mps") and usable(sl.node, sl.gpu) for sl in p.slices):
+                    return max(0.0, end - now)
+            elif req.kind == "mig":
+                if any(sl.kind == "mig" and usable(sl.node, sl.gpu) for sl in p.slices):
+                    return max(0.0, end - now)
+            else:
+                return max(0.0, end - now)
+        return inf
 
     def gain_horizon(self, w: Workload) -> float:
         """Seconds of the run a preemption buys the requester: its protected run, or when it
@@ -498,7 +555,9 @@ class Scheduler:
         margin = self.policy.preemption_margin
         frac = request_milli(w.request) / MILLI
         need = frac * self.policy.effective_min_runtime(w) / HOUR
-        gain_hours = frac * self.gain_horizon(w) / HOUR
+        # what preempting buys: the protected run, but at most as much of it as it moves
+        # earlier — capacity frees up anyway when running work ends
+        gain_hours = frac * min(self.gain_horizon(w), self.next_free(w.request, now)) / HOUR
         mine = self.accounts.path(w.project)
         grants = self.grants()
         gaps: dict[str, float] = {}
@@ -514,7 +573,7 @@ class Scheduler:
                         g = grants.get(mine_acc, 0.0)
                         after = (st.usage[mine_acc] + need) / g if g > 0 else INF
                         if st.standing[theirs] > after * (1.0 + margin):
-                            gap = standing_gap(after, st.standing[theirs])
+                            gap = standing_gap(after * (1.0 + margin), st.standing[theirs])
                         break
                 gaps[project] = gap
             return gaps[project]
@@ -624,8 +683,7 @@ def predicted_starts(state: ClusterState, now: float, horizon: float | None = No
                 heapq.heappush(ends, (t + s.predict(s.running[d.workload]), d.workload))
 
     for w in s.running.values():
-        end = (w.started_at if w.started_at is not None else now) + s.predict(w)
-        heapq.heappush(ends, (max(end, now), w.id))
+        heapq.heappush(ends, (predicted_end(w, now, s.predict(w)), w.id))
     started(s.cycle(now), now)
     events = 0
     while ends and s.pending and events < max_events:

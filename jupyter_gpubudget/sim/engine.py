@@ -128,6 +128,68 @@ class Sample:
     stranded_milli: int
     pending: int
     running: int
+    unused: dict[str, int] = field(default_factory=dict)  # free milli by cause (UNUSED_CAUSES)
+
+
+#: why free GPU capacity is not used, in the order the report lists them
+UNUSED_CAUSES = ("mig_no_demand", "reserved", "fragmentation", "drained", "empty_queue",
+                 "awaiting_cycle")
+
+
+def unused_by_cause(sched: Scheduler, now: float) -> dict[str, int]:
+    """Free GPU capacity (milli) at ``now``, by why it is not in use:
+
+    - ``drained``: on unhealthy nodes;
+    - ``empty_queue``: nothing is waiting;
+    - ``mig_no_demand``: on MIG-partitioned GPUs while no MIG instance is asked for;
+    - ``reserved``: whole GPUs held back for a blocked gang's reservation;
+    - ``awaiting_cycle``: some waiting workload would fit there now (the next cycle or
+      departure starts it);
+    - ``fragmentation``: the rest — free capacity that no waiting request can use (leftovers
+      of shared or partitioned GPUs, free GPUs too few or too scattered for the waiting gangs).
+    """
+    from ..core import mig as migtab
+    from ..core.placement import place
+
+    out = dict.fromkeys(UNUSED_CAUSES, 0)
+    c = sched.cluster
+    reqs = {w.request.shape: w for w in sched.pending.values()}
+    fits: dict[str, bool] = {}
+
+    def any_fits(kind: str) -> bool:
+        if kind not in fits:
+            fits[kind] = any(
+                (kind == "any" or w.request.kind == kind)
+                and place(c, w.request, now + sched.predict(w)) is not None
+                for w in reqs.values())
+        return fits[kind]
+
+    mig_wanted = any(w.request.kind == "mig" for w in reqs.values())
+    for n in c.nodes:
+        for g in n.gpus:
+            if g.mig:
+                free = round((migtab.COMPUTE - g.compute_used) * MILLI / migtab.COMPUTE)
+            else:
+                free = MILLI - g.used_milli if not g.whole else 0
+            if free <= 0:
+                continue
+            if not n.healthy:
+                cause = "drained"
+            elif not reqs:
+                cause = "empty_queue"
+            elif g.mig:
+                cause = ("mig_no_demand" if not mig_wanted else
+                         "awaiting_cycle" if any_fits("mig") else "fragmentation")
+            elif g.used_milli == 0 and g.reserved_at != float("inf"):
+                cause = "reserved"
+            elif g.used_milli > 0:
+                cause = "awaiting_cycle" if any(
+                    w.request.kind == "mps" and w.request.milli <= free for w in reqs.values()
+                ) and any_fits("mps") else "fragmentation"
+            else:
+                cause = "awaiting_cycle" if any_fits("any") else "fragmentation"
+            out[cause] += free
+    return out
 
 
 @dataclass(slots=True)
@@ -193,7 +255,7 @@ class Simulator:
                 else cfg.checkpoint_interval
         w = Workload(j.id, j.project, j.user, j.request, now, j.kind, j.min_runtime,
                      j.resumable, j.time_limit, snap, checkpoint_interval=ci,
-                     restart_overhead=overhead)
+                     restart_overhead=overhead, command=j.command)
         r.workload = w
         return w
 
@@ -389,7 +451,8 @@ class Simulator:
     def _sample(self, t: float, total: int) -> None:
         c = self.sched.cluster
         self.samples.append(Sample(t, c.used_milli, total, c.stranded_milli(),
-                                   len(self.sched.pending), len(self.sched.running)))
+                                   len(self.sched.pending), len(self.sched.running),
+                                   unused_by_cause(self.sched, t)))
 
     def _handle(self, kind: int, payload: object, now: float) -> None:
         sched = self.sched
@@ -442,4 +505,5 @@ def fits_somewhere(inventory: Inventory, job: TraceJob) -> bool:
 
 
 __all__ = ["Simulator", "SimConfig", "SimResult", "JobRecord", "Sample", "NodeFailure",
+           "UNUSED_CAUSES", "unused_by_cause",
            "BudgetChange", "simulate", "fits_somewhere"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.accounts import AccountTree
 from ..core.model import HOUR, KINDS, gpu_fraction
-from .engine import SimResult
+from .engine import UNUSED_CAUSES, SimResult
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -73,9 +73,20 @@ def compute(res: SimResult) -> dict[str, Any]:
         "lost_gpu_hours": sum(r.lost_gpu_hours for r in res.records.values()),
         "stranded_fraction": (float(np.mean([s.stranded_milli / s.total_milli
                                              for s in res.samples])) if res.samples else 0.0),
+        "unused": unused_breakdown(res),
         "accounts": account_shares(res.accounts, res.project_hours, res.records, cap_hours),
     }
     return out
+
+
+def unused_breakdown(res: SimResult) -> dict[str, float]:
+    """Mean share of the cluster's GPU capacity left unused, by cause (see
+    ``engine.unused_by_cause``), over the samples; they add up to about 1 − utilisation."""
+    if not res.samples:
+        return dict.fromkeys(UNUSED_CAUSES, 0.0)
+    n = len(res.samples)
+    return {cause: sum(s.unused.get(cause, 0) / s.total_milli for s in res.samples) / n
+            for cause in UNUSED_CAUSES}
 
 
 def account_shares(tree: AccountTree, project_hours: dict[str, float],

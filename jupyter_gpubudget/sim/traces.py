@@ -16,6 +16,8 @@ Native CSV (one workload per row; header required; columns in any order)::
   ``cpu``. Optional ``model`` (``A100-80GB`` or ``A|B``), ``cpu_milli``, ``memory_mib``.
 - ``kind``: ``interactive`` | ``batch`` | ``debug`` (default batch); ``resumable``:
   true/false/yes/no/1/0 (default: false for interactive, true otherwise).
+- ``checkpoint_interval`` (a duration; 0: nothing is lost when preempted) and ``command``
+  (command or image name, a feature of the run-time prediction) are optional.
 - ``project``/``user`` may be empty or absent: projects are then assigned deterministically
   from the budgets (see :func:`assign_projects`).
 
@@ -59,6 +61,7 @@ class TraceJob:
     resumable: bool = True
     time_limit: float | None = None
     checkpoint_interval: float | None = None  # declared (None: the simulator's default)
+    command: str = ""  # command or image name (a prediction feature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +203,7 @@ def _read(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 NATIVE_REQUIRED = ("submit", "duration")
 NATIVE_OPTIONAL = ("id", "project", "user", "kind", "min_runtime", "resumable", "time_limit",
-                   "model", "cpu_milli", "memory_mib")
+                   "model", "cpu_milli", "memory_mib", "checkpoint_interval", "command")
 _TRUE = {"true", "yes", "1", "y", "t"}
 _FALSE = {"false", "no", "0", "n", "f"}
 
@@ -282,8 +285,10 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
         if project and not all(c.isalnum() or c in "-_." for c in project):
             raise rows.error(f"project name {project!r} must be letters, digits, '-', '_' or '.'",
                              "project", line)
+        ci = rows.duration(row, "checkpoint_interval", line, default=-1.0)
         jobs.append(TraceJob(jid, submit, duration, req, project, row.get("user", ""), kind,
-                             min_rt, resumable, tl if tl >= 0 else None))
+                             min_rt, resumable, tl if tl >= 0 else None,
+                             ci if ci >= 0 else None, row.get("command", "")))
     return Trace(tuple(sorted(jobs, key=lambda j: (j.submit, j.id))), source, "native")
 
 

@@ -54,17 +54,40 @@ def test_hand_computed_resumable_preemption() -> None:
     assert res.records["j1"].lost_gpu_hours == 0.0 and res.records["j1"].end == 3600 + 1800
 
 
-def test_hand_computed_non_resumable_loses_progress() -> None:
+def test_non_resumable_half_way_is_not_preempted() -> None:
+    """Half-way through, preempting non-resumable j1 would throw away 2 GPUs × 30 min =
+    1 GPU-h to start j2 (1 GPU) at most 30 min before j1 is predicted to end (0.5 GPU-h):
+    it does not pay, so j2 waits for j1."""
     res = scenario(resumable="false")
+    j1, j2 = res.records["j1"], res.records["j2"]
+    assert j1.preemptions == 0 and j1.lost_gpu_hours == 0.0
+    assert j2.first_start == 3600 and j2.wait == 3000
+
+
+def long_non_resumable(**cfg: object):  # type: ignore[no-untyped-def]
+    """j1 (a, 2 GPUs, non-resumable, 10 h, declared limit 10 h, protected 30 min) from t=0;
+    j2 (b, 2 GPUs, 30 min of work, declared limit 1 h, no protection asked) at t=600. At
+    1800 preempting j1 loses 2 × 1800 s = 1 GPU-h and starts j2's predicted hour on 2 GPUs
+    9.5 h sooner (2 GPU-h; b has used nothing, a 1 GPU-h: gap 1): it pays."""
+    trace = parse_native(
+        "id,submit,duration,gpus,project,user,kind,min_runtime,resumable,time_limit\n"
+        "j1,0,10h,2,a,ann,batch,1800,false,10h\n"
+        "j2,600,1800,2,b,bob,batch,0,true,1h\n", "long.csv")
+    config = SimConfig(cycle_interval=600, **cfg)  # type: ignore[arg-type]
+    return simulate(trace, BUDGETS.accounts, ONE_NODE, BUDGETS.policy, config)
+
+
+def test_hand_computed_non_resumable_loses_progress() -> None:
+    res = long_non_resumable()
     j1 = res.records["j1"]
     assert j1.preemptions == 1
-    assert j1.end == 3600 + 3600  # starts over when j2 ends
+    assert j1.end == 3600 + 36000  # starts over when j2 ends
     assert j1.lost_gpu_hours == pytest.approx(1.0)  # 2 GPUs × 30 min thrown away
-    assert res.project_hours["a"] == pytest.approx(2 * (1800 + 3600) / HOUR)
+    assert res.project_hours["a"] == pytest.approx(2 * (1800 + 36000) / HOUR)
 
 
 def test_non_resumable_drop() -> None:
-    res = scenario(resumable="false", nonresumable="drop")
+    res = long_non_resumable(nonresumable="drop")
     j1 = res.records["j1"]
     assert j1.dropped and j1.end is None
     m = metrics.compute(res)
@@ -178,12 +201,15 @@ def test_engine_uses_the_policys_fragmentation_aware_placement() -> None:
 
 
 def test_checkpoint_interval_loses_progress_since_the_last_checkpoint() -> None:
-    # j1 runs 1800 s before it is preempted. With checkpoints every 1000 s it keeps 1000 s
-    # and loses 800 s, plus the 120 s reload, on 2 GPUs; with every 600 s it keeps 1800 s.
-    res = scenario(checkpoint_interval=1000.0)
+    # j1 runs 1800 s before it is preempted. With checkpoints every 1200 s it keeps 1200 s
+    # and loses 600 s, plus the 120 s reload, on 2 GPUs (0.4 GPU-h, less than the 0.5 GPU-h
+    # j2 gains by starting 30 min before j1's predicted end); with every 600 s it keeps
+    # 1800 s. With every 1000 s it would lose 2 × 920 s = 0.51 GPU-h: not worth it.
+    res = scenario(checkpoint_interval=1200.0)
     j1 = res.records["j1"]
-    assert j1.lost_gpu_hours == pytest.approx(2 * (800 + 120) / HOUR)
-    assert j1.end == 3600 + 120 + (3600 - 1000)
+    assert j1.lost_gpu_hours == pytest.approx(2 * (600 + 120) / HOUR)
+    assert j1.end == 3600 + 120 + (3600 - 1200)
+    assert scenario(checkpoint_interval=1000.0).records["j1"].preemptions == 0
     res = scenario(checkpoint_interval=600.0)
     assert res.records["j1"].lost_gpu_hours == pytest.approx(2 * 120 / HOUR)
     assert res.records["j1"].end == 3600 + 120 + 1800

@@ -86,6 +86,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .core.yamlnodes import ConfigError
 
     console = Console(stderr=False)
+    if not console.is_terminal:  # piped: tables keep their names whole instead of 80 columns
+        console = Console(stderr=False, width=160)
     try:
         if args.placement_repro:
             return _placement_repro(args, console)

@@ -34,7 +34,8 @@ BudgetError = ConfigError
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
-                "placement", "preemption_margin"}
+                "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
+                "whole_gpu_on_mig", "short_lane", "preemption_toll"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -281,6 +282,16 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, preemption=fields["preemption"].boolean())
     if "preemption_margin" in fields:
         policy = replace(policy, preemption_margin=fields["preemption_margin"].number(minimum=0))
+    if "checkpoint_interval" in fields:
+        policy = replace(policy, checkpoint_interval=fields["checkpoint_interval"].duration())
+    if "restart_overhead" in fields:
+        policy = replace(policy, restart_overhead=fields["restart_overhead"].duration())
+    if "preemption_toll" in fields:
+        policy = replace(policy, preemption_toll=fields["preemption_toll"].number(minimum=0))
+    if "short_lane" in fields:
+        policy = replace(policy, short_lane=fields["short_lane"].duration())
+    if "whole_gpu_on_mig" in fields:
+        policy = replace(policy, whole_gpu_on_mig=fields["whole_gpu_on_mig"].boolean())
     if "placement" in fields:
         how = fields["placement"].string()
         if how not in ("fgd", "pack"):

@@ -19,7 +19,7 @@ from .model import (
     SliceAlloc,
     SliceRequest,
     Workload,
-    feature_keys,
+    feature_chain,
     shape_label,
 )
 
@@ -30,19 +30,25 @@ PREDICT_QUANTILE = 0.6
 #: how many of its own runs a feature key needs before it counts as much as everything
 #: broader: a key with n runs gets weight n / (n + SHRINK) against the broader estimate
 SHRINK = 4.0
+#: the quantile placement checks against a gang's reservation: work goes onto reserved GPUs
+#: only when this cautious prediction ends before the reservation
+BACKFILL_QUANTILE = 0.9
 
 
 def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy,
                     q: float = PREDICT_QUANTILE) -> float:
     """Seconds ``w`` is expected to run, from past runs that share its features.
 
-    Every feature key of :func:`~.model.feature_keys` (kind; kind and slice; project;
-    project and slice; user; user and slice; command), broadest first, refines the estimate:
+    Every feature key of :func:`~.model.feature_chain` (kind; slice; project; user; command),
+    broadest first, refines the estimate:
     the ``q``-quantile of the key's runs, in log seconds, blended with the broader estimate
     by how many runs back it (shrinkage). Nothing learnt: the declared time limit, else the
     policy default. Never beyond the declared limit; at least one second."""
     est: float | None = None
-    for key in feature_keys(w.user, w.project, w.kind, shape_label(w.request), w.command):
+    shape = shape_label(w.request)
+    if ("ks", w.kind, shape) not in history.runs:
+        shape = ""  # runs of this slice were never learnt (or not with slices): plain chain
+    for key in feature_chain(w.user, w.project, w.kind, shape, w.command):
         runs = history.runs.get(key)
         if not runs:
             continue

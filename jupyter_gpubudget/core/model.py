@@ -155,6 +155,9 @@ class Workload:
     checkpoint_interval: float | None = None
     restart_overhead: float | None = None
     command: str = ""  # command or image name, when the job spec has one (a prediction feature)
+    # started on GPUs reserved for a blocked gang from this time (backfill): if it is still
+    # running then, unprotected, it is preempted for a gang that needs those GPUs
+    backfill_until: float | None = None
 
     @property
     def running(self) -> bool:
@@ -185,6 +188,7 @@ class Start:
     placement: Placement
     backed: bool
     protected_until: float | None
+    backfill_until: float | None = None  # see Workload.backfill_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +238,18 @@ class Policy:
     # but the snapshot); every restart spends this long reloading
     checkpoint_interval: float = 30 * 60
     restart_overhead: float = 120.0
+    # GPU-hours every preemption counts on top of the work it throws away: the disruption
+    # of a restart to the people and pipelines behind it, so that cheap victims (a session
+    # that is snapshotted in a minute) are not taken for small gains
+    preemption_toll: float = 0.0
+    # a one-GPU request may take an idle MIG-mode GPU whole, as its full-size instance
+    # (7g), when no GPU outside MIG mode is free: MIG capacity nobody asks slices of is
+    # not left idle
+    whole_gpu_on_mig: bool = True
+    # debug work predicted to run at most this long (seconds) is considered before all other
+    # waiting work, by standing among itself: a ten-minute debug run does not queue behind
+    # other projects' training (0: no such lane)
+    short_lane: float = 30 * 60
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:
@@ -306,6 +322,7 @@ class RuntimeHistory:
     pooled: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     runs: dict[tuple[str, ...], _Runs] = field(default_factory=dict)
     keep: int = 50
+    version: int = 0  # bumped by every run learnt (predictions cached against it)
 
     def add(self, user: str, project: str, kind: str, seconds: float, keep: int = 50,
             *, shape: str = "", command: str = "") -> None:
@@ -314,6 +331,7 @@ class RuntimeHistory:
             xs.append(seconds)
             if len(xs) > keep:
                 del xs[: len(xs) - keep]
+        self.version += 1
         for key in feature_keys(user, project, kind, shape, command):
             runs = self.runs.get(key)
             if runs is None:
@@ -328,21 +346,27 @@ class RuntimeHistory:
 
 def feature_keys(user: str, project: str, kind: str, shape: str = "", command: str = ""
                  ) -> list[tuple[str, ...]]:
-    """The feature keys a run is learnt and predicted under, broadest first: the kind; the
-    kind and slice; the project and kind (and slice); the user's (and slice); the command's.
-    Keys naming a feature the workload does not have (no slice, no command) are left out."""
-    keys: list[tuple[str, ...]] = [("k", kind)]
+    """Every key a run is learnt under: the two refinement chains of :func:`feature_chain`
+    (with and without the slice)."""
+    keys = feature_chain(user, project, kind, "", command)
     if shape:
-        keys.append(("ks", kind, shape))
-    keys.append(("p", project, kind))
-    if shape:
-        keys.append(("ps", project, kind, shape))
-    keys.append(("u", user, project, kind))
-    if shape:
-        keys.append(("us", user, project, kind, shape))
-    if command:
-        keys.append(("c", project, kind, command))
-        keys.append(("uc", user, project, kind, command))
+        keys += feature_chain(user, project, kind, shape, command)[1:]
     return keys
 
 
+def feature_chain(user: str, project: str, kind: str, shape: str = "", command: str = ""
+                  ) -> list[tuple[str, ...]]:
+    """Feature keys from broad to specific, each refining the one before: the kind; (the
+    slice;) the project; the user; the command. Without a slice: kind, project, user,
+    command."""
+    if not shape:
+        keys: list[tuple[str, ...]] = [("k", kind), ("p", project, kind),
+                                       ("u", user, project, kind)]
+        if command:
+            keys.append(("uc", user, project, kind, command))
+        return keys
+    keys = [("k", kind), ("ks", kind, shape), ("ps", project, kind, shape),
+            ("us", user, project, kind, shape)]
+    if command:
+        keys.append(("usc", user, project, kind, shape, command))
+    return keys

@@ -64,10 +64,30 @@ def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
     return Standings(usage, dict(grants), standing, paths)
 
 
+#: added to the keys of the short lane (see :func:`rank`) so they sort before every other key
+LANE_OFFSET = 1e9
+
+
 def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
-         demand: Callable[[Workload], float]) -> list[tuple[float, Workload]]:
+         demand: Callable[[Workload], float],
+         short: Callable[[Workload], bool] | None = None) -> list[tuple[float, Workload]]:
     """Pending workloads in the order to consider them, each with its root-level key
-    (non-decreasing along the list). Workloads of unknown projects are left out."""
+    (non-decreasing along the list). Workloads of unknown projects are left out.
+
+    ``short`` picks the *short lane*: work that is considered before everything else (the
+    scheduler puts debug runs predicted to be short there), ranked by standing among itself
+    just like the rest; its keys are lowered by :data:`LANE_OFFSET`."""
+    if short is not None:
+        lane = [w for w in pending if short(w)]
+        if lane:
+            rest = [w for w in pending if not short(w)]
+            first = [(k - LANE_OFFSET, w) for k, w in _rank(lane, tree, st, demand)]
+            return first + _rank(rest, tree, st, demand)
+    return _rank(pending, tree, st, demand)
+
+
+def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
+          demand: Callable[[Workload], float]) -> list[tuple[float, Workload]]:
     by_project: dict[str, list[Workload]] = {}
     need: dict[str, float] = {}
     for w in pending:

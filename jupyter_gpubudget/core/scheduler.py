@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import plan_reservation, predict_runtime, predicted_end
+from .backfill import BACKFILL_QUANTILE, plan_reservation, predict_runtime, predicted_end
 from .capacity import Cluster
 from .inventory import Inventory
 from .model import (
@@ -56,7 +56,7 @@ from .preemption import (
     preemption_pays,
     standing_gap,
 )
-from .ranking import INF, Standings, compute_standings, rank
+from .ranking import INF, LANE_OFFSET, Standings, compute_standings, rank
 from .usage import UsageMeter
 
 
@@ -98,6 +98,7 @@ class Scheduler:
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
         self.cluster = Cluster(inventory, self.unhealthy)
+        self.cluster.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
         self.meter = UsageMeter(self.policy)
         self.pending: dict[str, Workload] = {}
         self.running: dict[str, Workload] = {}
@@ -116,12 +117,16 @@ class Scheduler:
         self._shape_count: dict[tuple[object, ...], int] = {}
         self._root_demand: dict[str, float] | None = {}
         self._predicted: dict[str, float] = {}
+        self._by_features: dict[tuple[object, ...], tuple[int, float]] = {}
+        self._predicted_long: dict[str, float] = {}
+        self._by_features_long: dict[tuple[object, ...], tuple[int, float]] = {}
         self._demand: dict[str, float] = {}
         self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
         # within one cycle: predicted ends of running work (None: to be sorted again), and
         # per gang constraints the smallest gang that found no reservation
         self._ends: list[tuple[float, str]] | None = None
+        self._ends_at = float("nan")
         self._no_plan: dict[tuple[object, ...], float] = {}
 
     # ================================================================= building
@@ -164,11 +169,41 @@ class Scheduler:
         return st
 
     def predict(self, w: Workload) -> float:
+        """Predicted run time of ``w`` (seconds); workloads alike in every feature the
+        predictor reads share one prediction until a run is learnt."""
         p = self._predicted.get(w.id)
         if p is None:
-            p = predict_runtime(w, self.history, self.policy)
+            sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
+            hit = self._by_features.get(sig)
+            if hit is not None and hit[0] == self.history.version:
+                p = hit[1]
+            else:
+                p = predict_runtime(w, self.history, self.policy)
+                self._by_features[sig] = (self.history.version, p)
             self._predicted[w.id] = p
         return p
+
+    def predict_long(self, w: Workload) -> float:
+        """A cautious prediction (``BACKFILL_QUANTILE`` of past runs): what placement checks
+        against reservations, so that work backfilled before a gang's reservation rarely
+        runs into it."""
+        p = self._predicted_long.get(w.id)
+        if p is None:
+            sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
+            hit = self._by_features_long.get(sig)
+            if hit is not None and hit[0] == self.history.version:
+                p = hit[1]
+            else:
+                p = predict_runtime(w, self.history, self.policy, BACKFILL_QUANTILE)
+                self._by_features_long[sig] = (self.history.version, p)
+            self._predicted_long[w.id] = p
+        return p
+
+    def short(self, w: Workload) -> bool:
+        """Does ``w`` go in the short lane (``Policy.short_lane``): debug work predicted to
+        run no longer than the lane allows?"""
+        lane = self.policy.short_lane
+        return lane > 0 and w.kind == "debug" and self.predict(w) <= lane
 
     def demand(self, w: Workload) -> float:
         """Expected GPU-hours of a pending workload, for the projected standing."""
@@ -224,6 +259,12 @@ class Scheduler:
         pending demand already queued under its top-level account."""
         if not self.accounts.is_project(w.project):
             return INF
+        if self.short(w):  # the short lane: ahead of all other waiting work
+            root = self.accounts.path(w.project)[0]
+            g = self.grants().get(root, 0.0)
+            st = self._st
+            used = st.usage.get(root, 0.0) if st else 0.0
+            return (used / g if g > 0 else INF) - LANE_OFFSET
         if self._root_demand is None:
             self._root_demand = {}
             for p in self.pending.values():
@@ -272,11 +313,16 @@ class Scheduler:
     # ================================================================= applying decisions
     def _start(self, w: Workload, placement: Placement, backed: bool, now: float,
                out: list[Decision]) -> None:
+        # on GPUs another gang has reserved (the placement ends before the reservation):
+        # a backfill, which must be gone by then
+        until = min((self.cluster.by_name[sl.node].gpus[sl.gpu].reserved_at
+                     for sl in placement.slices if sl.gpu >= 0), default=INF)
+        backfill_until = until if until < INF else None
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
         protected = now + self.policy.effective_min_runtime(w) if backed else None
         started = replace(w, started_at=now, placement=placement, backed=backed,
-                          protected_until=protected, idle=False)
+                          protected_until=protected, idle=False, backfill_until=backfill_until)
         self.running[w.id] = started
         self._ends = None
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
@@ -284,7 +330,7 @@ class Scheduler:
             promised = placement.fraction * (protected - now) / HOUR
             for a in self.accounts.path(w.project):
                 self._committed[a] = self._committed.get(a, 0.0) + promised
-        out.append(Start(w.id, placement, backed, protected))
+        out.append(Start(w.id, placement, backed, protected, backfill_until))
 
     def _stop(self, wid: str, now: float) -> Workload:
         w = self.running.pop(wid)
@@ -292,6 +338,7 @@ class Scheduler:
         self.cluster.release(wid)
         self.meter.close(wid, now)
         self._predicted.pop(wid, None)
+        self._predicted_long.pop(wid, None)
         self._demand.pop(wid, None)
         if w.backed and w.protected_until and w.protected_until > now and w.placement:
             left = w.placement.fraction * (w.protected_until - now) / HOUR
@@ -314,7 +361,7 @@ class Scheduler:
         self._enqueue(w)
         out: list[Decision] = []
         backed = self.is_backed(w, now)
-        p = place(self.cluster, w.request, now + self.predict(w))
+        p = place(self.cluster, w.request, now + self.predict_long(w))
         if p is not None:
             self._start(w, p, backed, now, out)
         return out
@@ -350,7 +397,7 @@ class Scheduler:
             shape = w.request.shape
             if shape in failed and wid not in self.reservations:
                 continue
-            p = self._place(w, now + self.predict(w))
+            p = self._place(w, now + self.predict_long(w))
             if p is None:
                 failed.add(shape)
                 continue
@@ -391,6 +438,7 @@ class Scheduler:
     def _cycle(self, now: float) -> list[Decision]:
         out: list[Decision] = []
         self._predicted.clear()
+        self._predicted_long.clear()
         self._demand.clear()
         st = self._standings(now)
         self.cluster.clear_reservations()
@@ -399,7 +447,7 @@ class Scheduler:
         self._no_plan = {}
         self._drain(now, out)
 
-        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand)
+        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
         seq = self._seq
         self._order = [(key, seq[w.id], w.id) for key, w in ranked]
         self._order.sort()
@@ -421,7 +469,7 @@ class Scheduler:
             if w.id not in pending:
                 continue
             req = w.request
-            end = now + self.predict(w)
+            end = now + self.predict_long(w)
             if (req.shape, bisect.bisect_left(res_times, end) if res_times else 0) in failed \
                     and not (req.kind == "gpu" and req.gpus >= 2
                              and len(self.reservations) < self.policy.max_reservations):
@@ -440,7 +488,7 @@ class Scheduler:
         for w, known_gen in later:
             if known_gen == gen or w.id not in pending:
                 continue
-            end = now + self.predict(w)
+            end = now + self.predict_long(w)
             memo = (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0)
             if memo in failed:
                 continue
@@ -455,7 +503,7 @@ class Scheduler:
                   failed: set[tuple[object, ...]],
                   preempt_failed: dict[tuple[object, ...], tuple[float, ...]],
                   pool: dict[str, Workload], out: list[Decision]) -> None:
-        end = now + self.predict(w)
+        end = now + self.predict_long(w)
         shape = w.request.shape
         memo = (shape, bisect.bisect_left(res_times, end) if res_times else 0)
         if memo not in failed or w.id in self.reservations:
@@ -464,6 +512,11 @@ class Scheduler:
                 self._start(w, p, backed, now, out)
                 return
             failed.add(memo)
+        if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
+                and self._reclaim_backfill(w, end, now, out)):
+            failed.clear()
+            self._memo_gen += 1
+            return
         st = self._st
         assert st is not None
         if backed and pool and self.policy.preemption and w.project in st.path_standing:
@@ -493,15 +546,49 @@ class Scheduler:
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
 
+    def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
+                          ) -> bool:
+        """DESIGN semantics 5, when a prediction was wrong: work backfilled onto reserved
+        GPUs that is still running at the reservation's time, unprotected, is preempted for
+        a blocked gang that those GPUs (with what is free) would start now. The cheapest such
+        set goes; True if ``w`` started."""
+        overdue = {wid: v for wid, v in self.running.items()
+                   if v.backfill_until is not None and v.backfill_until <= now
+                   and not v.is_protected(now)}
+        if not overdue:
+            return False
+        costs = {wid: preemption_cost(v, now, self.policy) for wid, v in overdue.items()}
+        st = self._st
+        victims = choose_victims(self.cluster, w.request, end, overdue,
+                                 lambda v: st.standing.get(v.project, INF) if st else INF,
+                                 lambda v: costs[v.id])
+        if not victims:
+            return False
+        saved = [(v, self.cluster.release(v.id)) for v in victims]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        if p is None:
+            return False
+        for v in victims:
+            self._preempt(v, now, f"backfilled until {v.backfill_until:.0f}, still running "
+                          f"(loses {costs[v.id]:.2f} GPU-h)", w.id, out)
+        p = place(self.cluster, w.request, end)
+        assert p is not None
+        self._start(w, p, True, now, out)
+        return True
+
     def _victim_pool(self, now: float) -> dict[str, Workload]:
         """Running work that may ever be preempted now: unprotected, on healthy nodes."""
         return {wid: w for wid, w in self.running.items() if not w.is_protected(now)}
 
     def _running_ends(self, now: float) -> list[tuple[float, str]]:
         """(predicted end, id) of running work, ascending; kept until running work changes."""
-        if self._ends is None:
+        if self._ends is None or self._ends_at != now:
             self._ends = sorted((predicted_end(wr, now, self.predict(wr)), wid)
                                 for wid, wr in self.running.items())
+            self._ends_at = now
         return self._ends
 
     def next_free(self, req: SliceRequest, now: float) -> float:
@@ -579,9 +666,15 @@ class Scheduler:
             return gaps[project]
 
         def gap_of(v: Workload) -> float:
-            if not v.backed or v.idle:
+            """An idle session yields to any backed work; anyone else only to an account
+            that stands clearly below its own (unbacked work too: its project is over its
+            grant, but a project that is only a little over does not take turns with one a
+            little under)."""
+            if v.idle:
                 return 1.0
-            return gap_to(v.project) if v.project in st.path_standing else 0.0
+            if v.project not in st.path_standing:
+                return 1.0
+            return gap_to(v.project)
 
         costs: dict[str, float] = {}
         eligible: dict[str, Workload] = {}
@@ -591,7 +684,7 @@ class Scheduler:
             gap = gap_of(v)
             if gap <= 0:
                 continue
-            c = preemption_cost(v, now, self.policy)
+            c = preemption_cost(v, now, self.policy) + self.policy.preemption_toll
             if preemption_pays(c, preemption_gain(gain_hours, gap)):
                 costs[wid] = c
                 eligible[wid] = v
@@ -652,7 +745,7 @@ def queue_order(state: ClusterState, now: float) -> list[str]:
     """Pending workload ids in rank order, as the cycle at ``now`` would consider them."""
     s = Scheduler.from_state(state)
     st = s._standings(now)
-    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand)]
+    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand, s.short)]
 
 
 def standings(state: ClusterState, now: float) -> dict[str, dict[str, float]]:

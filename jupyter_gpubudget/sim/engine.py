@@ -206,6 +206,7 @@ class SimResult:
     decisions: dict[str, int] = field(default_factory=dict)
     project_hours: dict[str, float] = field(default_factory=dict)  # delivered, per project
     trace_source: str = ""
+    contended_hours: dict[str, float] = field(default_factory=dict)  # ... while work waited
 
 
 class Simulator:
@@ -227,9 +228,16 @@ class Simulator:
         self._seq = 0
         self.events = 0
         self.cycles = 0
-        self.decisions = {"start": 0, "preempt": 0, "reserve": 0, "drain": 0}
+        # starts (backfill: onto GPUs reserved for a gang), preemptions (backfill_preempt:
+        # backfilled work still running at the reservation's time), reservations, drains
+        self.decisions = {"start": 0, "backfill": 0, "preempt": 0, "backfill_preempt": 0,
+                          "reserve": 0, "drain": 0}
         self.samples: list[Sample] = []
         self.project_hours: dict[str, float] = {}
+        # GPU-hours delivered per project while work was waiting (the cluster contended)
+        self.contended_hours: dict[str, float] = {}
+        self._running_milli: dict[str, int] = {}
+        self._t_contended = float("-inf")
         self._dirty = True  # something happened since the last full cycle
         self._expiries: list[float] = []  # protection ends (a cycle may then preempt)
         nodes = {n.name for n in inventory.nodes}
@@ -266,6 +274,8 @@ class Simulator:
                 self._on_start(d, now)
             elif isinstance(d, Preempt):
                 self.decisions["preempt"] += 1
+                if d.reason.startswith("backfilled"):
+                    self.decisions["backfill_preempt"] += 1
                 self._on_stop(d.workload, now, failure=False)
             elif isinstance(d, Reserve):
                 self.decisions["reserve"] += 1
@@ -274,10 +284,14 @@ class Simulator:
 
     def _on_start(self, d: Start, now: float) -> None:
         self.decisions["start"] += 1
+        if d.backfill_until is not None:
+            self.decisions["backfill"] += 1
         r = self.records[d.workload]
         r.token += 1
         r.started_at = now
         r.milli = d.placement.milli
+        p = r.job.project
+        self._running_milli[p] = self._running_milli.get(p, 0) + r.milli
         if r.first_start is None:
             r.first_start = now
         if d.backed:
@@ -289,9 +303,22 @@ class Simulator:
             heapq.heappush(self._expiries, d.protected_until)
         self._push(now + r.run_for, FINISH, (d.workload, r.token))
 
+    def _advance(self, to: float) -> None:
+        """Move the contention clock to ``to``: while anything waits, what each project has
+        running is delivered under contention."""
+        dt = to - self._t_contended
+        if dt > 0 and self.sched.pending:
+            for p, milli in self._running_milli.items():
+                if milli:
+                    self.contended_hours[p] = (self.contended_hours.get(p, 0.0)
+                                               + milli / MILLI * dt / HOUR)
+        self._t_contended = max(self._t_contended, to)
+
     def _charge(self, r: JobRecord, now: float) -> float:
         """Close the current run's charge; returns its elapsed seconds."""
         assert r.started_at is not None
+        p = r.job.project
+        self._running_milli[p] = self._running_milli.get(p, 0) - r.milli
         elapsed = max(0.0, now - r.started_at)
         hours = r.milli / MILLI * elapsed / HOUR
         r.gpu_hours += hours
@@ -387,6 +414,7 @@ class Simulator:
                     break
                 # nothing else will happen: one last cycle may still start (or preempt) work
                 now = max(now, next_cycle)
+                self._advance(now)
                 if horizon is not None and now > horizon:
                     break
                 self._cycle(now)
@@ -407,12 +435,14 @@ class Simulator:
                 if (self._dirty or (exp and exp[0] <= cand)
                         or cand >= self._last_cycle + self.cfg.idle_cycle_interval):
                     now = cand
+                    self._advance(now)
                     self._cycle(now)
                 next_cycle = cand + interval
                 continue
             if horizon is not None and t > horizon:
                 break
             now = t
+            self._advance(now)
             while next_sample <= now:
                 self._sample(next_sample, total)
                 next_sample += sample_every
@@ -430,6 +460,7 @@ class Simulator:
         end = now
         if horizon is not None and (heap or sched.pending or sched.running):
             end = max(now, horizon)  # stopped by the horizon: the figures run up to it
+        self._advance(end)
         for r in self.records.values():  # still running at the horizon: charge up to it
             if r.started_at is not None:
                 self._charge(r, end)
@@ -438,7 +469,8 @@ class Simulator:
             self.progress(span_guess, span_guess)
         return SimResult(self.records, self.samples, t0, end, total, sched.accounts,
                          self.policy, self.events, self.cycles, dict(self.decisions),
-                         dict(self.project_hours), self.trace.source)
+                         dict(self.project_hours), self.trace.source,
+                         dict(self.contended_hours))
 
     _last_cycle = float("-inf")
 

@@ -227,3 +227,66 @@ def test_horizon_stops_the_clock_and_charges_up_to_it() -> None:
     assert res.project_hours["b"] == pytest.approx((2500 - 1800) / HOUR)
     m = metrics.compute(res)
     assert m["kinds"]["batch"]["completed"] == 0
+
+
+def test_unused_capacity_adds_up_and_names_its_causes() -> None:
+    """Every sample's free capacity is split into the causes, and on average the causes
+    add up to what utilisation leaves (within the sampling's error)."""
+    from jupyter_gpubudget.sim.engine import UNUSED_CAUSES
+
+    m, res = _synthetic_run(2)
+    for smp in res.samples:
+        assert set(smp.unused) == set(UNUSED_CAUSES)
+        assert sum(smp.unused.values()) == smp.total_milli - smp.used_milli
+    used = sum(s.used_milli / s.total_milli for s in res.samples) / len(res.samples)
+    assert sum(m["unused"].values()) == pytest.approx(1 - used, abs=1e-9)
+    assert m["unused"]["mig_no_demand"] >= 0 and m["unused"]["empty_queue"] > 0
+
+
+def test_unused_by_cause_by_hand() -> None:
+    """One node: GPU0 whole, GPU1 an MPS share of 300, GPU2 free, GPU3 in MIG mode, idle.
+    A 2-GPU job waits (it fits nowhere). GPU1's 700 milli are a fragment no waiting request
+    fits; GPU2 is free but too little for the wait (fragmentation too); GPU3 is MIG with no
+    MIG demand."""
+    from jupyter_gpubudget.core.model import Policy as P
+    from jupyter_gpubudget.core.scheduler import Scheduler
+    from jupyter_gpubudget.sim.engine import unused_by_cause
+
+    inv = Inventory((make_node("n0", "H100-80GB", 4, mig=(3,)),))
+    s = Scheduler(BUDGETS.accounts, inv, P(whole_gpu_on_mig=False))
+    from jupyter_gpubudget.core.model import SliceRequest, Workload
+
+    s.submit(Workload("w", "a", "u", SliceRequest.whole(1), 0.0), 0.0)
+    s.submit(Workload("m", "a", "u", SliceRequest.mps(300), 0.0), 0.0)
+    assert unused_by_cause(s, 0.0) == {"mig_no_demand": 0, "reserved": 0, "fragmentation": 0,
+                                       "drained": 0, "empty_queue": 700 + 1000 + 1000,
+                                       "awaiting_cycle": 0}
+    s.submit(Workload("g", "a", "u", SliceRequest.whole(3), 0.0), 0.0)
+    got = unused_by_cause(s, 0.0)
+    assert got["mig_no_demand"] == 1000 and got["fragmentation"] == 700 + 1000
+    s.set_healthy("n0", False)
+    assert unused_by_cause(s, 0.0)["drained"] == 2700
+
+
+def test_delivered_share_while_contended_by_hand() -> None:
+    """Scenario: j1 (a, 2 GPUs) runs alone 0-600 (nothing waits), then j2 (b) waits
+    600-1800 while j1 runs: a gets 2 GPUs × 1200 s under contention; after j1's
+    preemption at 1800, j1 waits while j2 runs 1800-3600: b gets 1 GPU × 1800 s."""
+    res = scenario()
+    assert res.contended_hours["a"] == pytest.approx(2 * 1200 / HOUR)
+    assert res.contended_hours["b"] == pytest.approx(1800 / HOUR)
+    m = metrics.compute(res)
+    a, b = m["accounts"]["a"], m["accounts"]["b"]
+    assert a["contended_share"] == pytest.approx((2400 / 3600) / (2400 / 3600 + 0.5))
+    assert a["demand_share"] == pytest.approx(2.0 / 2.5)  # 2 GPU-h of 2.5 asked
+    assert m["preemptions_per_workload"] == 0.5
+    assert m["lost_pct_of_delivered"] == pytest.approx(
+        100 * (2 * 120 / HOUR) / m["delivered_gpu_hours"])
+
+
+def test_work_after_the_horizon_is_left_out() -> None:
+    trace = parse_native("submit,duration,gpus,project\n0,100,1,a\n5000,100,1,b\n", "h.csv")
+    res = simulate(trace, BUDGETS.accounts, ONE_NODE, BUDGETS.policy, SimConfig(horizon=1000))
+    m = metrics.compute(res)
+    assert (m["workloads"], m["arrived"]) == (2, 1)
+    assert m["kinds"]["batch"]["count"] == 1 and m["kinds"]["batch"]["never_started"] == 0

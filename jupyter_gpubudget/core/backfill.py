@@ -32,7 +32,7 @@ PREDICT_QUANTILE = 0.6
 SHRINK = 4.0
 #: the quantile placement checks against a gang's reservation: work goes onto reserved GPUs
 #: only when this cautious prediction ends before the reservation
-BACKFILL_QUANTILE = 0.9
+BACKFILL_QUANTILE = 0.6
 
 
 def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy,

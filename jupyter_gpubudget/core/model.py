@@ -225,14 +225,17 @@ class Policy:
     min_runtime_cap: tuple[tuple[str, float], ...] = (
         ("interactive", 8 * HOUR), ("batch", 2 * DAY), ("debug", 1 * HOUR))
     default_runtime: float = 1 * HOUR  # predicted run time when nothing else is known
-    max_reservations: int = 8  # blocked gangs that get a reservation per cycle
+    # blocked gangs that get a reservation per cycle: each holds GPUs idle until it starts
+    # (but for backfill), so a few, not every blocked gang (2: bench/policy.py, seeds 1-2)
+    max_reservations: int = 2
     backfill: bool = True
     preemption: bool = True
     placement: str = "fgd"  # "fgd": fragmentation-aware (core/fragmentation.py) | "pack"
-    # a backed victim's project must stand above the requester's — counted after its
-    # protected run — by more than this factor (1 + margin), at the first level where their
-    # paths differ; 0 already stops two projects from taking turns preempting each other
-    preemption_margin: float = 0.0
+    # a victim's project must stand above the requester's — counted after its protected run
+    # — by more than this factor (1 + margin), at the first level where their paths differ,
+    # and only the standing gap beyond it counts as gain: hysteresis, so that two projects
+    # near their shares do not take turns preempting each other
+    preemption_margin: float = 0.25
     # what a preemption costs when the workload declares nothing (see Workload): resumable
     # batch and debug work checkpoints every 30 min; a session is snapshotted (nothing lost
     # but the snapshot); every restart spends this long reloading
@@ -241,7 +244,7 @@ class Policy:
     # GPU-hours every preemption counts on top of the work it throws away: the disruption
     # of a restart to the people and pipelines behind it, so that cheap victims (a session
     # that is snapshotted in a minute) are not taken for small gains
-    preemption_toll: float = 0.0
+    preemption_toll: float = 0.25
     # a one-GPU request may take an idle MIG-mode GPU whole, as its full-size instance
     # (7g), when no GPU outside MIG mode is free: MIG capacity nobody asks slices of is
     # not left idle

@@ -33,17 +33,31 @@ SetCost = tuple[int, float, int, int, float]
 INF = float("inf")
 
 
+def last_checkpoint(v: Workload, elapsed: float, policy: Policy) -> float:
+    """Seconds into its current run at which ``v`` last saved its progress: every
+    ``policy.checkpoint_interval_of(v)`` seconds (0: continuously, i.e. now); and a backfilled
+    job, told when its borrowed GPUs are due (``backfill_until``), also saves then."""
+    elapsed = max(0.0, elapsed)
+    ci = policy.checkpoint_interval_of(v)
+    if ci <= 0:
+        return elapsed
+    last = ci * (elapsed // ci)
+    if v.backfill_until is not None and v.started_at is not None:
+        due = v.backfill_until - v.started_at
+        if 0.0 <= due <= elapsed:
+            last = max(last, due)
+    return last
+
+
 def lost_seconds(v: Workload, elapsed: float, policy: Policy) -> float:
     """Wall seconds of ``v``'s GPU time that a preemption after ``elapsed`` seconds of its
     current run throws away: a non-resumable batch job loses its whole run; anything else
-    loses what it did since its last checkpoint (checkpoints every
-    ``policy.checkpoint_interval_of(v)`` seconds of the run; 0: none lost), plus its snapshot
+    loses what it did since its last checkpoint (:func:`last_checkpoint`), plus its snapshot
     and the restart's reload time."""
     elapsed = max(0.0, elapsed)
     if not v.resumable and v.kind != "interactive":
         return elapsed
-    ci = policy.checkpoint_interval_of(v)
-    since = elapsed % ci if ci > 0 else 0.0
+    since = elapsed - last_checkpoint(v, elapsed, policy)
     return since + max(0.0, v.snapshot_cost) + policy.restart_overhead_of(v)
 
 

@@ -39,12 +39,12 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.accounts import AccountTree
 from ..core.inventory import Inventory
 from ..core.model import HOUR, MILLI, Drain, Policy, Preempt, Reserve, Start, Workload
-from ..core.preemption import lost_seconds
+from ..core.preemption import last_checkpoint, lost_seconds
 from ..core.scheduler import Scheduler
 from . import fastmeter
 from .traces import Trace, TraceJob
@@ -299,6 +299,8 @@ class Simulator:
         else:
             r.unbacked_starts += 1
         r.run_for = r.remaining + r.overhead  # the reload was counted as lost at the stop
+        if r.workload is not None:  # as the core runs it (a backfill knows its deadline)
+            r.workload = replace(r.workload, started_at=now, backfill_until=d.backfill_until)
         if d.protected_until is not None and d.protected_until > now:
             heapq.heappush(self._expiries, d.protected_until)
         self._push(now + r.run_for, FINISH, (d.workload, r.token))
@@ -351,8 +353,7 @@ class Simulator:
             return
         # kept progress: all of it for a snapshotted session (checkpoint interval 0), else up
         # to the run's last checkpoint; this run's reload was counted when it was preempted
-        ci = policy.checkpoint_interval_of(w)
-        kept_wall = elapsed if ci <= 0 else ci * (elapsed // ci)
+        kept_wall = last_checkpoint(w, elapsed, policy)
         r.remaining = max(0.0, r.remaining - max(0.0, kept_wall - r.overhead))
         r.lost_gpu_hours += frac * lost_seconds(w, elapsed, policy) / HOUR
         r.overhead = policy.restart_overhead_of(w)

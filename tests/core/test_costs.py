@@ -32,6 +32,7 @@ from jupyter_gpubudget.core.model import (
     shape_label,
 )
 from jupyter_gpubudget.core.preemption import (
+    last_checkpoint,
     lost_seconds,
     preemption_cost,
     preemption_gain,
@@ -43,7 +44,7 @@ from jupyter_gpubudget.core.scheduler import Scheduler
 from .helpers import inventory, job, tree
 
 NOW = 100 * HOUR
-POLICY = Policy()  # checkpoints every 1800 s, 120 s reload, no toll, no margin
+POLICY = Policy()  # checkpoints every 1800 s, a 120 s reload
 
 
 def running(wid: str, gpus: int = 1, started: float = 0.0, **kw: object) -> Workload:
@@ -85,6 +86,17 @@ def test_lost_seconds_by_hand() -> None:
     session = replace(batch, kind="interactive", resumable=False, snapshot_cost=60.0,
                       restart_overhead=90.0)
     assert lost_seconds(session, 2000.0, POLICY) == 60.0 + 90.0
+
+
+def test_backfilled_job_saves_its_progress_when_its_gpus_are_due() -> None:
+    """Backfilled at 0 onto GPUs due at 1000 s: a resumable job checkpoints then too. Taken
+    back at 1200 s it loses 200 s (+ reload), not the 1200 s since its start."""
+    w = replace(running("b", resumable=True), backfill_until=1000.0)
+    assert last_checkpoint(w, 900.0, POLICY) == 0.0
+    assert last_checkpoint(w, 1200.0, POLICY) == 1000.0
+    assert last_checkpoint(w, 2000.0, POLICY) == 1800.0  # a regular checkpoint since
+    assert lost_seconds(w, 1200.0, POLICY) == 200.0 + 120.0
+    assert last_checkpoint(replace(w, checkpoint_interval=0.0), 1200.0, POLICY) == 1200.0
 
 
 def test_preemption_cost_in_gpu_hours() -> None:

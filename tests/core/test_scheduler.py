@@ -25,6 +25,10 @@ from .helpers import check_capacity, inventory, job, tree
 NOW = 100 * HOUR
 
 
+# the rules below other than the toll and the margin, priced by the lost work alone
+BARE = Policy(preemption_toll=0.0, preemption_margin=0.0)
+
+
 def charge(project, hours, gpus=1, end=NOW):
     return ChargeInterval(f"old-{project}-{hours}", project, "x", gpus * 1000,
                           end - hours * HOUR, end)
@@ -131,7 +135,7 @@ def test_preemption_takes_the_cheapest_set():
     """Victims are chosen by what their preemption throws away (policy: checkpoints every
     30 min, 120 s reload). 40 min in: a non-resumable 1-GPU job loses 40 min (0.667 GPU-h),
     a resumable one 10 + 2 min (0.2 GPU-h)."""
-    s = Scheduler(tree(), inventory(gpus=4))
+    s = Scheduler(tree(), inventory(gpus=4), BARE)
     s.meter.add(charge("b", 90))
     for i, (g, res) in enumerate([(1, False), (1, True), (2, False)]):
         s.submit(job(f"b{i}", "b", gpus=g, resumable=res, at=i), NOW)
@@ -145,7 +149,7 @@ def test_two_cheap_victims_beat_one_dear_one():
     """a needs 2 GPUs. b's two resumable 1-GPU jobs cost 2 × (10 + 2) min = 0.4 GPU-h; its
     non-resumable 2-GPU job 2 × 40 min = 1.33 GPU-h (both pay: a's 2-GPU, 1-hour run gains
     2 GPU-h × a gap of ~1): the cheaper pair goes, not the single dear victim."""
-    s = Scheduler(tree(), inventory(gpus=4))
+    s = Scheduler(tree(), inventory(gpus=4), BARE)
     s.meter.add(charge("b", 90))
     for i, (g, res) in enumerate([(1, True), (1, True), (2, False)]):
         s.submit(job(f"b{i}", "b", gpus=g, resumable=res, at=i), NOW)
@@ -324,7 +328,7 @@ def test_no_preemption_that_would_flip_back():
     """a stands just below b; a's workload asks for 10 protected GPU-hours, after which a would
     stand above b: preempting b now would only hand the GPU back later, so it is not done."""
     for min_runtime, expect in ((10 * HOUR, []), (0.0, ["b1"])):
-        s = Scheduler(tree(), inventory(gpus=1))
+        s = Scheduler(tree(), inventory(gpus=1), BARE)
         s.meter.add(charge("a", 50))
         s.meter.add(charge("b", 52))
         s.submit(job("b1", "b"), NOW)

@@ -30,6 +30,8 @@ PREDICT_QUANTILE = 0.6
 #: how many of its own runs a feature key needs before it counts as much as everything
 #: broader: a key with n runs gets weight n / (n + SHRINK) against the broader estimate
 SHRINK = 4.0
+#: runs a feature key needs before it counts at all
+MIN_RUNS = 3
 #: the quantile placement checks against a gang's reservation: work goes onto reserved GPUs
 #: only when this cautious prediction ends before the reservation
 BACKFILL_QUANTILE = 0.6
@@ -42,20 +44,28 @@ def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy,
     Every feature key of :func:`~.model.feature_chain` (kind; slice; project; user; command),
     broadest first, refines the estimate:
     the ``q``-quantile of the key's runs, in log seconds, blended with the broader estimate
-    by how many runs back it (shrinkage). Nothing learnt: the declared time limit, else the
-    policy default. Never beyond the declared limit; at least one second."""
+    by how many runs back it (shrinkage); a key counts from ``MIN_RUNS`` runs. Nothing learnt
+    — or only other projects' runs of the kind while the job declares a time limit — the
+    declared limit, else the policy default. Never beyond the declared limit; at least one
+    second."""
     est: float | None = None
+    own = False  # has a key of the workload's own project (or user) enough runs?
     shape = shape_label(w.request)
     if ("ks", w.kind, shape) not in history.runs:
         shape = ""  # runs of this slice were never learnt (or not with slices): plain chain
     for key in feature_chain(w.user, w.project, w.kind, shape, w.command):
         runs = history.runs.get(key)
-        if not runs:
+        if not runs or len(runs) < MIN_RUNS:
             continue
         lq = math.log(max(runs.quantile(q), 1.0))
         n = len(runs)
         est = lq if est is None else (n * lq + SHRINK * est) / (n + SHRINK)
-    guess = math.exp(est) if est is not None else (w.time_limit or policy.default_runtime)
+        own = own or key[0] not in ("k", "ks")
+    if est is None or (w.time_limit and not own):
+        # nothing learnt, or only other projects' runs while the job says how long it takes
+        guess = w.time_limit or policy.default_runtime
+    else:
+        guess = math.exp(est)
     if w.time_limit:
         guess = min(guess, w.time_limit)
     return max(guess, 1.0)

@@ -647,23 +647,37 @@ class Scheduler:
         gain_hours = frac * min(self.gain_horizon(w), self.next_free(w.request, now)) / HOUR
         mine = self.accounts.path(w.project)
         grants = self.grants()
-        gaps: dict[str, float] = {}
+        gaps: dict[tuple[str, bool], float] = {}
 
-        def gap_to(project: str) -> float:
+        committed = self._committed
+
+        def promised(acc: str, extra: float = 0.0) -> float:
+            """Where an account will stand once the protected runs promised to it (and
+            ``extra`` GPU-hours) are used: (usage + promised + extra) / grant."""
+            g = grants.get(acc, 0.0)
+            return (st.usage[acc] + committed.get(acc, 0.0) + extra) / g if g > 0 else INF
+
+        def gap_to(project: str, backed: bool) -> float:
             """At the first level where the paths differ: how far the victim's account
             stands above the requester's — charged for this workload's protected time —
-            relative to the victim's (0: not above by the margin; no flip-back, no thrash)."""
-            if project not in gaps:
+            relative to the victim's (0: not above by the margin; no flip-back, no thrash).
+            For unbacked victims both count the protected runs promised to them, as backing
+            does (a project whose grant is promised to protected work is unbacked before it
+            has used much)."""
+            if (project, backed) not in gaps:
                 gap = 0.0
                 for mine_acc, theirs in zip(mine, self.accounts.path(project), strict=False):
                     if mine_acc != theirs:
-                        g = grants.get(mine_acc, 0.0)
-                        after = (st.usage[mine_acc] + need) / g if g > 0 else INF
-                        if st.standing[theirs] > after * (1.0 + margin):
+                        if backed:
+                            g = grants.get(mine_acc, 0.0)
+                            after = (st.usage[mine_acc] + need) / g if g > 0 else INF
                             gap = standing_gap(after * (1.0 + margin), st.standing[theirs])
+                        else:
+                            gap = standing_gap(promised(mine_acc, need) * (1.0 + margin),
+                                               promised(theirs))
                         break
-                gaps[project] = gap
-            return gaps[project]
+                gaps[(project, backed)] = gap
+            return gaps[(project, backed)]
 
         def gap_of(v: Workload) -> float:
             """An idle session yields to any backed work; anyone else only to an account
@@ -674,7 +688,7 @@ class Scheduler:
                 return 1.0
             if v.project not in st.path_standing:
                 return 1.0
-            return gap_to(v.project)
+            return gap_to(v.project, v.backed)
 
         costs: dict[str, float] = {}
         eligible: dict[str, Workload] = {}

@@ -249,12 +249,33 @@ def test_predicted_end_of_running_work() -> None:
 
 def test_scheduler_learns_runs_under_their_features() -> None:
     s = Scheduler(tree(), inventory(gpus=1))
-    w = replace(job("w1", "a", kind="debug", limit=None), command="pytest")
-    s.submit(w, NOW)
-    s.finish("w1", NOW + 600)
-    assert len(s.history.runs[("uc", "u", "a", "debug", "pytest")]) == 1
-    w2 = replace(job("w2", "a", kind="debug", limit=None), command="pytest")
-    assert s.predict(w2) == 600.0
+    for k in range(3):
+        w = replace(job(f"w{k}", "a", kind="debug", limit=None), command="pytest")
+        s.submit(w, NOW + 1000 * k)
+        s.finish(w.id, NOW + 1000 * k + 600)
+    assert len(s.history.runs[("uc", "u", "a", "debug", "pytest")]) == 3
+    w2 = replace(job("next", "a", kind="debug", limit=None), command="pytest")
+    assert s.predict(w2) == pytest.approx(600.0)
+    # two runs are not enough for a key to count: the policy default
+    s2 = Scheduler(tree(), inventory(gpus=1))
+    for k in range(2):
+        s2.submit(job(f"w{k}", "a", kind="debug", limit=None), NOW)
+        s2.finish(f"w{k}", NOW + 600)
+    assert s2.predict(job("x", "a", kind="debug", limit=None)) == Policy().default_runtime
+
+
+def test_declared_limit_wins_over_other_projects_runs() -> None:
+    """Only other projects' runs of the kind are known (b's three 60 s jobs): a job of a
+    that declares 2 h is predicted at its declared 2 h; one that declares nothing at 60 s."""
+    h = RuntimeHistory()
+    for _ in range(3):
+        h.add("v", "b", "batch", 60.0, shape="gpu:1")
+    w = Workload("w", "a", "u", SliceRequest.whole(1), 0.0, time_limit=2 * HOUR)
+    assert predict_runtime(w, h, POLICY) == 2 * HOUR
+    assert predict_runtime(replace(w, time_limit=None), h, POLICY) == pytest.approx(60.0)
+    for _ in range(3):  # once a's own runs are known, they count
+        h.add("u", "a", "batch", 600.0, shape="gpu:1")
+    assert predict_runtime(w, h, POLICY) < 600.0 + 1
 
 
 # ---------------------------------------------------------------- backfill's safety valve

@@ -35,7 +35,7 @@ _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
-                "whole_gpu_on_mig", "short_lane", "preemption_toll"}
+                "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -288,6 +288,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, restart_overhead=fields["restart_overhead"].duration())
     if "preemption_toll" in fields:
         policy = replace(policy, preemption_toll=fields["preemption_toll"].number(minimum=0))
+    if "short_lane_cost" in fields:
+        policy = replace(policy, short_lane_cost=fields["short_lane_cost"].number(minimum=0))
     if "short_lane" in fields:
         policy = replace(policy, short_lane=fields["short_lane"].duration())
     if "whole_gpu_on_mig" in fields:

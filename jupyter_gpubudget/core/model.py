@@ -253,6 +253,10 @@ class Policy:
     # waiting work, by standing among itself: a ten-minute debug run does not queue behind
     # other projects' training (0: no such lane)
     short_lane: float = 30 * 60
+    # a short-lane run that finds no room may preempt unprotected batch work whose
+    # preemption loses at most this many GPU-hours (toll included), i.e. work that has just
+    # saved its progress (0: never)
+    short_lane_cost: float = 0.35
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:

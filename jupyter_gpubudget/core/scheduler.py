@@ -528,6 +528,11 @@ class Scheduler:
                     self._memo_gen += 1
                     return
                 preempt_failed[shape] = mine if worst is None else min(worst, mine)
+            if (self.policy.short_lane_cost > 0 and self.short(w)
+                    and self._lane_preempt(w, end, now, pool, out)):
+                failed.clear()
+                self._memo_gen += 1
+                return
         if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
                 and len(self.reservations) < self.policy.max_reservations):
             req = w.request
@@ -545,6 +550,47 @@ class Scheduler:
                 failed.clear()  # memo keys depend on reservation times
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
+
+    def _lane_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
+                      out: list[Decision]) -> bool:
+        """A short-lane run (backed debug work predicted short) that finds no room may take
+        the GPU of unprotected batch work whose preemption costs almost nothing right now —
+        it saved its progress moments ago: at most ``policy.short_lane_cost`` GPU-hours lost,
+        reload and toll included. Sessions are never taken for it."""
+        cap = self.policy.short_lane_cost
+        toll = self.policy.preemption_toll
+        costs: dict[str, float] = {}
+        eligible: dict[str, Workload] = {}
+        for wid, v in pool.items():
+            if wid not in self.running or v.kind != "batch":
+                continue
+            c = preemption_cost(v, now, self.policy) + toll
+            if c <= cap:
+                costs[wid] = c
+                eligible[wid] = v
+        if not eligible:
+            return False
+        st = self._st
+        victims = choose_victims(self.cluster, w.request, end, eligible,
+                                 lambda v: st.standing.get(v.project, INF) if st else INF,
+                                 lambda v: costs[v.id])
+        if not victims or sum(costs[v.id] for v in victims) > cap:
+            return False
+        saved = [(v, self.cluster.release(v.id)) for v in victims]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        if p is None:
+            return False
+        for v in victims:
+            self._preempt(v, now, f"a short debug run takes it (loses {costs[v.id] - toll:.2f} "
+                          "GPU-h)", w.id, out)
+            pool.pop(v.id, None)
+        p = place(self.cluster, w.request, end)
+        assert p is not None
+        self._start(w, p, True, now, out)
+        return True
 
     def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
                           ) -> bool:

@@ -353,3 +353,28 @@ def test_short_lane_and_kind_order() -> None:
         assert [d.workload for d in schedule(state, NOW) if isinstance(d, Start)] == [first]
         order = queue_order(state, NOW)
         assert order.index("b-nb") < order.index("b-batch")
+
+
+def test_short_run_takes_a_gpu_that_just_saved_its_progress() -> None:
+    """One GPU, held by b's resumable batch job. a's debug run (10 min, short lane) waits.
+    One minute after b1's checkpoint taking it loses 60 + 120 s (0.05 GPU-h) + the 0.25
+    toll = 0.3 ≤ 0.35: it goes, whatever the standings (a stands higher here). Ten minutes
+    after: 0.2 + 0.25 > 0.35: it stays. A session is never taken."""
+    def cycle(since_ckpt: float, kind: str = "batch") -> list:  # type: ignore[type-arg]
+        s = Scheduler(tree(), inventory(gpus=1))
+        s.meter.add(ChargeInterval("ca", "a", "x", 1000, NOW - 80 * HOUR, NOW - 10 * HOUR))
+        start = NOW - 1800.0 - since_ckpt
+        s.submit(job("b1", "b", resumable=True, kind=kind, limit=10 * HOUR), start)
+        s.submit(job("d1", "a", kind="debug", limit=600.0, at=1.0), NOW)
+        return s.cycle(NOW)
+
+    ds = cycle(60.0)
+    (p,) = [d for d in ds if isinstance(d, Preempt)]
+    assert p.workload == "b1" and p.reason.startswith("a short debug run")
+    assert [d.workload for d in ds if isinstance(d, Start)] == ["d1"]
+    assert not [d for d in cycle(600.0) if isinstance(d, Preempt)]
+    assert not [d for d in cycle(60.0, kind="interactive") if isinstance(d, Preempt)]
+    s = Scheduler(tree(), inventory(gpus=1), Policy(short_lane_cost=0.0))
+    s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW - 1860.0)
+    s.submit(job("d1", "a", kind="debug", limit=600.0, at=1.0), NOW)
+    assert not [d for d in s.cycle(NOW) if isinstance(d, Preempt)]

@@ -80,9 +80,10 @@ grants = st.fixed_dictionaries({k: st.sampled_from([0, 5, 20, 100, 1000])
 
 def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str],
                  backed_before: dict[str, bool], victims: dict[str, str] | None = None,
-                 overdue: set[str] | None = None) -> None:
+                 overdue: set[str] | None = None, kinds: dict[str, str] | None = None) -> None:
     victims = victims or {}
     overdue = overdue or set()
+    kinds = kinds or {}
     check_capacity(s.inventory, s.running.values())
     starts = {d.workload: d for d in decisions if isinstance(d, Start)}
     reserved: list[tuple[float, set[tuple[str, int]]]] = []
@@ -97,6 +98,10 @@ def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str]
                 assert starts[d.for_workload].backed
                 if d.reason.startswith("backfilled"):
                     assert d.workload in overdue, f"{d.workload} reclaimed but not overdue"
+                elif d.reason.startswith("a short debug run"):
+                    # the short lane takes only batch work that has just saved its progress
+                    assert kinds[d.workload] == "batch"
+                    assert s.short(s.running[d.for_workload])
                 elif backed_before.get(d.workload):
                     st_ = s._st
                     assert st_ is not None
@@ -137,6 +142,7 @@ def test_invariants_hold_over_random_event_sequences(inv, ws, g, ops, heavy):
         projects = {wid: w.project for wid, w in s.running.items()}
         overdue = {wid for wid, w in s.running.items()
                    if w.backfill_until is not None and w.backfill_until <= now}
+        kinds = {wid: w.kind for wid, w in s.running.items()}
         if op <= 2 and queue:
             w = queue.pop(0)
             ds = s.submit(w, now)
@@ -148,7 +154,7 @@ def test_invariants_hold_over_random_event_sequences(inv, ws, g, ops, heavy):
             ds = []
         else:
             ds = s.cycle(now)
-        _check_cycle(s, ds, now, protected, backed, projects, overdue)
+        _check_cycle(s, ds, now, protected, backed, projects, overdue, kinds)
         now += [60.0, 1800.0, 3 * 3600.0][op % 3]
     # nothing is lost: every workload is pending, running or was preempted/finished
     assert set(s.pending).isdisjoint(s.running)
@@ -229,8 +235,9 @@ def test_contention_preempts_only_unprotected_and_eligible(inv, first, second, h
     protected = {wid for wid, w in s.running.items() if w.is_protected(later)}
     backed = {wid: w.backed for wid, w in s.running.items()}
     projects = {wid: w.project for wid, w in s.running.items()}
+    kinds = {wid: w.kind for wid, w in s.running.items()}
     ds = s.cycle(later)
-    _check_cycle(s, ds, later, protected, backed, projects)
+    _check_cycle(s, ds, later, protected, backed, projects, kinds=kinds)
     preempted = {d.workload for d in ds if isinstance(d, Preempt)}
     assert not preempted & protected
 

@@ -329,7 +329,10 @@ class RuntimeHistory:
     pooled: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     runs: dict[tuple[str, ...], _Runs] = field(default_factory=dict)
     keep: int = 50
-    version: int = 0  # bumped by every run learnt (predictions cached against it)
+    version: int = 0  # bumped by every run learnt
+    # per kind: bumped by every run of that kind (every feature key names the kind, so a
+    # prediction only changes when a run of its own kind is learnt)
+    kind_version: dict[str, int] = field(default_factory=dict)
 
     def add(self, user: str, project: str, kind: str, seconds: float, keep: int = 50,
             *, shape: str = "", command: str = "") -> None:
@@ -339,6 +342,7 @@ class RuntimeHistory:
             if len(xs) > keep:
                 del xs[: len(xs) - keep]
         self.version += 1
+        self.kind_version[kind] = self.kind_version.get(kind, 0) + 1
         for key in feature_keys(user, project, kind, shape, command):
             runs = self.runs.get(key)
             if runs is None:

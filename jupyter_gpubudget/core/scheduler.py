@@ -127,6 +127,7 @@ class Scheduler:
         # per gang constraints the smallest gang that found no reservation
         self._ends: list[tuple[float, str]] | None = None
         self._ends_at = float("nan")
+        self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
 
     # ================================================================= building
@@ -175,11 +176,11 @@ class Scheduler:
         if p is None:
             sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
             hit = self._by_features.get(sig)
-            if hit is not None and hit[0] == self.history.version:
+            if hit is not None and hit[0] == self.history.kind_version.get(w.kind, 0):
                 p = hit[1]
             else:
                 p = predict_runtime(w, self.history, self.policy)
-                self._by_features[sig] = (self.history.version, p)
+                self._by_features[sig] = (self.history.kind_version.get(w.kind, 0), p)
             self._predicted[w.id] = p
         return p
 
@@ -191,11 +192,11 @@ class Scheduler:
         if p is None:
             sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
             hit = self._by_features_long.get(sig)
-            if hit is not None and hit[0] == self.history.version:
+            if hit is not None and hit[0] == self.history.kind_version.get(w.kind, 0):
                 p = hit[1]
             else:
                 p = predict_runtime(w, self.history, self.policy, BACKFILL_QUANTILE)
-                self._by_features_long[sig] = (self.history.version, p)
+                self._by_features_long[sig] = (self.history.kind_version.get(w.kind, 0), p)
             self._predicted_long[w.id] = p
         return p
 
@@ -445,6 +446,7 @@ class Scheduler:
         self.reservations.clear()
         self._ends = None
         self._no_plan = {}
+        self._overdue = None
         self._drain(now, out)
 
         ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
@@ -598,9 +600,11 @@ class Scheduler:
         GPUs that is still running at the reservation's time, unprotected, is preempted for
         a blocked gang that those GPUs (with what is free) would start now. The cheapest such
         set goes; True if ``w`` started."""
-        overdue = {wid: v for wid, v in self.running.items()
-                   if v.backfill_until is not None and v.backfill_until <= now
-                   and not v.is_protected(now)}
+        if self._overdue is None or self._overdue[0] != now:  # once per cycle
+            self._overdue = (now, {wid: v for wid, v in self.running.items()
+                                   if v.backfill_until is not None and v.backfill_until <= now
+                                   and not v.is_protected(now)})
+        overdue = {wid: v for wid, v in self._overdue[1].items() if self.running.get(wid) is v}
         if not overdue:
             return False
         costs = {wid: preemption_cost(v, now, self.policy) for wid, v in overdue.items()}

@@ -52,7 +52,7 @@ GOALS = {  # issue 14's goals, for the table
     "share_error_pts_max": ("≤", 3.0), "debug_wait_p90_s": ("≤", 60.0),
     "month_util": ("≥", 0.95), "month_share_error_pts": ("≤", 2.0),
     "month_debug_p90_s": ("≤", 300.0), "month_preemptions_per_job": ("≤", 0.10),
-    "month_lost_pct": ("≤", 1.0), "month_sim_s": ("≤", 60.0),
+    "month_lost_pct": ("≤", 1.0), "month_sim_s": ("≤", 60.0), "month_sim_cpu_s": ("≤", 60.0),
     "big_util": ("≥", 0.95), "big_share_error_pts": ("≤", 2.0),
     "big_debug_p90_s": ("≤", 60.0), "big_preemptions_per_job": ("≤", 0.10),
     "big_lost_pct": ("≤", 1.0),
@@ -143,6 +143,7 @@ def main() -> None:
                     "big_sim_s": round(wall, 1), "big_sim_cpu_s": round(cpu, 1)})
 
     worst: dict[str, float] = {}
+    best_baseline = float("inf")
     for name, setup in (("itp", itp_setup), ("synthetic", month_setup)):
         if setup is None:
             continue
@@ -154,10 +155,14 @@ def main() -> None:
         out[f"{name}_pred_mdape"] = round(e["predicted"]["mdape"], 2)
         out[f"{name}_pred_under_pct"] = round(e["predicted"]["under_pct"], 2)
         out[f"{name}_baseline_mdape"] = round(e["baseline_mdape"], 2)
-        for k in ("pred_mdape", "pred_under_pct", "baseline_mdape"):
+        for k in ("pred_mdape", "pred_under_pct"):
             worst[k] = max(worst.get(k, 0.0), out[f"{name}_{k}"])
-    # the headline keys: the worse of the two traces
+        best_baseline = min(best_baseline, out[f"{name}_baseline_mdape"])
+    # the headline keys, conservatively: the predictor's worse trace against the baseline's
+    # better one (pred_mdape < baseline_mdape means it beats the baseline on both traces)
     out.update({k: round(v, 2) for k, v in worst.items()})
+    if best_baseline < float("inf"):
+        out["baseline_mdape"] = round(best_baseline, 2)
 
     print("goal check:")
     for key, (op, goal) in GOALS.items():

@@ -56,9 +56,13 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help=f"seconds to restore it ({RESTORE_COST_S:g}, measured likewise)")
     sim.add_argument("--nonresumable", choices=("restart", "drop"), default="restart",
                      help="what a preempted non-resumable job does (restart from scratch)")
-    sim.add_argument("--checkpoint-interval", type=float, default=0.0,
-                     help="resumable jobs lose the progress since their last checkpoint, taken "
-                          "every this many seconds (0: they lose nothing)")
+    sim.add_argument("--checkpoint-interval", type=float, default=None,
+                     help="resumable jobs that declare none checkpoint every this many seconds "
+                          "of their run and lose the progress since the last one when "
+                          "preempted (default: the policy's, 1800; 0: they lose nothing)")
+    sim.add_argument("--restart-overhead", type=float, default=None,
+                     help="seconds a resumable job's restart spends reloading (default: the "
+                          "policy's, 120)")
     sim.add_argument("--failure-rate", type=float, default=0.0,
                      help="random node failures per node per day (0)")
     sim.add_argument("--horizon", type=float, help="stop after this many simulated hours")
@@ -85,6 +89,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..core.yamlnodes import ConfigError
 
     console = Console(stderr=False)
+    if not console.is_terminal:  # piped: tables keep their names whole instead of 80 columns
+        console = Console(stderr=False, width=160)
     try:
         if args.placement_repro:
             return _placement_repro(args, console)
@@ -135,6 +141,7 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
                     restore_cost=args.restore_cost, nonresumable=args.nonresumable,
                     failure_rate=args.failure_rate, seed=args.seed, budget_changes=changes,
                     checkpoint_interval=args.checkpoint_interval,
+                    restart_overhead=args.restart_overhead,
                     horizon=args.horizon * 3600 if args.horizon else None)
     runs = [(setup.budgets_name, setup.budgets)]
     if args.compare:

@@ -37,7 +37,8 @@ MAX_GRANT_HOURS = 1e9  # the same bound the REST API puts on a grant
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
-                "placement", "preemption_margin"}
+                "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
+                "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -302,16 +303,24 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, preemption=fields["preemption"].boolean())
     if "preemption_margin" in fields:
         policy = replace(policy, preemption_margin=fields["preemption_margin"].number(minimum=0))
+    if "checkpoint_interval" in fields:
+        policy = replace(policy, checkpoint_interval=fields["checkpoint_interval"].duration())
+    if "restart_overhead" in fields:
+        policy = replace(policy, restart_overhead=fields["restart_overhead"].duration())
+    if "preemption_toll" in fields:
+        policy = replace(policy, preemption_toll=fields["preemption_toll"].number(minimum=0))
+    if "short_lane_cost" in fields:
+        policy = replace(policy, short_lane_cost=fields["short_lane_cost"].number(minimum=0))
+    if "short_lane" in fields:
+        policy = replace(policy, short_lane=fields["short_lane"].duration())
+    if "whole_gpu_on_mig" in fields:
+        policy = replace(policy, whole_gpu_on_mig=fields["whole_gpu_on_mig"].boolean())
     if "placement" in fields:
         how = fields["placement"].string()
         if how not in ("fgd", "pack"):
             raise fields["placement"].error(f"placement must be 'fgd' or 'pack', got {how!r}")
         policy = replace(policy, placement=how)
     return policy
-
-
-def window_hours(policy: Policy) -> float:
-    return policy.window / 3600.0
 
 
 __all__ = ["Account", "AccountTree", "Budgets", "BudgetError", "load_budgets", "DAY"]

@@ -7,33 +7,101 @@ after it may use those GPUs only when it is predicted to end before that time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from .capacity import Cluster
-from .model import MILLI, Placement, Policy, RuntimeHistory, SliceAlloc, SliceRequest, Workload
+from .model import (
+    MILLI,
+    Placement,
+    Policy,
+    RuntimeHistory,
+    SliceAlloc,
+    SliceRequest,
+    Workload,
+    feature_chain,
+    shape_label,
+)
+
+#: the quantile of past run times a prediction aims at (chosen on synthetic seeds 1-3, see
+#: bench/policy.py): the median would minimise the error, a higher one lets fewer backfilled
+#: jobs overrun the reservation they squeezed in before
+PREDICT_QUANTILE = 0.6
+#: how many of its own runs a feature key needs before it counts as much as everything
+#: broader: a key with n runs gets weight n / (n + SHRINK) against the broader estimate
+SHRINK = 4.0
+#: runs a feature key needs before it counts at all
+MIN_RUNS = 3
+#: the quantile placement checks against a gang's reservation: work goes onto reserved GPUs
+#: only when this cautious prediction ends before the reservation
+BACKFILL_QUANTILE = 0.6
 
 
-def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy) -> float:
-    """Seconds: 90th percentile of this user's runs in this project and kind (≥ 3 samples),
-    else of the project's runs in this kind, else the declared time limit, else the policy
-    default; never beyond the declared limit."""
-    if not history.pooled:  # nothing learnt yet
+def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy,
+                    q: float = PREDICT_QUANTILE) -> float:
+    """Seconds ``w`` is expected to run, from past runs that share its features.
+
+    Every feature key of :func:`~.model.feature_chain` (kind; slice; project; user; command),
+    broadest first, refines the estimate:
+    the ``q``-quantile of the key's runs, in log seconds, blended with the broader estimate
+    by how many runs back it (shrinkage); a key counts from ``MIN_RUNS`` runs. Nothing learnt
+    — or only other projects' runs of the kind while the job declares a time limit — the
+    declared limit, else the policy default. Never beyond the declared limit; at least one
+    second."""
+    est: float | None = None
+    own = False  # has a key of the workload's own project (or user) enough runs?
+    shape = shape_label(w.request)
+    if ("ks", w.kind, shape) not in history.runs:
+        shape = ""  # runs of this slice were never learnt (or not with slices): plain chain
+    for key in feature_chain(w.user, w.project, w.kind, shape, w.command):
+        runs = history.runs.get(key)
+        if not runs or len(runs) < MIN_RUNS:
+            continue
+        lq = math.log(max(runs.quantile(q), 1.0))
+        n = len(runs)
+        est = lq if est is None else (n * lq + SHRINK * est) / (n + SHRINK)
+        own = own or key[0] not in ("k", "ks")
+    if est is None or (w.time_limit and not own):
+        # nothing learnt, or only other projects' runs while the job says how long it takes
         guess = w.time_limit or policy.default_runtime
-        return max(guess, 1.0)
+    else:
+        guess = math.exp(est)
+    if w.time_limit:
+        guess = min(guess, w.time_limit)
+    return max(guess, 1.0)
+
+
+def plain_p90(w: Workload, history: RuntimeHistory, policy: Policy) -> float:
+    """The predictor this project had before features (kept as the benchmark's baseline):
+    90th percentile of the user's runs in this project and kind (≥ 3 runs), else of the
+    project's, else the declared limit, else the policy default; never beyond the limit."""
     samples = history.samples.get((w.user, w.project, w.kind))
     if not samples or len(samples) < 3:
         pooled = history.pooled.get((w.project, w.kind))
         samples = pooled if pooled and len(pooled) >= 3 else None
     if samples:
-        s = sorted(samples)
-        guess = s[min(len(s) - 1, int(0.9 * len(s)))]
-    elif w.time_limit:
-        guess = w.time_limit
+        xs = sorted(samples)
+        guess = xs[min(len(xs) - 1, int(0.9 * len(xs)))]
     else:
-        guess = policy.default_runtime
+        guess = w.time_limit or policy.default_runtime
     if w.time_limit:
         guess = min(guess, w.time_limit)
     return max(guess, 1.0)
+
+
+def predicted_end(w: Workload, now: float, predicted: float) -> float:
+    """When running ``w`` is expected to end, given its predicted run time: its start plus
+    the prediction; once it has run past that, half again as long as it has run so far (run
+    times are heavy-tailed: the longer a job has run, the longer it is likely to go on), at
+    least a minute, never past its declared limit."""
+    start = w.started_at if w.started_at is not None else now
+    end = start + predicted
+    if end > now:
+        return end
+    end = now + max(60.0, 0.5 * (now - start))
+    if w.time_limit and start + w.time_limit > now:
+        end = min(end, start + w.time_limit)
+    return end
 
 
 def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,

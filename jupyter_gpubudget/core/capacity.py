@@ -47,10 +47,6 @@ class Gpu:
     def free(self) -> bool:
         return not self.mig and self.used_milli == 0 and not self.whole
 
-    def usable_until(self, end: float) -> bool:
-        """May work predicted to end at ``end`` use this GPU without delaying a reservation?"""
-        return end <= self.reserved_at
-
 
 class NodeCap:
     __slots__ = ("name", "idx", "rack", "gpus", "cpu_total", "mem_total", "cpu_used",
@@ -91,6 +87,7 @@ class Cluster:
         # names of nodes changed since the fragmentation index last looked (None: untracked)
         self.touched: set[str] | None = None
         self.frag: Any = None  # placement's fragmentation index, when the policy uses one
+        self.whole_gpu_on_mig = False  # may a one-GPU request take an idle MIG GPU (7g)?
         # bumped whenever an occupancy key appears in or leaves mig_index[model]
         self.mig_version: dict[str, int] = {}
         self.mig_scored: dict[tuple[str, str], tuple[int, list]] = {}  # placement's cache

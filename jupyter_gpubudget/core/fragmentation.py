@@ -13,6 +13,14 @@ an arriving workload cannot use:
 (CPU-only shapes strand all free GPU capacity; a node whose model a shape excludes does too.)
 A request goes to the node (and, for a share of one GPU, the GPU) where F grows least.
 
+F sees host CPU only as "the next shape fits or not". Over many placements a node whose CPU
+runs out before its GPUs strands GPU capacity that no single-step look sees coming (on openb's
+GPU-sharing mixes, 8-GPU nodes with 12 cores per GPU filled with CPU-heavy shares while
+CPU-rich 2-GPU nodes stayed idle). So the score adds a *host-stranding* term: with ρ the mix's
+CPU per GPU-milli, a node with ``g`` free milli and ``c`` free CPU can feed only ``c / ρ`` of
+its GPU capacity to the typical workload, and ``max(0, g − c/ρ)`` is counted as stranded
+(:func:`cpu_stranded`); a placement pays ``STRAND_WEIGHT`` × its change.
+
 The mix is a decayed histogram of the shapes the scheduler has seen (:class:`ShapeMix`); the
 most frequent shapes that make up ``threshold`` (95 %) of it are the "typical" ones used for F,
 as in the paper's artifact. Nothing here reads files or the clock.
@@ -26,7 +34,7 @@ It stays in step with a :class:`~jupyter_gpubudget.core.capacity.Cluster` throug
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +48,29 @@ if TYPE_CHECKING:  # pragma: no cover
 BIG = np.int64(1) << 60  # "not tracked" CPU / memory
 _HASH = np.random.default_rng(20230710).integers(1, 2**63, size=64, dtype=np.uint64) | 1
 FIT_WEIGHT = 0.05
+# Weight of the host-stranding term (see the module docstring). Chosen on openb seeds 10-12
+# (default, gpushare40, gpushare80; 0.1, 0.3, 0.5 and 1.0 tried, all within 0.1 point of each
+# other, 0 is 0.5-0.7 points worse); figures are reported on seeds 0-9 (bench/openb.py).
+STRAND_WEIGHT = 0.3
+
+
+def cpu_stranded(gpu_free: np.ndarray, cpu_free: np.ndarray, cpu_per_milli: float
+                 ) -> np.ndarray:
+    """GPU milli a node cannot hand out because its free CPU runs out first, when the work
+    that arrives asks ``cpu_per_milli`` CPU milli per GPU milli: ``max(0, gpu − cpu / ρ)``.
+    Zero for nodes that do not track CPU (free CPU ``BIG``) and when ρ is 0."""
+    if cpu_per_milli <= 0:
+        return np.zeros(np.shape(gpu_free))
+    usable = np.asarray(cpu_free, dtype=float) / cpu_per_milli
+    return np.maximum(0.0, np.asarray(gpu_free, dtype=float) - usable)
+
+
+def cpu_per_milli(typical: Sequence[tuple[Shape, float]]) -> float:
+    """ρ of a mix: CPU milli asked per GPU milli asked, over the shapes that ask for a GPU,
+    weighted by how often each arrives (0 when none asks for CPU)."""
+    cpu = sum(p * s.cpu_milli for s, p in typical if s.gpus > 0 and s.milli > 0)
+    gpu = sum(p * s.milli * s.gpus for s, p in typical if s.gpus > 0 and s.milli > 0)
+    return cpu / gpu if gpu > 0 else 0.0
 
 
 # ---------------------------------------------------------------------- the mix
@@ -104,10 +135,6 @@ class ShapeMix:
             keep = sorted(self.weights.items(), key=lambda kv: (-kv[1], _shape_key(kv[0])))
             self.weights = dict(keep[: self.max_shapes // 2])
         self.version += 1
-
-    def observe_all(self, reqs: Iterable[SliceRequest | Shape]) -> None:
-        for r in reqs:
-            self.observe(r)
 
     def __len__(self) -> int:
         return len(self.weights)
@@ -209,6 +236,8 @@ class FragIndex:
         # exact ties (ΔF = 0); packing among them keeps larger holes open. 0.05 measured best
         # on openb (4 seeds, 0.02-0.2 tried; bench/openb.py --policies fgd-index).
         self.fit_weight = FIT_WEIGHT
+        self.strand_weight = STRAND_WEIGHT
+        self.rho = 0.0  # the mix's CPU milli per GPU milli (set with the weights)
         # shape registry
         self.shapes: list[Shape] = []
         self.shape_col: dict[Shape, int] = {}
@@ -261,7 +290,18 @@ class FragIndex:
         for s, p in typ:
             w[self.shape_col[s]] = p
         self._w, self._wver = w, mix.version
+        self.rho = cpu_per_milli(typ)
         return w
+
+    def strand_delta(self, nodes: np.ndarray, cpu: int, milli: int) -> np.ndarray:
+        """Change of :func:`cpu_stranded` on each node when ``cpu`` CPU milli and ``milli`` GPU
+        milli are taken from it (weights must have been set: ρ comes with them)."""
+        if self.rho <= 0 or self.strand_weight == 0:
+            return np.zeros(len(nodes))
+        c0 = self.cpu[nodes].astype(float)
+        g0 = self.total[nodes].astype(float)
+        return (cpu_stranded(g0 - milli, c0 - cpu, self.rho)
+                - cpu_stranded(g0, c0, self.rho))
 
     # ---- state ------------------------------------------------------------
     def recompute(self) -> None:
@@ -425,7 +465,8 @@ class FragIndex:
             first.sort()
             n, g = n[first], g[first]
         w = self.weights(mix)
-        d = self.score_share(s, w, n, g)
+        d = self.score_share(s, w, n, g) + self.strand_weight * self.strand_delta(
+            n, s.cpu_milli, s.milli)
         # ΔF plus a little best fit (see fit_weight); ties: the fullest GPU that fits
         key = np.round(d + self.fit_weight * MILLI * self.fit_score(n), 6)
         order = np.lexsort((g, n, self.free[n, g], key))
@@ -441,7 +482,8 @@ class FragIndex:
         if dedupe:
             cand = self.representatives(cand)
         w = self.weights(mix)
-        d = self.score_whole(s, w, cand)
+        d = self.score_whole(s, w, cand) + self.strand_weight * self.strand_delta(
+            cand, s.cpu_milli, s.gpus * MILLI)
         key = np.round(d + self.fit_weight * MILLI * self.fit_score(cand), 6)
         order = np.lexsort((cand, key))
         return _Ints(cand[order])
@@ -640,4 +682,4 @@ def cluster_fragmentation(cluster: Cluster, mix: ShapeMix | MixView | None = Non
 
 
 __all__ = ["Shape", "ShapeMix", "MixView", "FragIndex", "ClusterFrag", "active", "index_for",
-           "cluster_fragmentation"]
+           "cluster_fragmentation", "cpu_stranded", "cpu_per_milli"]

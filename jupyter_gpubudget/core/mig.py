@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from .model import MILLI
+from .model import MIG_COMPUTE_SLICES, MILLI
 
 SLOTS = 8
-COMPUTE = 7
+COMPUTE = MIG_COMPUTE_SLICES
 FULL_MASK = (1 << SLOTS) - 1
 
 

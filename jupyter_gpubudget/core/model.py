@@ -6,12 +6,14 @@ kept as integer *milli-GPUs* (1000 = one whole GPU) so capacity arithmetic is ex
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 HOUR = 3600.0
 DAY = 86400.0
 MILLI = 1000  # milli-GPUs in one whole GPU
+MIG_COMPUTE_SLICES = 7  # compute slices of a MIG-enabled GPU
 
 Kind = Literal["interactive", "batch", "debug"]
 KINDS: tuple[str, ...] = ("interactive", "batch", "debug")
@@ -62,6 +64,27 @@ class SliceRequest:
     @staticmethod
     def cpu_only(**kw: Any) -> SliceRequest:
         return SliceRequest(kind="cpu", gpus=0, **kw)
+
+
+def request_milli(req: SliceRequest) -> int:
+    """GPU-thousandths a request is charged once placed: whole GPUs 1000 each, an MPS share
+    its milli, a MIG instance its compute slices out of 7 (``3g.40gb``: 429), CPU-only 0.
+    The one definition of "GPU fraction of a request"; the scheduler, the simulator and the
+    service all use it."""
+    if req.kind == "gpu":
+        return max(req.gpus, 0) * MILLI
+    if req.kind == "mps":
+        return req.milli
+    if req.kind == "mig":
+        head = (req.profile or "").split("g", 1)[0]
+        compute = int(head) if head.isdigit() else 0
+        return round(compute * MILLI / MIG_COMPUTE_SLICES)
+    return 0
+
+
+def gpu_fraction(req: SliceRequest) -> float:
+    """GPU-equivalents a request is charged per hour of wall time (``request_milli / 1000``)."""
+    return request_milli(req) / MILLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +147,17 @@ class Workload:
     backed: bool = False
     protected_until: float | None = None
     idle: bool = False  # reported idle past the limit: yields to any backed work
+    # what a preemption costs (core/preemption.py: preemption_cost): a resumable job keeps
+    # its progress up to its last checkpoint, taken every ``checkpoint_interval`` seconds of
+    # its run (0: nothing is lost, e.g. a session that is snapshotted; None: the policy's
+    # default for its kind), and a restart spends ``restart_overhead`` seconds (None: the
+    # policy's) reloading before it makes progress again
+    checkpoint_interval: float | None = None
+    restart_overhead: float | None = None
+    command: str = ""  # command or image name, when the job spec has one (a prediction feature)
+    # started on GPUs reserved for a blocked gang from this time (backfill): if it is still
+    # running then, unprotected, it is preempted for a gang that needs those GPUs
+    backfill_until: float | None = None
     #: a preempted workload releases its slice at once (a local batch job, stopped before the
     #: next decision is carried out); False: it keeps holding it until its holder reports it
     #: stopped (a notebook session is snapshotted first; remote engines stop asynchronously)
@@ -161,6 +195,7 @@ class Start:
     placement: Placement
     backed: bool
     protected_until: float | None
+    backfill_until: float | None = None  # see Workload.backfill_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,14 +232,38 @@ class Policy:
     min_runtime_cap: tuple[tuple[str, float], ...] = (
         ("interactive", 8 * HOUR), ("batch", 2 * DAY), ("debug", 1 * HOUR))
     default_runtime: float = 1 * HOUR  # predicted run time when nothing else is known
-    max_reservations: int = 8  # blocked gangs that get a reservation per cycle
+    # blocked gangs that get a reservation per cycle: each holds GPUs idle until it starts
+    # (but for backfill), so a few, not every blocked gang (2: bench/policy.py, seeds 1-2)
+    max_reservations: int = 2
     backfill: bool = True
     preemption: bool = True
     placement: str = "fgd"  # "fgd": fragmentation-aware (core/fragmentation.py) | "pack"
-    # a backed victim's project must stand above the requester's — counted after its
-    # protected run — by more than this factor (1 + margin), at the first level where their
-    # paths differ; 0 already stops two projects from taking turns preempting each other
-    preemption_margin: float = 0.0
+    # a victim's project must stand above the requester's — counted after its protected run
+    # — by more than this factor (1 + margin), at the first level where their paths differ,
+    # and only the standing gap beyond it counts as gain: hysteresis, so that two projects
+    # near their shares do not take turns preempting each other
+    preemption_margin: float = 0.25
+    # what a preemption costs when the workload declares nothing (see Workload): resumable
+    # batch and debug work checkpoints every 30 min; a session is snapshotted (nothing lost
+    # but the snapshot); every restart spends this long reloading
+    checkpoint_interval: float = 30 * 60
+    restart_overhead: float = 120.0
+    # GPU-hours every preemption counts on top of the work it throws away: the disruption
+    # of a restart to the people and pipelines behind it, so that cheap victims (a session
+    # that is snapshotted in a minute) are not taken for small gains
+    preemption_toll: float = 0.25
+    # a one-GPU request may take an idle MIG-mode GPU whole, as its full-size instance
+    # (7g), when no GPU outside MIG mode is free: MIG capacity nobody asks slices of is
+    # not left idle
+    whole_gpu_on_mig: bool = True
+    # debug work predicted to run at most this long (seconds) is considered before all other
+    # waiting work, by standing among itself: a ten-minute debug run does not queue behind
+    # other projects' training (0: no such lane)
+    short_lane: float = 30 * 60
+    # a short-lane run that finds no room may preempt unprotected batch work whose
+    # preemption loses at most this many GPU-hours (toll included), i.e. work that has just
+    # saved its progress (0: never)
+    short_lane_cost: float = 0.35
     #: seconds a preempted workload that does not stop at once (``Workload.stops_at_once``)
     #: is expected to take to release its slice (a notebook's snapshot grace period)
     stop_grace: float = 120.0
@@ -218,17 +277,117 @@ class Policy:
     def effective_min_runtime(self, w: Workload) -> float:
         return max(0.0, min(w.min_runtime, self.cap_for(w.kind)))
 
+    def checkpoint_interval_of(self, w: Workload) -> float:
+        """Seconds between a workload's checkpoints: declared, else 0 for an interactive
+        session (snapshotted on preemption), else the policy default."""
+        if w.checkpoint_interval is not None:
+            return max(0.0, w.checkpoint_interval)
+        return 0.0 if w.kind == "interactive" else self.checkpoint_interval
+
+    def restart_overhead_of(self, w: Workload) -> float:
+        """Seconds a restart of ``w`` spends before it makes progress again."""
+        return max(0.0, w.restart_overhead if w.restart_overhead is not None
+                   else self.restart_overhead)
+
+
+def shape_label(req: SliceRequest) -> str:
+    """A short name of what a request asks for, as a prediction feature: ``gpu:4``,
+    ``mps:500``, ``mig:1g.10gb``, ``cpu``."""
+    if req.kind == "gpu":
+        return f"gpu:{req.gpus}"
+    if req.kind == "mps":
+        return f"mps:{req.milli}"
+    if req.kind == "mig":
+        return f"mig:{req.profile}"
+    return "cpu"
+
+
+class _Runs:
+    """The last ``keep`` run times of one feature key, also kept sorted for quantiles."""
+
+    __slots__ = ("recent", "ordered", "keep")
+
+    def __init__(self, keep: int) -> None:
+        self.recent: list[float] = []
+        self.ordered: list[float] = []
+        self.keep = keep
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        bisect.insort(self.ordered, seconds)
+        if len(self.recent) > self.keep:
+            old = self.recent.pop(0)
+            del self.ordered[bisect.bisect_left(self.ordered, old)]
+
+    def __len__(self) -> int:
+        return len(self.ordered)
+
+    def quantile(self, q: float) -> float:
+        xs = self.ordered
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
 
 @dataclass(slots=True)
 class RuntimeHistory:
-    """Observed run times (seconds) per (user, project, kind), newest last; feeds prediction."""
+    """Observed run times (seconds), newest last; feeds prediction (core/backfill.py).
+
+    ``samples`` (per user, project and kind) and ``pooled`` (per project and kind) are what
+    today's plain p90 reads; ``runs`` holds the same runs under every feature key of
+    :func:`feature_keys` (user, project, kind, requested slice, command) for the predictor."""
 
     samples: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     pooled: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    runs: dict[tuple[str, ...], _Runs] = field(default_factory=dict)
+    keep: int = 50
+    version: int = 0  # bumped by every run learnt
+    # per kind: bumped by every run of that kind (every feature key names the kind, so a
+    # prediction only changes when a run of its own kind is learnt)
+    kind_version: dict[str, int] = field(default_factory=dict)
 
-    def add(self, user: str, project: str, kind: str, seconds: float, keep: int = 50) -> None:
+    def add(self, user: str, project: str, kind: str, seconds: float, keep: int = 50,
+            *, shape: str = "", command: str = "") -> None:
         for xs in (self.samples.setdefault((user, project, kind), []),
                    self.pooled.setdefault((project, kind), [])):
             xs.append(seconds)
             if len(xs) > keep:
                 del xs[: len(xs) - keep]
+        self.version += 1
+        self.kind_version[kind] = self.kind_version.get(kind, 0) + 1
+        for key in feature_keys(user, project, kind, shape, command):
+            runs = self.runs.get(key)
+            if runs is None:
+                runs = self.runs[key] = _Runs(max(keep, self.keep))
+            runs.add(seconds)
+
+    def add_run(self, w: Workload, seconds: float) -> None:
+        """Learn one finished run of ``w`` under all its features."""
+        self.add(w.user, w.project, w.kind, seconds, shape=shape_label(w.request),
+                 command=w.command)
+
+
+def feature_keys(user: str, project: str, kind: str, shape: str = "", command: str = ""
+                 ) -> list[tuple[str, ...]]:
+    """Every key a run is learnt under: the two refinement chains of :func:`feature_chain`
+    (with and without the slice)."""
+    keys = feature_chain(user, project, kind, "", command)
+    if shape:
+        keys += feature_chain(user, project, kind, shape, command)[1:]
+    return keys
+
+
+def feature_chain(user: str, project: str, kind: str, shape: str = "", command: str = ""
+                  ) -> list[tuple[str, ...]]:
+    """Feature keys from broad to specific, each refining the one before: the kind; (the
+    slice;) the project; the user; the command. Without a slice: kind, project, user,
+    command."""
+    if not shape:
+        keys: list[tuple[str, ...]] = [("k", kind), ("p", project, kind),
+                                       ("u", user, project, kind)]
+        if command:
+            keys.append(("uc", user, project, kind, command))
+        return keys
+    keys = [("k", kind), ("ks", kind, shape), ("ps", project, kind, shape),
+            ("us", user, project, kind, shape)]
+    if command:
+        keys.append(("usc", user, project, kind, shape, command))
+    return keys

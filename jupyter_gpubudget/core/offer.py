@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .backfill import predicted_end
 from .inventory import GpuSpec, Inventory, NodeSpec
 from .mig import profiles_for
 from .model import Decision, SliceRequest, Start, Workload
@@ -165,8 +166,7 @@ def forecast(state: ClusterState, now: float, probes: dict[str, SliceRequest] | 
                 del open_probes[key]
 
     for w in s.running.values():
-        end = (w.started_at if w.started_at is not None else now) + s.predict(w)
-        heapq.heappush(ends, (max(end, now), w.id))
+        heapq.heappush(ends, (predicted_end(w, now, s.predict(w)), w.id))
     started(s.cycle(now), now)
     probe(now)
     fills = 0

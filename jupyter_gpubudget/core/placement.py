@@ -102,9 +102,49 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
             p = _on_node(cluster.nodes[idx], req, models, end)
             if p is not None:
                 return p
+    if need == 1 and cluster.whole_gpu_on_mig:
+        p = whole_on_mig(cluster, req, end, models)
+        if p is not None:
+            return p
     if req.single_node:
         return None
     return _place_gang(cluster, req, end, models)
+
+
+def full_profile(model: str) -> migtab.MigProfile | None:
+    """The MIG profile that is the whole GPU (all 7 compute slices), if the model has MIG."""
+    for p in migtab.profiles_for(model).values():
+        if p.compute == migtab.COMPUTE:
+            return p
+    return None
+
+
+def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
+                 models: frozenset[str] | None) -> Placement | None:
+    """One GPU as the full-size instance of an idle MIG-mode GPU (``Policy.whole_gpu_on_mig``,
+    tried only when no GPU outside MIG mode is free): the GPU with no instance at all, on the
+    node with the fewest such GPUs (keep whole MIG GPUs together for slices)."""
+    best: tuple[int, int, Gpu, migtab.MigProfile] | None = None
+    for model, by_occ in cluster.mig_index.items():
+        if models is not None and model not in models:
+            continue
+        prof = full_profile(model)
+        idle = by_occ.get((0, 0))
+        if prof is None or not idle:
+            continue
+        for key in idle:
+            g = cluster.gpu(key)
+            if end > g.reserved_at or not g.node.host_fits(req.cpu_milli, req.memory_mib):
+                continue
+            spare = sum(1 for x in g.node.gpus if x.mig and x.mask == 0)
+            cand = (spare, g.node.idx, g, prof)
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+    if best is None:
+        return None
+    _, _, g, prof = best
+    return Placement((SliceAlloc(g.node.name, g.index, "mig", prof.milli, 0, prof.name, 0,
+                                 req.cpu_milli, req.memory_mib),))
 
 
 def _on_node(n: NodeCap, req: SliceRequest, models: frozenset[str] | None, end: float

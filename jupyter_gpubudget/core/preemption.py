@@ -1,11 +1,22 @@
-"""Whom to preempt so a blocked, backed workload fits.
+"""Whom to preempt so a blocked, backed workload fits — and whether it pays at all.
 
 Only *eligible* victims are considered: never a protected one (DESIGN semantics 2); any
 unbacked one (semantics 4); any session reported idle; another backed one only when its
 project stands above the requester's — counted after the requester's protected run — at the
-first level where their paths differ (so preemption never flips straight back). Among the sets that make the
-request fit, the chosen one is the smallest, then the one with the fewest backed victims, the
-fewest non-resumable ones and the cheapest snapshots. A gang is preempted as a whole.
+first level where their paths differ (so preemption never flips straight back).
+
+A preemption is not free. :func:`preemption_cost` is what it throws away, in GPU-hours: the
+work a resumable job did since its last checkpoint plus the time its restart spends
+reloading, a session's snapshot and restore, or all of a non-resumable job's run. It happens
+only when it pays (:func:`preemption_pays`): the set's cost must not exceed what the
+requester gains in standing over its protected run (:func:`preemption_gain`) — its
+protected GPU-hours (its predicted run, capped like a protection, when it asks for none)
+times the relative gap between the victim's standing and its own after that run
+(:func:`standing_gap`; 1 for unbacked or idle victims). Two projects at nearly the same
+standing gain almost nothing from preempting each other, so they do not take turns.
+
+Among the sets that make the request fit, a set of unbacked victims only goes first
+(semantics 4); then the least cost, then the fewest victims. A gang is preempted as a whole.
 """
 
 from __future__ import annotations
@@ -16,40 +27,109 @@ from typing import Any
 
 from . import mig as migtab
 from .capacity import Cluster, Gpu
-from .model import MILLI, SliceRequest, Workload
+from .model import HOUR, MILLI, Policy, SliceRequest, Workload
 
-SetCost = tuple[int, int, int, float, float]
-
-
-def victim_cost(v: Workload, standing: float) -> tuple[int, float, int, float, float]:
-    """Lower is preempted first: already stopping (free to take), unbacked, then idle, then
-    most over its grant, resumable, cheap to snapshot, most recently started."""
-    return (-1 if v.stopping else 0 if not v.backed else 1 if v.idle else 2, -standing,
-            0 if v.resumable else 1, v.snapshot_cost, -(v.started_at or 0.0))
+SetCost = tuple[int, float, int, int, float]
+INF = float("inf")
 
 
-def set_cost(vs: list[Workload], standing: Callable[[Workload], float]) -> SetCost:
+def last_checkpoint(v: Workload, elapsed: float, policy: Policy) -> float:
+    """Seconds into its current run at which ``v`` last saved its progress: every
+    ``policy.checkpoint_interval_of(v)`` seconds (0: continuously, i.e. now); and a backfilled
+    job, told when its borrowed GPUs are due (``backfill_until``), also saves then."""
+    elapsed = max(0.0, elapsed)
+    ci = policy.checkpoint_interval_of(v)
+    if ci <= 0:
+        return elapsed
+    last = ci * (elapsed // ci)
+    if v.backfill_until is not None and v.started_at is not None:
+        due = v.backfill_until - v.started_at
+        if 0.0 <= due <= elapsed:
+            last = max(last, due)
+    return last
+
+
+def lost_seconds(v: Workload, elapsed: float, policy: Policy) -> float:
+    """Wall seconds of ``v``'s GPU time that a preemption after ``elapsed`` seconds of its
+    current run throws away: a non-resumable batch job loses its whole run; anything else
+    loses what it did since its last checkpoint (:func:`last_checkpoint`), plus its snapshot
+    and the restart's reload time."""
+    elapsed = max(0.0, elapsed)
+    if not v.resumable and v.kind != "interactive":
+        return elapsed
+    since = elapsed - last_checkpoint(v, elapsed, policy)
+    return since + max(0.0, v.snapshot_cost) + policy.restart_overhead_of(v)
+
+
+def preemption_cost(v: Workload, now: float, policy: Policy) -> float:
+    """GPU-hours a preemption of running ``v`` at ``now`` throws away (slice fraction × the
+    seconds of :func:`lost_seconds`); the simulator charges exactly this as lost."""
+    if v.placement is None:
+        return 0.0
+    started = v.started_at if v.started_at is not None else now
+    return v.placement.fraction * lost_seconds(v, now - started, policy) / HOUR
+
+
+def standing_gap(mine_after: float, theirs: float) -> float:
+    """The share of a requester's protected run that corrects unfairness: how far the
+    victim's account stands above the requester's (after that run), relative to the
+    victim's standing — 1 when the victim's account has no grant, 0 when it does not stand
+    above."""
+    if theirs == INF:
+        return 1.0
+    if theirs <= mine_after or theirs <= 0:
+        return 0.0
+    return (theirs - mine_after) / theirs
+
+
+def preemption_gain(need_hours: float, gap: float) -> float:
+    """GPU-hours of fairness a preemption buys: the requester's protected GPU-hours × the
+    standing gap."""
+    return max(0.0, need_hours) * max(0.0, min(1.0, gap))
+
+
+def preemption_pays(cost: float, gain: float) -> bool:
+    """A preemption happens only when what it throws away does not exceed what it buys."""
+    return cost <= gain
+
+
+def victim_cost(v: Workload, standing: float, cost: float = 0.0
+                ) -> tuple[int, float, float, int, float, float, str]:
+    """Lower is preempted first: already stopping (its slice is being released anyway),
+    unbacked, then idle, then the cheapest to preempt, most over its grant, resumable, cheap
+    to snapshot, most recently started (then by id, so the choice never depends on the order
+    of a set)."""
+    return (-1 if v.stopping else 0 if not v.backed else 1 if v.idle else 2, round(cost, 9),
+            -standing,
+            0 if v.resumable else 1, v.snapshot_cost, -(v.started_at or 0.0), v.id)
+
+
+def set_cost(vs: list[Workload], standing: Callable[[Workload], float],
+             cost: Callable[[Workload], float] = lambda v: 0.0) -> SetCost:
     """Workloads already stopping cost nothing: their slices are being released anyway."""
     vs = [v for v in vs if not v.stopping]
-    return (len(vs), sum(1 for v in vs if v.backed), sum(1 for v in vs if not v.resumable),
-            sum(v.snapshot_cost for v in vs), -sum(min(standing(v), 1e9) for v in vs))
+    return (1 if any(v.backed for v in vs) else 0, round(sum(cost(v) for v in vs), 9), len(vs),
+            sum(1 for v in vs if not v.resumable),
+            -sum(min(standing(v), 1e9) for v in vs))
 
 
 def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
-                   eligible: dict[str, Workload], standing: Callable[[Workload], float]
+                   eligible: dict[str, Workload], standing: Callable[[Workload], float],
+                   cost: Callable[[Workload], float] = lambda v: 0.0
                    ) -> list[Workload] | None:
-    """The cheapest set of eligible victims whose removal lets ``req`` fit, or None."""
+    """The cheapest set of eligible victims whose removal lets ``req`` fit, or None
+    (``cost``: GPU-hours each victim's preemption throws away)."""
     if not eligible:
         return None
     nodes = sorted({cluster.by_name[s.node].idx
                     for wid in eligible for s in cluster.allocations[wid].slices})
     models = frozenset(req.gpu_model.split("|")) if req.gpu_model else None
-    key = lambda v: victim_cost(v, standing(v))  # noqa: E731
+    key = lambda v: victim_cost(v, standing(v), cost(v))  # noqa: E731
     best: tuple[SetCost, list[Workload]] | None = None
 
     def consider(vs: list[Workload]) -> None:
         nonlocal best
-        c = set_cost(vs, standing)
+        c = set_cost(vs, standing, cost)
         if best is None or c < best[0]:
             best = (c, vs)
 
@@ -85,7 +165,8 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
             need = req.gpus - free
             if need <= 0 or len(held) < need or not n.host_fits(req.cpu_milli, req.memory_mib):
                 continue
-            found = _smallest_freeing_set(held, need, eligible, key)
+            found = _cheapest_freeing_set(held, need, eligible, key,
+                                          lambda vs: set_cost(vs, standing, cost))
             if found:
                 consider(found)
                 found_single = True
@@ -174,17 +255,24 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
     return best[1] if best is not None else None
 
 
-def _smallest_freeing_set(held: list[tuple[Gpu, frozenset[str]]], need: int,
-                          eligible: dict[str, Workload], key: Callable[[Workload], Any]
-                          ) -> list[Workload] | None:
-    """Fewest victims on one node whose removal frees ``need`` GPUs (a GPU is freed when all
-    its holders go): exhaustive up to three victims, cheapest first; greedy beyond."""
+def _cheapest_freeing_set(held: list[tuple[Gpu, frozenset[str]]], need: int,
+                          eligible: dict[str, Workload], key: Callable[[Workload], Any],
+                          set_key: Callable[[list[Workload]], Any]) -> list[Workload] | None:
+    """The cheapest set (by ``set_key``) of victims on one node whose removal frees ``need``
+    GPUs (a GPU is freed when all its holders go): exhaustive up to three victims among the
+    twelve cheapest; greedy beyond."""
     ids = sorted({wid for _, t in held for wid in t}, key=lambda wid: key(eligible[wid]))
+    best: tuple[Any, list[Workload]] | None = None
     for size in range(1, min(3, len(ids)) + 1):
         for combo in combinations(ids[:12], size):
             chosen = set(combo)
             if sum(1 for _, t in held if t <= chosen) >= need:
-                return [eligible[w] for w in combo]
+                vs = [eligible[w] for w in combo]
+                k = set_key(vs)
+                if best is None or k < best[0]:
+                    best = (k, vs)
+    if best is not None:
+        return best[1]
     # greedy: take victims in order of GPUs they alone free, then cost
     chosen_set: set[str] = set()
     order = sorted(ids, key=lambda wid: (-sum(1 for _, t in held if wid in t), key(eligible[wid])))

@@ -7,7 +7,13 @@ standing goes first. Within one cycle a project's standing is *projected*: its k
 workload is ranked as if the k-1 before it had already charged their expected demand
 (GPU fraction × predicted run time). So one under-used project does not take the whole
 cluster in a single cycle; projects interleave in proportion to their grants, like weighted
-fair queueing. Ties go to the earlier submission, then the workload id.
+fair queueing.
+
+Within a project its own work goes by kind — debug jobs first, then interactive sessions,
+then batch jobs (:data:`KIND_ORDER`) — each kind in submission order: a researcher's
+ten-minute debug run or notebook does not wait behind the project's own week of queued
+training. Across accounts only standing counts. Ties go to the kind, then the earlier
+submission, then the workload id.
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ from .accounts import AccountTree
 from .model import Workload
 
 INF = float("inf")
+#: the order of a project's own pending work, by kind (unknown kinds go with batch)
+KIND_ORDER = {"debug": 0, "interactive": 1, "batch": 2}
+
+
+def kind_rank(kind: str) -> int:
+    return KIND_ORDER.get(kind, 2)
 
 
 def standing_of(usage: float, grant: float) -> float:
@@ -34,12 +46,6 @@ class Standings:
     grant: dict[str, float]
     standing: dict[str, float]
     path_standing: dict[str, tuple[float, ...]]  # for each project: standing of each level
-
-    def beats(self, a: str, b: str) -> bool:
-        """Is project ``a`` strictly below project ``b`` (less used) at the first level where
-        their paths differ? Used to decide who may preempt whom."""
-        pa, pb = self.path_standing[a], self.path_standing[b]
-        return pa < pb
 
 
 def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
@@ -58,10 +64,30 @@ def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
     return Standings(usage, dict(grants), standing, paths)
 
 
+#: added to the keys of the short lane (see :func:`rank`) so they sort before every other key
+LANE_OFFSET = 1e9
+
+
 def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
-         demand: Callable[[Workload], float]) -> list[tuple[float, Workload]]:
+         demand: Callable[[Workload], float],
+         short: Callable[[Workload], bool] | None = None) -> list[tuple[float, Workload]]:
     """Pending workloads in the order to consider them, each with its root-level key
-    (non-decreasing along the list). Workloads of unknown projects are left out."""
+    (non-decreasing along the list). Workloads of unknown projects are left out.
+
+    ``short`` picks the *short lane*: work that is considered before everything else (the
+    scheduler puts debug runs predicted to be short there), ranked by standing among itself
+    just like the rest; its keys are lowered by :data:`LANE_OFFSET`."""
+    if short is not None:
+        lane = [w for w in pending if short(w)]
+        if lane:
+            rest = [w for w in pending if not short(w)]
+            first = [(k - LANE_OFFSET, w) for k, w in _rank(lane, tree, st, demand)]
+            return first + _rank(rest, tree, st, demand)
+    return _rank(pending, tree, st, demand)
+
+
+def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
+          demand: Callable[[Workload], float]) -> list[tuple[float, Workload]]:
     by_project: dict[str, list[Workload]] = {}
     need: dict[str, float] = {}
     for w in pending:
@@ -69,7 +95,7 @@ def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
             by_project.setdefault(w.project, []).append(w)
             need[w.id] = demand(w)
 
-    Item = tuple[float, float, str, Workload]
+    Item = tuple[float, int, float, str, Workload]
 
     def order(name: str) -> list[Item]:
         """The subtree's items in order, each keyed by *this* account's projected standing.
@@ -83,13 +109,13 @@ def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
             for c in acc.children:
                 merged.extend(order(c))
             merged.sort()
-            items = [t[3] for t in merged]
+            items = [t[4] for t in merged]
         else:
             items = by_project.get(name, [])
-            items.sort(key=lambda w: (w.submitted_at, w.id))
+            items.sort(key=lambda w: (kind_rank(w.kind), w.submitted_at, w.id))
         out: list[Item] = []
         for w in items:
-            out.append((cum / g if g > 0 else INF, w.submitted_at, w.id, w))
+            out.append((cum / g if g > 0 else INF, kind_rank(w.kind), w.submitted_at, w.id, w))
             cum += need[w.id]
         return out
 
@@ -97,4 +123,4 @@ def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
     for r in tree.roots:
         merged.extend(order(r))
     merged.sort()
-    return [(t[0], t[3]) for t in merged]
+    return [(t[0], t[4]) for t in merged]

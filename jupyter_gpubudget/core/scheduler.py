@@ -28,9 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from . import fragmentation
-from . import mig as migtab
 from .accounts import AccountTree
-from .backfill import plan_reservation, predict_runtime
+from .backfill import BACKFILL_QUANTILE, plan_reservation, predict_runtime, predicted_end
 from .capacity import CapacityError, Cluster
 from .inventory import Inventory
 from .model import (
@@ -47,10 +46,17 @@ from .model import (
     SliceRequest,
     Start,
     Workload,
+    request_milli,
 )
 from .placement import place
-from .preemption import choose_victims
-from .ranking import INF, Standings, compute_standings, rank
+from .preemption import (
+    choose_victims,
+    preemption_cost,
+    preemption_gain,
+    preemption_pays,
+    standing_gap,
+)
+from .ranking import INF, LANE_OFFSET, Standings, compute_standings, rank
 from .usage import UsageMeter
 
 
@@ -83,18 +89,6 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def request_milli(req: SliceRequest) -> int:
-    """GPU-thousandths a request will be charged."""
-    if req.kind == "gpu":
-        return req.gpus * MILLI
-    if req.kind == "mps":
-        return req.milli
-    if req.kind == "mig":
-        compute = int((req.profile or "0g").split("g", 1)[0] or 0)
-        return round(compute * MILLI / migtab.COMPUTE)
-    return 0
-
-
 class Scheduler:
     def __init__(self, accounts: AccountTree, inventory: Inventory, policy: Policy | None = None,
                  history: RuntimeHistory | None = None, unhealthy: Iterable[str] = ()) -> None:
@@ -104,6 +98,7 @@ class Scheduler:
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
         self.cluster = Cluster(inventory, self.unhealthy)
+        self.cluster.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
         self.meter = UsageMeter(self.policy)
         self.pending: dict[str, Workload] = {}
         self.running: dict[str, Workload] = {}
@@ -122,12 +117,21 @@ class Scheduler:
         self._shape_count: dict[tuple[object, ...], int] = {}
         self._root_demand: dict[str, float] | None = {}
         self._predicted: dict[str, float] = {}
+        self._by_features: dict[tuple[object, ...], tuple[int, float]] = {}
+        self._predicted_long: dict[str, float] = {}
+        self._by_features_long: dict[tuple[object, ...], tuple[int, float]] = {}
         self._demand: dict[str, float] = {}
         self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
         #: running workloads left out of the state because their placement is impossible
         #: (no placement, or a slice already held): (id, why), for the caller to report
         self.inconsistent: list[tuple[str, str]] = []
+        # within one cycle: predicted ends of running work (None: to be sorted again), and
+        # per gang constraints the smallest gang that found no reservation
+        self._ends: list[tuple[float, str]] | None = None
+        self._ends_at = float("nan")
+        self._overdue: tuple[float, dict[str, Workload]] | None = None
+        self._no_plan: dict[tuple[object, ...], float] = {}
 
     # ================================================================= building
     @classmethod
@@ -185,11 +189,41 @@ class Scheduler:
         return st
 
     def predict(self, w: Workload) -> float:
+        """Predicted run time of ``w`` (seconds); workloads alike in every feature the
+        predictor reads share one prediction until a run is learnt."""
         p = self._predicted.get(w.id)
         if p is None:
-            p = predict_runtime(w, self.history, self.policy)
+            sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
+            hit = self._by_features.get(sig)
+            if hit is not None and hit[0] == self.history.kind_version.get(w.kind, 0):
+                p = hit[1]
+            else:
+                p = predict_runtime(w, self.history, self.policy)
+                self._by_features[sig] = (self.history.kind_version.get(w.kind, 0), p)
             self._predicted[w.id] = p
         return p
+
+    def predict_long(self, w: Workload) -> float:
+        """A cautious prediction (``BACKFILL_QUANTILE`` of past runs): what placement checks
+        against reservations, so that work backfilled before a gang's reservation rarely
+        runs into it."""
+        p = self._predicted_long.get(w.id)
+        if p is None:
+            sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
+            hit = self._by_features_long.get(sig)
+            if hit is not None and hit[0] == self.history.kind_version.get(w.kind, 0):
+                p = hit[1]
+            else:
+                p = predict_runtime(w, self.history, self.policy, BACKFILL_QUANTILE)
+                self._by_features_long[sig] = (self.history.kind_version.get(w.kind, 0), p)
+            self._predicted_long[w.id] = p
+        return p
+
+    def short(self, w: Workload) -> bool:
+        """Does ``w`` go in the short lane (``Policy.short_lane``): debug work predicted to
+        run no longer than the lane allows?"""
+        lane = self.policy.short_lane
+        return lane > 0 and w.kind == "debug" and self.predict(w) <= lane
 
     def demand(self, w: Workload) -> float:
         """Expected GPU-hours of a pending workload, for the projected standing."""
@@ -245,6 +279,12 @@ class Scheduler:
         pending demand already queued under its top-level account."""
         if not self.accounts.is_project(w.project):
             return INF
+        if self.short(w):  # the short lane: ahead of all other waiting work
+            root = self.accounts.path(w.project)[0]
+            g = self.grants().get(root, 0.0)
+            st = self._st
+            used = st.usage.get(root, 0.0) if st else 0.0
+            return (used / g if g > 0 else INF) - LANE_OFFSET
         if self._root_demand is None:
             self._root_demand = {}
             for p in self.pending.values():
@@ -293,24 +333,33 @@ class Scheduler:
     # ================================================================= applying decisions
     def _start(self, w: Workload, placement: Placement, backed: bool, now: float,
                out: list[Decision]) -> None:
+        # on GPUs another gang has reserved (the placement ends before the reservation):
+        # a backfill, which must be gone by then
+        until = min((self.cluster.by_name[sl.node].gpus[sl.gpu].reserved_at
+                     for sl in placement.slices if sl.gpu >= 0), default=INF)
+        backfill_until = until if until < INF else None
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
         protected = now + self.policy.effective_min_runtime(w) if backed else None
         started = replace(w, started_at=now, placement=placement, backed=backed,
-                          protected_until=protected, idle=False, stopping=False)
+                          protected_until=protected, idle=False, stopping=False,
+                          backfill_until=backfill_until)
         self.running[w.id] = started
+        self._ends = None
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None and w.project in self.accounts:
             promised = placement.fraction * (protected - now) / HOUR
             for a in self.accounts.path(w.project):
                 self._committed[a] = self._committed.get(a, 0.0) + promised
-        out.append(Start(w.id, placement, backed, protected))
+        out.append(Start(w.id, placement, backed, protected, backfill_until))
 
     def _stop(self, wid: str, now: float) -> Workload:
         w = self.running.pop(wid)
+        self._ends = None
         self.cluster.release(wid)
         self.meter.close(wid, now)
         self._predicted.pop(wid, None)
+        self._predicted_long.pop(wid, None)
         self._demand.pop(wid, None)
         if w.backed and w.protected_until and w.protected_until > now and w.placement:
             left = w.placement.fraction * (w.protected_until - now) / HOUR
@@ -339,7 +388,7 @@ class Scheduler:
         self._enqueue(w)
         out: list[Decision] = []
         backed = self.is_backed(w, now)
-        p = place(self.cluster, w.request, now + self.predict(w))
+        p = place(self.cluster, w.request, now + self.predict_long(w))
         if p is not None:
             self._start(w, p, backed, now, out)
         return out
@@ -357,7 +406,7 @@ class Scheduler:
         if wid in self.running:
             w = self._stop(wid, now)
             if learn and w.started_at is not None:
-                self.history.add(w.user, w.project, w.kind, now - w.started_at)
+                self.history.add_run(w, now - w.started_at)
             return self._fill(now)
         if wid in self.pending:
             self._dequeue(wid)
@@ -375,7 +424,7 @@ class Scheduler:
             shape = w.request.shape
             if shape in failed and wid not in self.reservations:
                 continue
-            p = self._place(w, now + self.predict(w))
+            p = self._place(w, now + self.predict_long(w))
             if p is None:
                 failed.add(shape)
                 continue
@@ -416,13 +465,17 @@ class Scheduler:
     def _cycle(self, now: float) -> list[Decision]:
         out: list[Decision] = []
         self._predicted.clear()
+        self._predicted_long.clear()
         self._demand.clear()
         st = self._standings(now)
         self.cluster.clear_reservations()
         self.reservations.clear()
+        self._ends = None
+        self._no_plan = {}
+        self._overdue = None
         self._drain(now, out)
 
-        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand)
+        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
         seq = self._seq
         self._order = [(key, seq[w.id], w.id) for key, w in ranked]
         self._order.sort()
@@ -444,7 +497,7 @@ class Scheduler:
             if w.id not in pending:
                 continue
             req = w.request
-            end = now + self.predict(w)
+            end = now + self.predict_long(w)
             if (req.shape, bisect.bisect_left(res_times, end) if res_times else 0) in failed \
                     and not (req.kind == "gpu" and req.gpus >= 2
                              and len(self.reservations) < self.policy.max_reservations):
@@ -463,7 +516,7 @@ class Scheduler:
         for w, known_gen in later:
             if known_gen == gen or w.id not in pending:
                 continue
-            end = now + self.predict(w)
+            end = now + self.predict_long(w)
             memo = (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0)
             if memo in failed:
                 continue
@@ -478,7 +531,7 @@ class Scheduler:
                   failed: set[tuple[object, ...]],
                   preempt_failed: dict[tuple[object, ...], tuple[float, ...]],
                   pool: dict[str, Workload], out: list[Decision]) -> None:
-        end = now + self.predict(w)
+        end = now + self.predict_long(w)
         shape = w.request.shape
         memo = (shape, bisect.bisect_left(res_times, end) if res_times else 0)
         if memo not in failed or w.id in self.reservations:
@@ -487,6 +540,11 @@ class Scheduler:
                 self._start(w, p, backed, now, out)
                 return
             failed.add(memo)
+        if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
+                and self._reclaim_backfill(w, end, now, out)):
+            failed.clear()
+            self._memo_gen += 1
+            return
         st = self._st
         assert st is not None
         if backed and pool and self.policy.preemption and w.project in st.path_standing:
@@ -498,11 +556,20 @@ class Scheduler:
                     self._memo_gen += 1
                     return
                 preempt_failed[shape] = mine if worst is None else min(worst, mine)
+            if (self.policy.short_lane_cost > 0 and self.short(w)
+                    and self._lane_preempt(w, end, now, pool, out)):
+                failed.clear()
+                self._memo_gen += 1
+                return
         if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
                 and len(self.reservations) < self.policy.max_reservations):
-            ends = sorted((wr.started_at + self.predict(wr) if wr.started_at is not None else now,
-                           wid) for wid, wr in self.running.items())
-            plan = plan_reservation(self.cluster, w.request, now, ends)
+            req = w.request
+            no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib)
+            if self._no_plan.get(no_plan, INF) <= req.gpus:
+                return  # a gang this large or smaller found no reservation in this cycle
+            plan = plan_reservation(self.cluster, req, now, self._running_ends(now))
+            if plan is None:
+                self._no_plan[no_plan] = min(self._no_plan.get(no_plan, INF), req.gpus)
             if plan is not None:
                 at, placement = plan
                 self.cluster.reserve(placement, at)
@@ -512,43 +579,223 @@ class Scheduler:
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
 
+    def _lane_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
+                      out: list[Decision]) -> bool:
+        """A short-lane run (backed debug work predicted short) that finds no room may take
+        the GPU of unprotected batch work whose preemption costs almost nothing right now —
+        it saved its progress moments ago: at most ``policy.short_lane_cost`` GPU-hours lost,
+        reload and toll included. Sessions are never taken for it."""
+        cap = self.policy.short_lane_cost
+        toll = self.policy.preemption_toll
+        costs: dict[str, float] = {}
+        eligible: dict[str, Workload] = {}
+        for wid, v in pool.items():
+            if wid not in self.running or v.kind != "batch":
+                continue
+            c = preemption_cost(v, now, self.policy) + toll
+            if c <= cap:
+                costs[wid] = c
+                eligible[wid] = v
+        if not eligible:
+            return False
+        st = self._st
+        victims = choose_victims(self.cluster, w.request, end, eligible,
+                                 lambda v: st.standing.get(v.project, INF) if st else INF,
+                                 lambda v: costs[v.id])
+        if not victims or sum(costs[v.id] for v in victims) > cap:
+            return False
+        saved = [(v, self.cluster.release(v.id)) for v in victims]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        if p is None:
+            return False
+        for v in victims:
+            self._preempt(v, now, f"a short debug run takes it (loses {costs[v.id] - toll:.2f} "
+                          "GPU-h)", w.id, out)
+            pool.pop(v.id, None)
+        p = place(self.cluster, w.request, end)
+        assert p is not None
+        self._start(w, p, True, now, out)
+        return True
+
+    def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
+                          ) -> bool:
+        """DESIGN semantics 5, when a prediction was wrong: work backfilled onto reserved
+        GPUs that is still running at the reservation's time, unprotected, is preempted for
+        a blocked gang that those GPUs (with what is free) would start now. The cheapest such
+        set goes; True if ``w`` started."""
+        if self._overdue is None or self._overdue[0] != now:  # once per cycle
+            self._overdue = (now, {wid: v for wid, v in self.running.items()
+                                   if v.backfill_until is not None and v.backfill_until <= now
+                                   and not v.is_protected(now)})
+        overdue = {wid: v for wid, v in self._overdue[1].items() if self.running.get(wid) is v}
+        if not overdue:
+            return False
+        costs = {wid: preemption_cost(v, now, self.policy) for wid, v in overdue.items()}
+        st = self._st
+        victims = choose_victims(self.cluster, w.request, end, overdue,
+                                 lambda v: st.standing.get(v.project, INF) if st else INF,
+                                 lambda v: costs[v.id])
+        if not victims:
+            return False
+        saved = [(v, self.cluster.release(v.id)) for v in victims]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        if p is None:
+            return False
+        for v in victims:
+            self._preempt(v, now, f"backfilled until {v.backfill_until:.0f}, still running "
+                          f"(loses {costs[v.id]:.2f} GPU-h)", w.id, out)
+        p = place(self.cluster, w.request, end)
+        assert p is not None
+        self._start(w, p, True, now, out)
+        return True
+
     def _victim_pool(self, now: float) -> dict[str, Workload]:
         """Running work whose slice may be freed for others: unprotected, or already
         stopping."""
         return {wid: w for wid, w in self.running.items()
                 if w.stopping or not w.is_protected(now)}
 
+    def _running_ends(self, now: float) -> list[tuple[float, str]]:
+        """(predicted end, id) of running work, ascending; kept until running work changes."""
+        if self._ends is None or self._ends_at != now:
+            self._ends = sorted((predicted_end(wr, now, self.predict(wr)), wid)
+                                for wid, wr in self.running.items())
+            self._ends_at = now
+        return self._ends
+
+    def next_free(self, req: SliceRequest, now: float) -> float:
+        """Seconds until running work is predicted to free capacity of the kind ``req`` needs
+        (enough whole GPUs; a GPU outside MIG mode for a share; a MIG GPU for an instance),
+        ignoring the queue ahead and node boundaries: how much sooner a preemption can start
+        it at most. Work already past its predicted end counts as ending now; ∞ when
+        nothing would ever free enough."""
+        c = self.cluster
+        models = frozenset(req.gpu_model.split("|")) if req.gpu_model else None
+        inf = float("inf")
+
+        def usable(node: str, gpu: int) -> bool:
+            n = c.by_name[node]
+            return gpu >= 0 and n.healthy and (models is None or n.gpus[gpu].model in models)
+
+        have = 0
+        if req.kind == "gpu":
+            have = sum(1 for n in c.nodes if n.healthy for i in n.free_whole
+                       if n.gpus[i].reserved_at == inf
+                       and (models is None or n.gpus[i].model in models))
+        for end, wid in self._running_ends(now):
+            p = c.allocations.get(wid)
+            if p is None:
+                continue
+            if req.kind == "gpu":
+                have += sum(1 for sl in p.slices if sl.kind == "gpu" and usable(sl.node, sl.gpu))
+                if have >= req.gpus:
+                    return max(0.0, end - now)
+            elif req.kind == "mps":
+                if any(sl.kind in ("gpu", "mps") and usable(sl.node, sl.gpu) for sl in p.slices):
+                    return max(0.0, end - now)
+            elif req.kind == "mig":
+                if any(sl.kind == "mig" and usable(sl.node, sl.gpu) for sl in p.slices):
+                    return max(0.0, end - now)
+            else:
+                return max(0.0, end - now)
+        return inf
+
+    def gain_horizon(self, w: Workload) -> float:
+        """Seconds of the run a preemption buys the requester: its protected run, or when it
+        asks for no protection, its predicted run capped like a protection would be."""
+        protected = self.policy.effective_min_runtime(w)
+        if protected > 0:
+            return protected
+        cap = self.policy.cap_for(w.kind)
+        return min(self.predict(w), cap) if cap > 0 else self.predict(w)
+
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
                      st: Standings, out: list[Decision]) -> bool:
         margin = self.policy.preemption_margin
-        need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
+        frac = request_milli(w.request) / MILLI
+        need = frac * self.policy.effective_min_runtime(w) / HOUR
+        # what preempting buys: the protected run, but at most as much of it as it moves
+        # earlier — capacity frees up anyway when running work ends
+        gain_hours = frac * min(self.gain_horizon(w), self.next_free(w.request, now)) / HOUR
         mine = self.accounts.path(w.project)
         grants = self.grants()
-        verdict: dict[str, bool] = {}
+        gaps: dict[tuple[str, bool], float] = {}
 
-        def below_victim(project: str) -> bool:
-            """At the first level where the paths differ, would the requester's account —
-            charged for this workload's protected time — still stand below the victim's?
-            (Kueue's "less than or equal to final share" rule: no flip-back, no thrash.)"""
-            if project not in verdict:
-                ok = False
+        committed = self._committed
+
+        def promised(acc: str, extra: float = 0.0) -> float:
+            """Where an account will stand once the protected runs promised to it (and
+            ``extra`` GPU-hours) are used: (usage + promised + extra) / grant."""
+            g = grants.get(acc, 0.0)
+            return (st.usage[acc] + committed.get(acc, 0.0) + extra) / g if g > 0 else INF
+
+        def gap_to(project: str, backed: bool) -> float:
+            """At the first level where the paths differ: how far the victim's account
+            stands above the requester's — charged for this workload's protected time —
+            relative to the victim's (0: not above by the margin; no flip-back, no thrash).
+            For unbacked victims both count the protected runs promised to them, as backing
+            does (a project whose grant is promised to protected work is unbacked before it
+            has used much)."""
+            if (project, backed) not in gaps:
+                gap = 0.0
                 for mine_acc, theirs in zip(mine, self.accounts.path(project), strict=False):
                     if mine_acc != theirs:
-                        g = grants.get(mine_acc, 0.0)
-                        after = (st.usage[mine_acc] + need) / g if g > 0 else INF
-                        ok = st.standing[theirs] > after * (1.0 + margin)
+                        if backed:
+                            g = grants.get(mine_acc, 0.0)
+                            after = (st.usage[mine_acc] + need) / g if g > 0 else INF
+                            gap = standing_gap(after * (1.0 + margin), st.standing[theirs])
+                        else:
+                            gap = standing_gap(promised(mine_acc, need) * (1.0 + margin),
+                                               promised(theirs))
                         break
-                verdict[project] = ok
-            return verdict[project]
+                gaps[(project, backed)] = gap
+            return gaps[(project, backed)]
 
-        eligible = {wid: self.running[wid] for wid, v in pool.items()
-                    if wid in self.running and (v.stopping or not v.backed or v.idle or (
-                        v.project in st.path_standing and below_victim(v.project)))}
+        def gap_of(v: Workload) -> float:
+            """An idle session yields to any backed work; anyone else only to an account
+            that stands clearly below its own (unbacked work too: its project is over its
+            grant, but a project that is only a little over does not take turns with one a
+            little under)."""
+            if v.idle:
+                return 1.0
+            if v.project not in st.path_standing:
+                return 1.0
+            return gap_to(v.project, v.backed)
+
+        costs: dict[str, float] = {}
+        eligible: dict[str, Workload] = {}
+        for wid, v in pool.items():
+            if wid not in self.running:
+                continue
+            v = self.running[wid]
+            if v.stopping:  # already asked to stop: its slice is free to wait for
+                costs[wid] = 0.0
+                eligible[wid] = v
+                continue
+            gap = gap_of(v)
+            if gap <= 0:
+                continue
+            c = preemption_cost(v, now, self.policy) + self.policy.preemption_toll
+            if preemption_pays(c, preemption_gain(gain_hours, gap)):
+                costs[wid] = c
+                eligible[wid] = v
         if not eligible:
             return False
         victims = choose_victims(self.cluster, w.request, end, eligible,
-                                 lambda v: st.standing.get(v.project, INF))
+                                 lambda v: st.standing.get(v.project, INF),
+                                 lambda v: costs[v.id])
         if not victims:
+            return False
+        total = sum(costs[v.id] for v in victims)
+        fresh = [v for v in victims if not v.stopping]
+        if fresh and not preemption_pays(total, preemption_gain(gain_hours,
+                                                                min(gap_of(v) for v in fresh))):
             return False
         # tentatively free their capacity; keep the choice only if the request then fits
         saved = [(v, self.cluster.release(v.id)) for v in victims]
@@ -564,7 +811,7 @@ class Scheduler:
             reason = ("unbacked work yields to backed work" if not v.backed else
                       "an idle session yields to waiting work" if v.idle else
                       f"project {v.project} stands above {w.project}")
-            self._preempt(v, now, reason, w.id, out)
+            self._preempt(v, now, f"{reason} (loses {costs[v.id]:.2f} GPU-h)", w.id, out)
             pool.pop(v.id, None)
         holders = [v for v in victims if v.id in self.running]  # still holding: stopping
         if holders:
@@ -616,7 +863,7 @@ def queue_order(state: ClusterState, now: float) -> list[str]:
     """Pending workload ids in rank order, as the cycle at ``now`` would consider them."""
     s = Scheduler.from_state(state)
     st = s._standings(now)
-    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand)]
+    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand, s.short)]
 
 
 def standings(state: ClusterState, now: float) -> dict[str, dict[str, float]]:

@@ -13,18 +13,23 @@ failures, completions, arrivals, then one full cycle if one is due):
 
 How decisions are carried out:
 
-- ``Start``: the workload runs for its remaining work (+ the restore cost if it resumes from a
-  snapshot); its completion is scheduled.
-- ``Preempt`` (and node failure):
+- ``Start``: the workload runs for its remaining work (+ its restart overhead if it resumes);
+  its completion is scheduled.
+- ``Preempt`` (and node failure): what is thrown away is exactly what the core priced when it
+  chose to preempt (``core.preemption.lost_seconds``):
   * an **interactive** session is snapshotted (``snapshot_cost`` seconds, after which it is
     requeued with its progress) and pays ``restore_cost`` when it starts again; on a failed node
-    there is nothing to snapshot: the session restarts from its last snapshot (its beginning);
-  * a **resumable** job is requeued at once with its remaining work (checkpointed progress);
+    there is nothing to snapshot: the session restarts from its beginning;
+  * a **resumable** job keeps its progress up to its last checkpoint (one every
+    ``checkpoint_interval`` seconds of its run; the workload's own, else the config's, else the
+    policy's 30 min) and is requeued at once; its restart spends ``restart_overhead`` seconds
+    reloading before it makes progress;
   * a **non-resumable** job loses its progress: it is resubmitted from scratch
     (``nonresumable="restart"``, the default) or dropped (``"drop"``).
-  Lost GPU-hours count the progress thrown away plus snapshot/restore time.
-  Simplification: the snapshot's seconds are charged as lost time, but the core has already
-  released the capacity at the preemption instant.
+  Lost GPU-hours count the GPU time that delivered no kept progress: work since the last
+  checkpoint, snapshots and reload time, whole runs of restarted jobs. Simplification: the
+  snapshot's seconds are charged as lost time, but the core has already released the
+  capacity at the preemption instant.
 
 Results are deterministic: no wall clock, no unordered iteration, a seeded RNG for failures.
 """
@@ -34,13 +39,13 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..core import fragmentation
 from ..core.accounts import AccountTree
 from ..core.inventory import Inventory
 from ..core.model import HOUR, MILLI, Drain, Policy, Preempt, Reserve, Start, Workload
-from ..core.scheduler import Scheduler, request_milli
+from ..core.preemption import last_checkpoint, lost_seconds
+from ..core.scheduler import Scheduler
 from . import fastmeter
 from .costs import RESTORE_COST_S, SNAPSHOT_COST_S  # measured: see costs.py
 from .traces import Trace, TraceJob
@@ -67,10 +72,13 @@ class SimConfig:
     cycle_interval: float = 600.0  # full cycle every 10 simulated minutes (while work waits)
     idle_cycle_interval: float = 3600.0  # ... but only this often when nothing changed
     snapshot_cost: float = SNAPSHOT_COST_S  # seconds to snapshot an interactive session
-    restore_cost: float = RESTORE_COST_S  # seconds to restore it
+    restore_cost: float = RESTORE_COST_S  # seconds to restore it (a session's restart overhead)
     nonresumable: str = "restart"  # or "drop"
-    checkpoint_interval: float = 0.0  # resumable jobs keep progress up to their last
-    # checkpoint, taken every this many seconds of progress (0: progress is never lost)
+    # resumable jobs that declare no checkpoint interval keep their progress up to their
+    # last checkpoint, taken every this many seconds of their run (0: nothing is lost;
+    # None: the policy's default, 30 min)
+    checkpoint_interval: float | None = None
+    restart_overhead: float | None = None  # a resumable job's reload on restart (None: policy)
     samples: int = 600  # utilisation / fragmentation samples over the run
     failures: Sequence[NodeFailure] = ()
     failure_rate: float = 0.0  # random node failures per node per day (seeded)
@@ -93,6 +101,7 @@ class JobRecord:
     started_at: float | None = None
     run_for: float = 0.0  # length of the current run (work + restore)
     overhead: float = 0.0  # restore seconds at the start of the current run
+    workload: Workload | None = None  # as last submitted to the core
     token: int = 0  # bumps on every start; stale completions are ignored
     preemptions: int = 0
     failures: int = 0
@@ -120,6 +129,68 @@ class Sample:
     stranded_milli: int
     pending: int
     running: int
+    unused: dict[str, int] = field(default_factory=dict)  # free milli by cause (UNUSED_CAUSES)
+
+
+#: why free GPU capacity is not used, in the order the report lists them
+UNUSED_CAUSES = ("mig_no_demand", "reserved", "fragmentation", "drained", "empty_queue",
+                 "awaiting_cycle")
+
+
+def unused_by_cause(sched: Scheduler, now: float) -> dict[str, int]:
+    """Free GPU capacity (milli) at ``now``, by why it is not in use:
+
+    - ``drained``: on unhealthy nodes;
+    - ``empty_queue``: nothing is waiting;
+    - ``mig_no_demand``: on MIG-partitioned GPUs while no MIG instance is asked for;
+    - ``reserved``: whole GPUs held back for a blocked gang's reservation;
+    - ``awaiting_cycle``: some waiting workload would fit there now (the next cycle or
+      departure starts it);
+    - ``fragmentation``: the rest — free capacity that no waiting request can use (leftovers
+      of shared or partitioned GPUs, free GPUs too few or too scattered for the waiting gangs).
+    """
+    from ..core import mig as migtab
+    from ..core.placement import place
+
+    out = dict.fromkeys(UNUSED_CAUSES, 0)
+    c = sched.cluster
+    reqs = {w.request.shape: w for w in sched.pending.values()}
+    fits: dict[str, bool] = {}
+
+    def any_fits(kind: str) -> bool:
+        if kind not in fits:
+            fits[kind] = any(
+                (kind == "any" or w.request.kind == kind)
+                and place(c, w.request, now + sched.predict(w)) is not None
+                for w in reqs.values())
+        return fits[kind]
+
+    mig_wanted = any(w.request.kind == "mig" for w in reqs.values())
+    for n in c.nodes:
+        for g in n.gpus:
+            if g.mig:
+                free = round((migtab.COMPUTE - g.compute_used) * MILLI / migtab.COMPUTE)
+            else:
+                free = MILLI - g.used_milli if not g.whole else 0
+            if free <= 0:
+                continue
+            if not n.healthy:
+                cause = "drained"
+            elif not reqs:
+                cause = "empty_queue"
+            elif g.mig:
+                cause = ("mig_no_demand" if not mig_wanted else
+                         "awaiting_cycle" if any_fits("mig") else "fragmentation")
+            elif g.used_milli == 0 and g.reserved_at != float("inf"):
+                cause = "reserved"
+            elif g.used_milli > 0:
+                cause = "awaiting_cycle" if any(
+                    w.request.kind == "mps" and w.request.milli <= free for w in reqs.values()
+                ) and any_fits("mps") else "fragmentation"
+            else:
+                cause = "awaiting_cycle" if any_fits("any") else "fragmentation"
+            out[cause] += free
+    return out
 
 
 @dataclass(slots=True)
@@ -136,6 +207,7 @@ class SimResult:
     decisions: dict[str, int] = field(default_factory=dict)
     project_hours: dict[str, float] = field(default_factory=dict)  # delivered, per project
     trace_source: str = ""
+    contended_hours: dict[str, float] = field(default_factory=dict)  # ... while work waited
 
 
 class Simulator:
@@ -148,23 +220,25 @@ class Simulator:
         self.policy = policy or Policy()
         self.cfg = config or SimConfig()
         self.progress = progress
+        # the scheduler attaches its own FGD index when the policy says "placement: fgd"
         self.sched = Scheduler(accounts, inventory, self.policy)
         if self.cfg.fast_meter:
             fastmeter.install(self.sched)
-        # fragmentation-aware placement, as the policy says (default "fgd"): the scheduler's
-        # cluster gets an FGD index scored against the scheduler's own histogram of shapes
-        if (getattr(self.policy, "placement", "fgd") == "fgd"
-                and fragmentation.active(self.sched.cluster) is None
-                and isinstance(getattr(self.sched, "mix", None), dict)):
-            fragmentation.index_for(self.sched.cluster, fragmentation.MixView(self.sched.mix))
         self.records: dict[str, JobRecord] = {}
         self.heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self.events = 0
         self.cycles = 0
-        self.decisions = {"start": 0, "preempt": 0, "reserve": 0, "drain": 0}
+        # starts (backfill: onto GPUs reserved for a gang), preemptions (backfill_preempt:
+        # backfilled work still running at the reservation's time), reservations, drains
+        self.decisions = {"start": 0, "backfill": 0, "preempt": 0, "backfill_preempt": 0,
+                          "reserve": 0, "drain": 0}
         self.samples: list[Sample] = []
         self.project_hours: dict[str, float] = {}
+        # GPU-hours delivered per project while work was waiting (the cluster contended)
+        self.contended_hours: dict[str, float] = {}
+        self._running_milli: dict[str, int] = {}
+        self._t_contended = float("-inf")
         self._dirty = True  # something happened since the last full cycle
         self._expiries: list[float] = []  # protection ends (a cycle may then preempt)
         nodes = {n.name for n in inventory.nodes}
@@ -178,11 +252,21 @@ class Simulator:
         heapq.heappush(self.heap, (t, kind, self._seq, payload))
 
     def _workload(self, r: JobRecord, now: float) -> Workload:
+        """The workload as the core sees it, with the preemption costs the simulator will
+        charge: a session's snapshot and restore, a job's checkpoint interval and reload."""
         j = r.job
-        snap = self.cfg.snapshot_cost if j.kind == "interactive" else 0.0
-        tl = j.time_limit
-        return Workload(j.id, j.project, j.user, j.request, now, j.kind, j.min_runtime,
-                        j.resumable, tl, snap)
+        cfg = self.cfg
+        if j.kind == "interactive":
+            snap, ci, overhead = cfg.snapshot_cost, j.checkpoint_interval, cfg.restore_cost
+        else:
+            snap, overhead = 0.0, cfg.restart_overhead
+            ci = j.checkpoint_interval if j.checkpoint_interval is not None \
+                else cfg.checkpoint_interval
+        w = Workload(j.id, j.project, j.user, j.request, now, j.kind, j.min_runtime,
+                     j.resumable, j.time_limit, snap, checkpoint_interval=ci,
+                     restart_overhead=overhead, command=j.command)
+        r.workload = w
+        return w
 
     # ------------------------------------------------------------------ decisions
     def _apply(self, decisions: Sequence[object], now: float) -> None:
@@ -191,6 +275,8 @@ class Simulator:
                 self._on_start(d, now)
             elif isinstance(d, Preempt):
                 self.decisions["preempt"] += 1
+                if d.reason.startswith("backfilled"):
+                    self.decisions["backfill_preempt"] += 1
                 self._on_stop(d.workload, now, failure=False)
             elif isinstance(d, Reserve):
                 self.decisions["reserve"] += 1
@@ -199,26 +285,43 @@ class Simulator:
 
     def _on_start(self, d: Start, now: float) -> None:
         self.decisions["start"] += 1
+        if d.backfill_until is not None:
+            self.decisions["backfill"] += 1
         r = self.records[d.workload]
         r.token += 1
         r.started_at = now
         r.milli = d.placement.milli
+        p = r.job.project
+        self._running_milli[p] = self._running_milli.get(p, 0) + r.milli
         if r.first_start is None:
             r.first_start = now
         if d.backed:
             r.backed_starts += 1
         else:
             r.unbacked_starts += 1
-        r.run_for = r.remaining + r.overhead
-        if r.overhead:  # restoring from a snapshot: GPU time that delivers no progress
-            r.lost_gpu_hours += r.milli / MILLI * r.overhead / HOUR
+        r.run_for = r.remaining + r.overhead  # the reload was counted as lost at the stop
+        if r.workload is not None:  # as the core runs it (a backfill knows its deadline)
+            r.workload = replace(r.workload, started_at=now, backfill_until=d.backfill_until)
         if d.protected_until is not None and d.protected_until > now:
             heapq.heappush(self._expiries, d.protected_until)
         self._push(now + r.run_for, FINISH, (d.workload, r.token))
 
+    def _advance(self, to: float) -> None:
+        """Move the contention clock to ``to``: while anything waits, what each project has
+        running is delivered under contention."""
+        dt = to - self._t_contended
+        if dt > 0 and self.sched.pending:
+            for p, milli in self._running_milli.items():
+                if milli:
+                    self.contended_hours[p] = (self.contended_hours.get(p, 0.0)
+                                               + milli / MILLI * dt / HOUR)
+        self._t_contended = max(self._t_contended, to)
+
     def _charge(self, r: JobRecord, now: float) -> float:
         """Close the current run's charge; returns its elapsed seconds."""
         assert r.started_at is not None
+        p = r.job.project
+        self._running_milli[p] = self._running_milli.get(p, 0) - r.milli
         elapsed = max(0.0, now - r.started_at)
         hours = r.milli / MILLI * elapsed / HOUR
         r.gpu_hours += hours
@@ -231,40 +334,46 @@ class Simulator:
         r = self.records[wid]
         r.token += 1  # its scheduled completion is now stale
         elapsed = self._charge(r, now)
-        progress = max(0.0, elapsed - r.overhead)
         frac = r.milli / MILLI
         if failure:
             r.failures += 1
         else:
             r.preemptions += 1
         j = r.job
-        if j.kind == "interactive" and not failure:
-            # snapshot, then requeue with progress kept; restore when it starts again
-            r.remaining = max(0.0, r.remaining - progress)
-            r.lost_gpu_hours += frac * self.cfg.snapshot_cost / HOUR
-            r.overhead = self.cfg.restore_cost
+        w = r.workload
+        assert w is not None
+        policy = self.policy
+        if failure and (j.kind == "interactive" or not j.resumable):
+            # nothing to snapshot on a dead node: all progress so far, kept or not, is lost
+            r.lost_gpu_hours += frac * (elapsed + (j.duration - r.remaining)) / HOUR
+            self._restart_or_drop(r, wid, now, interactive=j.kind == "interactive")
+            return
+        if not j.resumable and j.kind != "interactive":
+            r.lost_gpu_hours += frac * lost_seconds(w, elapsed, policy) / HOUR
+            self._restart_or_drop(r, wid, now, interactive=False)
+            return
+        # kept progress: all of it for a snapshotted session (checkpoint interval 0), else up
+        # to the run's last checkpoint; this run's reload was counted when it was preempted
+        kept_wall = last_checkpoint(w, elapsed, policy)
+        r.remaining = max(0.0, r.remaining - max(0.0, kept_wall - r.overhead))
+        r.lost_gpu_hours += frac * lost_seconds(w, elapsed, policy) / HOUR
+        r.overhead = policy.restart_overhead_of(w)
+        if j.kind == "interactive":
             r.restarts_from_snapshot += 1
-            self._push(now + self.cfg.snapshot_cost, REQUEUE, wid)
-        elif j.resumable and j.kind != "interactive":
-            ci = self.cfg.checkpoint_interval
-            done = j.duration - r.remaining + progress  # total progress, with this run's
-            kept = (done // ci) * ci if ci > 0 else done
-            kept = max(kept, j.duration - r.remaining)  # earlier checkpoints stay
-            r.lost_gpu_hours += frac * (done - kept) / HOUR
-            r.remaining = max(0.0, j.duration - kept)
-            r.overhead = 0.0
-            self._push(now, REQUEUE, wid)
+            self._push(now + w.snapshot_cost, REQUEUE, wid)
         else:
-            r.lost_gpu_hours += frac * progress / HOUR
-            if self.cfg.nonresumable == "drop" and j.kind != "interactive":
-                r.dropped = True
-                r.end = None
-                return
-            r.remaining = j.duration
-            r.overhead = 0.0
             self._push(now, REQUEUE, wid)
         if r.remaining <= 0.0:  # nothing left to do: it finished as it was stopped
             r.end = now
+
+    def _restart_or_drop(self, r: JobRecord, wid: str, now: float, interactive: bool) -> None:
+        if self.cfg.nonresumable == "drop" and not interactive:
+            r.dropped = True
+            r.end = None
+            return
+        r.remaining = r.job.duration
+        r.overhead = 0.0
+        self._push(now, REQUEUE, wid)
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
@@ -307,6 +416,7 @@ class Simulator:
                     break
                 # nothing else will happen: one last cycle may still start (or preempt) work
                 now = max(now, next_cycle)
+                self._advance(now)
                 if horizon is not None and now > horizon:
                     break
                 self._cycle(now)
@@ -327,12 +437,14 @@ class Simulator:
                 if (self._dirty or (exp and exp[0] <= cand)
                         or cand >= self._last_cycle + self.cfg.idle_cycle_interval):
                     now = cand
+                    self._advance(now)
                     self._cycle(now)
                 next_cycle = cand + interval
                 continue
             if horizon is not None and t > horizon:
                 break
             now = t
+            self._advance(now)
             while next_sample <= now:
                 self._sample(next_sample, total)
                 next_sample += sample_every
@@ -350,6 +462,7 @@ class Simulator:
         end = now
         if horizon is not None and (heap or sched.pending or sched.running):
             end = max(now, horizon)  # stopped by the horizon: the figures run up to it
+        self._advance(end)
         for r in self.records.values():  # still running at the horizon: charge up to it
             if r.started_at is not None:
                 self._charge(r, end)
@@ -358,7 +471,8 @@ class Simulator:
             self.progress(span_guess, span_guess)
         return SimResult(self.records, self.samples, t0, end, total, sched.accounts,
                          self.policy, self.events, self.cycles, dict(self.decisions),
-                         dict(self.project_hours), self.trace.source)
+                         dict(self.project_hours), self.trace.source,
+                         dict(self.contended_hours))
 
     _last_cycle = float("-inf")
 
@@ -371,7 +485,8 @@ class Simulator:
     def _sample(self, t: float, total: int) -> None:
         c = self.sched.cluster
         self.samples.append(Sample(t, c.used_milli, total, c.stranded_milli(),
-                                   len(self.sched.pending), len(self.sched.running)))
+                                   len(self.sched.pending), len(self.sched.running),
+                                   unused_by_cause(self.sched, t)))
 
     def _handle(self, kind: int, payload: object, now: float) -> None:
         sched = self.sched
@@ -424,4 +539,5 @@ def fits_somewhere(inventory: Inventory, job: TraceJob) -> bool:
 
 
 __all__ = ["Simulator", "SimConfig", "SimResult", "JobRecord", "Sample", "NodeFailure",
-           "BudgetChange", "simulate", "fits_somewhere", "request_milli"]
+           "UNUSED_CAUSES", "unused_by_cause",
+           "BudgetChange", "simulate", "fits_somewhere"]

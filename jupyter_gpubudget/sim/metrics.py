@@ -13,6 +13,9 @@ Definitions (documented in docs/simulator.md):
 - **utilisation**: GPU-hours charged / (GPU capacity × span).
 - **stranded**: free GPU capacity on partly used GPUs (shared or MIG), as a fraction of the
   cluster's capacity (mean over samples).
+- **contended share**: an account's share of the GPU-hours delivered while work was waiting
+  (when budgets decide who runs); **demand share**: its share of the GPU-hours asked for.
+- Work submitted after the clock stopped (``--horizon``) is left out of every figure.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..core.accounts import AccountTree
-from ..core.model import HOUR, KINDS
-from .engine import SimResult
+from ..core.model import HOUR, KINDS, gpu_fraction
+from .engine import UNUSED_CAUSES, SimResult
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -35,9 +38,11 @@ def _pct(values: list[float], q: float) -> float | None:
 def compute(res: SimResult) -> dict[str, Any]:
     span = max(res.end - res.start, 1e-9)
     cap_hours = res.total_milli / 1000 * span / HOUR
+    # work submitted after the clock stopped (a --horizon) is not part of the figures
+    arrived = {k: r for k, r in res.records.items() if r.job.submit <= res.end}
     kinds: dict[str, Any] = {}
     for kind in KINDS:
-        recs = [r for r in res.records.values() if r.job.kind == kind]
+        recs = [r for r in arrived.values() if r.job.kind == kind]
         if not recs:
             continue
         waits = [r.wait for r in recs if r.wait is not None]
@@ -57,9 +62,15 @@ def compute(res: SimResult) -> dict[str, Any]:
             "lost_gpu_hours": sum(r.lost_gpu_hours for r in recs),
         }
     delivered = sum(res.project_hours.values())
+    preemptions = sum(r.preemptions for r in arrived.values())
+    lost = sum(r.lost_gpu_hours for r in arrived.values())
+    accounts = account_shares(res.accounts, res.project_hours, arrived, cap_hours,
+                              res.contended_hours)
+    programs = [a for a in accounts.values() if a["parent"] is None]
     out: dict[str, Any] = {
         "trace": res.trace_source,
         "workloads": len(res.records),
+        "arrived": len(arrived),
         "span_hours": span / HOUR,
         "gpus": res.total_milli / 1000,
         "events": res.events,
@@ -68,31 +79,58 @@ def compute(res: SimResult) -> dict[str, Any]:
         "kinds": kinds,
         "utilisation": delivered / cap_hours if cap_hours > 0 else 0.0,
         "delivered_gpu_hours": delivered,
-        "preemptions": sum(r.preemptions for r in res.records.values()),
-        "node_failure_stops": sum(r.failures for r in res.records.values()),
-        "lost_gpu_hours": sum(r.lost_gpu_hours for r in res.records.values()),
+        "preemptions": preemptions,
+        "preemptions_per_workload": preemptions / len(arrived) if arrived else 0.0,
+        "node_failure_stops": sum(r.failures for r in arrived.values()),
+        "lost_gpu_hours": lost,
+        "lost_pct_of_delivered": 100.0 * lost / delivered if delivered > 0 else 0.0,
+        # how far each program's delivered share is from its grant share (percentage
+        # points): over the whole run, and counting only what ran while work waited
+        "share_error_pts": max((100.0 * abs(a["delivered_share"] - a["grant_share"])
+                                for a in programs), default=0.0),
+        "contended_share_error_pts": max(
+            (100.0 * abs(a["contended_share"] - a["grant_share"]) for a in programs),
+            default=0.0),
         "stranded_fraction": (float(np.mean([s.stranded_milli / s.total_milli
                                              for s in res.samples])) if res.samples else 0.0),
-        "accounts": account_shares(res.accounts, res.project_hours, res.records, cap_hours),
+        "unused": unused_breakdown(res),
+        "accounts": accounts,
     }
     return out
 
 
+def unused_breakdown(res: SimResult) -> dict[str, float]:
+    """Mean share of the cluster's GPU capacity left unused, by cause (see
+    ``engine.unused_by_cause``), over the samples; they add up to about 1 − utilisation."""
+    if not res.samples:
+        return dict.fromkeys(UNUSED_CAUSES, 0.0)
+    n = len(res.samples)
+    return {cause: sum(s.unused.get(cause, 0) / s.total_milli for s in res.samples) / n
+            for cause in UNUSED_CAUSES}
+
+
 def account_shares(tree: AccountTree, project_hours: dict[str, float],
-                   records: dict[str, Any], cap_hours: float) -> dict[str, Any]:
+                   records: dict[str, Any], cap_hours: float,
+                   contended_hours: dict[str, float] | None = None) -> dict[str, Any]:
     """Per account (projects and programs): grant, delivered GPU-hours, their shares among
-    siblings, and demand (GPU-hours asked for)."""
+    siblings, demand (GPU-hours asked for) and its share, and what was delivered while work
+    waited (the cluster contended: where budgets decide) and its share."""
     grants = tree.effective_grants(cap_hours)
     delivered: dict[str, float] = {a: 0.0 for a in tree.accounts}
+    contended: dict[str, float] = {a: 0.0 for a in tree.accounts}
     demand: dict[str, float] = {a: 0.0 for a in tree.accounts}
     for p, h in project_hours.items():
         if p in tree.accounts:
             for a in tree.path(p):
                 delivered[a] += h
+    for p, h in (contended_hours or {}).items():
+        if p in tree.accounts:
+            for a in tree.path(p):
+                contended[a] += h
     for r in records.values():
         j = r.job
         if j.project in tree.accounts:
-            frac = r.milli / 1000 if r.milli else _fraction(j)
+            frac = r.milli / 1000 if r.milli else gpu_fraction(j.request)
             for a in tree.path(j.project):
                 demand[a] += frac * j.duration / HOUR
     out = {}
@@ -100,27 +138,21 @@ def account_shares(tree: AccountTree, project_hours: dict[str, float],
         sibs = (tree.accounts[acc.parent].children if acc.parent else tree.roots)
         g_sum = sum(grants.get(s, 0.0) for s in sibs)
         d_sum = sum(delivered.get(s, 0.0) for s in sibs)
+        c_sum = sum(contended.get(s, 0.0) for s in sibs)
+        n_sum = sum(demand.get(s, 0.0) for s in sibs)
         gs = grants.get(name, 0.0) / g_sum if g_sum > 0 else 0.0
         ds = delivered[name] / d_sum if d_sum > 0 else 0.0
         out[name] = {
             "parent": acc.parent, "is_project": not acc.children,
             "grant_hours_per_window": grants.get(name, 0.0),
             "delivered_gpu_hours": delivered[name], "demand_gpu_hours": demand[name],
+            "contended_gpu_hours": contended[name],
             "grant_share": gs, "delivered_share": ds,
+            "demand_share": demand[name] / n_sum if n_sum > 0 else 0.0,
+            "contended_share": contended[name] / c_sum if c_sum > 0 else 0.0,
             "delivered_vs_grant": ds / gs if gs > 0 else None,
         }
     return out
-
-
-def _fraction(j: Any) -> float:
-    r = j.request
-    if r.kind == "gpu":
-        return float(r.gpus)
-    if r.kind == "mps":
-        return r.milli / 1000
-    if r.kind == "mig":
-        return 1 / 7
-    return 0.0
 
 
 def utilisation_series(res: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -158,6 +190,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             va = a["accounts"][name]["delivered_share"]
             vb = b["accounts"][name]["delivered_share"]
             rows[f"{name}.delivered_share"] = {"a": va, "b": vb, "diff": vb - va}
+            ca = a["accounts"][name].get("contended_share", 0.0)
+            cb = b["accounts"][name].get("contended_share", 0.0)
+            rows[f"{name}.contended_share"] = {"a": ca, "b": cb, "diff": cb - ca}
             ga = a["accounts"][name]["grant_share"]
             gb = b["accounts"][name]["grant_share"]
             rows[f"{name}.grant_share"] = {"a": ga, "b": gb, "diff": gb - ga}

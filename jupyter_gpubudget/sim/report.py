@@ -39,7 +39,7 @@ def kinds_table(m: dict[str, Any], title: str = "Waits and completion by kind") 
     t = Table(title=title)
     for col in ("kind", "count", "wait p50", "wait p90", "wait p99", "JCT p50", "JCT p90",
                 "preempted", "lost GPU-h", "never started"):
-        t.add_column(col, justify="right" if col != "kind" else "left")
+        t.add_column(col, justify="right" if col != "kind" else "left", overflow="fold")
     for kind in KINDS:
         k = m["kinds"].get(kind)
         if not k:
@@ -53,9 +53,11 @@ def kinds_table(m: dict[str, Any], title: str = "Waits and completion by kind") 
 
 def accounts_table(m: dict[str, Any], title: str = "Share of grant delivered") -> Table:
     t = Table(title=title)
-    for col in ("account", "grant/window", "grant share", "delivered GPU-h", "delivered share",
-                "delivered ÷ grant", "demand GPU-h"):
-        t.add_column(col, justify="right" if col != "account" else "left")
+    for col in ("account", "grant/window", "grant share", "demand share", "delivered GPU-h",
+                "delivered share", "share while contended", "delivered ÷ grant",
+                "demand GPU-h"):
+        t.add_column(col, justify="right" if col != "account" else "left",
+                     overflow="fold", no_wrap=col == "account")
     accts = m["accounts"]
 
     def depth(name: str) -> int:
@@ -69,8 +71,9 @@ def accounts_table(m: dict[str, Any], title: str = "Share of grant delivered") -
             if a["parent"] == parent:
                 r = a["delivered_vs_grant"]
                 t.add_row("  " * depth(name) + name, f"{a['grant_hours_per_window']:.0f}",
-                          _pct(a["grant_share"]), f"{a['delivered_gpu_hours']:.1f}",
-                          _pct(a["delivered_share"]), "–" if r is None else f"{r:.2f}",
+                          _pct(a["grant_share"]), _pct(a.get("demand_share")),
+                          f"{a['delivered_gpu_hours']:.1f}", _pct(a["delivered_share"]),
+                          _pct(a.get("contended_share")), "–" if r is None else f"{r:.2f}",
                           f"{a['demand_gpu_hours']:.1f}")
                 walk(name)
 
@@ -86,13 +89,38 @@ def summary_table(m: dict[str, Any], title: str = "Cluster") -> Table:
     t.add_row("workloads", str(m["workloads"]))
     t.add_row("GPUs", f"{m['gpus']:g}")
     t.add_row("simulated span", fmt_secs(m["span_hours"] * 3600))
+    if m.get("arrived", m["workloads"]) != m["workloads"]:
+        t.add_row("arrived before the clock stopped", str(m["arrived"]))
     t.add_row("utilisation", _pct(m["utilisation"]))
+    unused = m.get("unused") or {}
+    for cause, label in UNUSED_LABELS.items():
+        if cause in unused:
+            t.add_row(f"  unused: {label}", _pct(unused[cause]))
     t.add_row("stranded GPU (mean)", _pct(m["stranded_fraction"]))
-    t.add_row("preemptions", str(m["preemptions"]))
+    per = m.get("preemptions_per_workload")
+    t.add_row("preemptions", str(m["preemptions"]) + ("" if per is None else
+                                                      f" ({per:.3f} per workload)"))
     t.add_row("node-failure stops", str(m["node_failure_stops"]))
-    t.add_row("lost GPU-hours", f"{m['lost_gpu_hours']:.1f}")
+    lost_pct = m.get("lost_pct_of_delivered")
+    t.add_row("lost GPU-hours", f"{m['lost_gpu_hours']:.1f}" + (
+        "" if lost_pct is None else f" ({lost_pct:.2f}% of delivered)"))
+    if "share_error_pts" in m:
+        t.add_row("programs' share − grant share (max)",
+                  f"{m['share_error_pts']:.1f} pt (while contended "
+                  f"{m['contended_share_error_pts']:.1f} pt)")
     t.add_row("events / cycles", f"{m['events']} / {m['cycles']}")
     return t
+
+
+#: the report's names for the causes of unused capacity (engine.UNUSED_CAUSES)
+UNUSED_LABELS = {
+    "mig_no_demand": "MIG capacity, no MIG demand",
+    "reserved": "held for a gang's reservation",
+    "fragmentation": "fragments no waiting request fits",
+    "drained": "on drained / failed nodes",
+    "empty_queue": "idle, nothing waiting",
+    "awaiting_cycle": "waiting for the next cycle",
+}
 
 
 def print_report(m: dict[str, Any], console: Console | None = None) -> None:
@@ -172,18 +200,21 @@ def write_plots(res: SimResult, m: dict[str, Any], outdir: str | Path, label: st
     # delivered vs grant share
     accts = m["accounts"]
     names = list(accts)
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(names) + 2), 4.5))
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [100 * accts[n]["grant_share"] for n in names], 0.4,
-           label="grant share (among siblings)")
-    ax.bar([x + 0.2 for x in xs], [100 * accts[n]["delivered_share"] for n in names], 0.4,
-           label="delivered share")
+    bars = (("grant_share", "grant share (among siblings)"), ("demand_share", "demand share"),
+            ("delivered_share", "delivered share"),
+            ("contended_share", "delivered share while work waited"))
+    width = 0.8 / len(bars)
+    for k, (key, label) in enumerate(bars):
+        ax.bar([x - 0.4 + width * (k + 0.5) for x in xs],
+               [100 * accts[n].get(key, 0.0) for n in names], width, label=label)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([("· " if not accts[n]["is_project"] else "") + n for n in names],
                        rotation=30, ha="right")
     ax.set_ylabel("% of siblings' total")
-    ax.set_title("Delivered vs grant (· = program)")
-    ax.legend()
+    ax.set_title("Grant, demand and delivered share (· = program)")
+    ax.legend(fontsize="small")
     ax.grid(True, axis="y", alpha=0.3)
     p = out / f"{prefix}delivered_vs_grant.png"
     fig.tight_layout()

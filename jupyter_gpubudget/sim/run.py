@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.accounts import Budgets, load_budgets
 from ..core.inventory import Inventory, load_inventory, make_node
+from ..core.model import gpu_fraction
 from . import metrics
 from .engine import SimConfig, SimResult, simulate
 from .synthetic import SyntheticSpec, generate, synthetic_inventory
@@ -57,10 +58,7 @@ def default_gpus(trace: Trace, target_load: float = 0.8) -> int:
     largest request and for an offered load of about ``target_load``."""
     work = 0.0
     for j in trace.jobs:
-        r = j.request
-        frac = (r.gpus if r.kind == "gpu" else r.milli / 1000 if r.kind == "mps"
-                else 0.0 if r.kind == "cpu" else 1 / 7)
-        work += frac * j.duration
+        work += gpu_fraction(j.request) * j.duration
     avg = work / max(trace.span, 1.0)
     need = max(trace.max_gpus, avg / target_load, 8)
     return 8 * math.ceil(need / 8)

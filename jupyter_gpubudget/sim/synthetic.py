@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.inventory import Inventory, make_node
-from ..core.model import DAY, HOUR, MILLI, SliceRequest
+from ..core.model import DAY, HOUR, SliceRequest, gpu_fraction
 from .traces import Trace, TraceJob
 
 MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb")  # H100-80GB
@@ -118,8 +118,7 @@ def generate(spec: SyntheticSpec, projects: Sequence[str] = ("physics", "biology
     bsize = rng.choice(sizes, size=n_bat, p=p)
     bdur = np.clip(rng.lognormal(np.log(6 * HOUR), 1.0, n_bat), 10 * 60, 7 * DAY)
     bproj = rng.choice(len(projects), size=n_bat, p=w)
-    used = sum(j.duration * j.request.gpus * (1 if j.request.kind == "gpu" else 0.3)
-               for j in jobs)
+    used = sum(j.duration * gpu_fraction(j.request) for j in jobs)
     want = spec.load * spec.gpus * span - used
     have = float((bdur * bsize).sum())
     if n_bat and have > 0 and want > 0:
@@ -141,8 +140,5 @@ def offered_load(trace: Trace, gpus: int) -> float:
         return 0.0
     work = 0.0
     for j in trace.jobs:
-        r = j.request
-        frac = (r.gpus if r.kind == "gpu" else (r.milli / MILLI if r.kind == "mps" else
-                                                 (0.0 if r.kind == "cpu" else 1 / 7)))
-        work += frac * j.duration
+        work += gpu_fraction(j.request) * j.duration
     return work / (gpus * max(trace.span, 1.0))

@@ -16,6 +16,8 @@ Native CSV (one workload per row; header required; columns in any order)::
   ``cpu``. Optional ``model`` (``A100-80GB`` or ``A|B``), ``cpu_milli``, ``memory_mib``.
 - ``kind``: ``interactive`` | ``batch`` | ``debug`` (default batch); ``resumable``:
   true/false/yes/no/1/0 (default: false for interactive, true otherwise).
+- ``checkpoint_interval`` (a duration; 0: nothing is lost when preempted) and ``command``
+  (command or image name, a feature of the run-time prediction) are optional.
 - ``project``/``user`` may be empty or absent: projects are then assigned deterministically
   from the budgets (see :func:`assign_projects`).
 
@@ -58,6 +60,8 @@ class TraceJob:
     min_runtime: float = 0.0
     resumable: bool = True
     time_limit: float | None = None
+    checkpoint_interval: float | None = None  # declared (None: the simulator's default)
+    command: str = ""  # command or image name (a prediction feature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +203,7 @@ def _read(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 NATIVE_REQUIRED = ("submit", "duration")
 NATIVE_OPTIONAL = ("id", "project", "user", "kind", "min_runtime", "resumable", "time_limit",
-                   "model", "cpu_milli", "memory_mib")
+                   "model", "cpu_milli", "memory_mib", "checkpoint_interval", "command")
 _TRUE = {"true", "yes", "1", "y", "t"}
 _FALSE = {"false", "no", "0", "n", "f"}
 
@@ -281,8 +285,10 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
         if project and not all(c.isalnum() or c in "-_." for c in project):
             raise rows.error(f"project name {project!r} must be letters, digits, '-', '_' or '.'",
                              "project", line)
+        ci = rows.duration(row, "checkpoint_interval", line, default=-1.0)
         jobs.append(TraceJob(jid, submit, duration, req, project, row.get("user", ""), kind,
-                             min_rt, resumable, tl if tl >= 0 else None))
+                             min_rt, resumable, tl if tl >= 0 else None,
+                             ci if ci >= 0 else None, row.get("command", "")))
     return Trace(tuple(sorted(jobs, key=lambda j: (j.submit, j.id))), source, "native")
 
 
@@ -402,7 +408,14 @@ def parse_openb_nodes(text: str, source: str = "<nodes>") -> list[OpenbNode]:
 
 def parse_openb_trace(text: str, source: str = "<trace>") -> Trace:
     """openb pods as a time trace: submitted at creation, running until deletion. Pods that
-    never ran (no deletion time, or deleted before scheduled) are skipped."""
+    never ran (no deletion time, or deleted before scheduled) are skipped. A pod list
+    without time columns is for placement only: the error says so."""
+    header = {c.strip() for c in text.lstrip("\ufeff").split("\n", 1)[0].split(",")}
+    missing = [c for c in ("creation_time", "deletion_time") if c not in header]
+    if missing:
+        raise TraceError(f"an openb pod list without {' and '.join(missing)} has no times to "
+                         "replay: use --placement-repro (with --nodes) to place its pods as "
+                         "in the FGD paper", missing[0], 1, source)
     jobs = []
     for p in parse_openb_pods(text, source):
         if p.deletion_time is None:
@@ -419,18 +432,35 @@ def parse_openb_trace(text: str, source: str = "<trace>") -> Trace:
 # ---------------------------------------------------------------------- detection
 
 
-def detect_format(text: str) -> str:
+#: the trace formats ``simulate --trace`` reads, and the columns that identify each
+FORMATS = {
+    "native": "submit, duration and gpus or slice (optional: " + ", ".join(NATIVE_OPTIONAL)
+              + ")",
+    "itp": "job_id, submission_time, duration, num_gpu (Microsoft ITP / ElasticFlow)",
+    "openb": "name, cpu_milli, memory_mib, num_gpu, gpu_milli, and creation_time, "
+             "deletion_time to replay in time (Alibaba openb pod list)",
+}
+
+
+def detect_format(text: str, source: str = "<trace>") -> str:
+    """The trace format its header names; a header that matches none is an error that lists
+    the formats and their columns."""
     first = text.lstrip("\ufeff").split("\n", 1)[0]
     cols = {c.strip() for c in first.split(",")}
     if {"job_id", "submission_time", "num_gpu"} <= cols:
         return "itp"
     if {"gpu_milli", "num_gpu", "cpu_milli"} <= cols and "name" in cols:
         return "openb"
-    return "native"
+    if {"submit", "duration"} <= cols or cols & {"gpus", "slice"}:
+        return "native"  # its own checks name what is missing
+    known = "; ".join(f"{name}: {what}" for name, what in FORMATS.items())
+    shown = ", ".join(sorted(c for c in cols if c)) or "none"
+    raise TraceError(f"the header matches no known trace format (columns: {shown}). "
+                     f"Known formats — {known}", "", 1, source)
 
 
 def parse_trace(text: str, source: str = "<trace>", fmt: str | None = None) -> Trace:
-    fmt = fmt or detect_format(text)
+    fmt = fmt or detect_format(text, source)
     text = text.lstrip("\ufeff")
     if fmt == "itp":
         return parse_itp(text, source)

@@ -261,3 +261,40 @@ def test_index_follows_the_cluster_in_bulk_and_one_by_one() -> None:
     c.allocate("x", Placement((SliceAlloc("n39", 0, "gpu", 1000, cpu_milli=4000),
                                SliceAlloc("n39", 1, "gpu", 1000))))
     check()
+
+
+def test_cpu_stranded_by_hand() -> None:
+    from jupyter_gpubudget.core.fragmentation import BIG, cpu_per_milli, cpu_stranded
+
+    # ρ = 10 CPU milli per GPU milli (10 cores per GPU): 8 free GPUs need 80 cores
+    got = cpu_stranded(np.array([8000, 8000, 2000, 0]), np.array([80000, 20000, 96000, 5000]),
+                       10.0)
+    assert got.tolist() == [0.0, 6000.0, 0.0, 0.0]  # 20 cores feed 2 GPUs: 6 are stranded
+    assert cpu_stranded(np.array([8000]), np.array([int(BIG)]), 10.0).tolist() == [0.0]
+    assert cpu_stranded(np.array([8000]), np.array([0]), 0.0).tolist() == [0.0]  # no ρ
+    # ρ of a mix: (0.5·4000 + 0.25·8000 + 0.25·[CPU-only, left out]) / (0.5·500 + 0.25·2·1000)
+    mix = [(Shape(500, 1, 4000), 0.5), (Shape(1000, 2, 8000), 0.25), (Shape(0, 0, 9000), 0.25)]
+    assert cpu_per_milli(mix) == pytest.approx((2000 + 2000) / (250 + 500))
+    assert cpu_per_milli([(Shape(500, 1), 1.0)]) == 0.0
+    assert cpu_per_milli([]) == 0.0
+
+
+def test_cpu_heavy_share_goes_to_the_cpu_rich_node() -> None:
+    """Two nodes with two free GPUs each; node 0 has 20 cores, node 1 has 104. The mix asks
+    4 cores per half GPU (ρ = 8 CPU milli per GPU milli). A share asking 12 cores for half a
+    GPU fits the mix's next arrival on either node (ΔF ties), but on node 0 it leaves 8 cores
+    for 1.5 GPUs: 1500 − 8000/8 = 500 milli that the mix can never use."""
+    idx = FragIndex([2, 2], ["T4", "T4"], [20000, 104000], [10**6, 10**6])
+    mix = ShapeMix(decay=1.0)
+    for _ in range(10):
+        mix.observe(Shape(500, 1, 4000))
+    w = idx.weights(mix)
+    assert idx.rho == pytest.approx(8.0)
+    s = Shape(500, 1, 12000)
+    # node 0: before max(0, 2000 − 20000/8) = 0, after 1500 − 8000/8 = 500; node 1: 0 and 0
+    assert idx.strand_delta(np.array([0, 1]), s.cpu_milli, s.milli).tolist() == [500.0, 0.0]
+    n, g = idx.candidates_share(s)
+    assert np.round(idx.score_share(s, w, n, g), 6).tolist() == [0.0] * 4  # ΔF ties
+    assert idx.best_share(s, mix)[0][0] == 1  # the host-stranding term: CPU-rich node
+    idx.strand_weight = 0.0  # without it, best fit picks the fuller (CPU-poor) node
+    assert idx.best_share(s, mix)[0][0] == 0

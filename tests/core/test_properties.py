@@ -79,8 +79,11 @@ grants = st.fixed_dictionaries({k: st.sampled_from([0, 5, 20, 100, 1000])
 
 
 def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str],
-                 backed_before: dict[str, bool], victims: dict[str, str] | None = None) -> None:
+                 backed_before: dict[str, bool], victims: dict[str, str] | None = None,
+                 overdue: set[str] | None = None, kinds: dict[str, str] | None = None) -> None:
     victims = victims or {}
+    overdue = overdue or set()
+    kinds = kinds or {}
     check_capacity(s.inventory, s.running.values())
     starts = {d.workload: d for d in decisions if isinstance(d, Start)}
     reserved: list[tuple[float, set[tuple[str, int]]]] = []
@@ -90,9 +93,16 @@ def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str]
             assert d.workload not in protected_before, f"protected {d.workload} preempted"
             if d.for_workload is not None:
                 # backing: only backed work preempts, and a backed victim only for a
-                # workload whose project stands strictly lower
+                # workload whose project stands strictly lower — unless the victim was
+                # backfilled onto reserved GPUs and is still running past that reservation
                 assert starts[d.for_workload].backed
-                if backed_before.get(d.workload):
+                if d.reason.startswith("backfilled"):
+                    assert d.workload in overdue, f"{d.workload} reclaimed but not overdue"
+                elif d.reason.startswith("a short debug run"):
+                    # the short lane takes only batch work that has just saved its progress
+                    assert kinds[d.workload] == "batch"
+                    assert s.short(s.running[d.for_workload])
+                elif backed_before.get(d.workload):
                     st_ = s._st
                     assert st_ is not None
                     mine = st_.path_standing[s.running[d.for_workload].project]
@@ -110,7 +120,7 @@ def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str]
                 if req.single_node:
                     assert len(d.placement.nodes) == 1
             # backfill: reserved GPUs only for work predicted to end before the reservation
-            end = now + s.predict(w)
+            end = now + s.predict_long(w)
             used = {(x.node, x.gpu) for x in d.placement.slices}
             for at, gpus in reserved:
                 if used & gpus:
@@ -130,6 +140,9 @@ def test_invariants_hold_over_random_event_sequences(inv, ws, g, ops, heavy):
         protected = {wid for wid, w in s.running.items() if w.is_protected(now)}
         backed = {wid: w.backed for wid, w in s.running.items()}
         projects = {wid: w.project for wid, w in s.running.items()}
+        overdue = {wid for wid, w in s.running.items()
+                   if w.backfill_until is not None and w.backfill_until <= now}
+        kinds = {wid: w.kind for wid, w in s.running.items()}
         if op <= 2 and queue:
             w = queue.pop(0)
             ds = s.submit(w, now)
@@ -141,7 +154,7 @@ def test_invariants_hold_over_random_event_sequences(inv, ws, g, ops, heavy):
             ds = []
         else:
             ds = s.cycle(now)
-        _check_cycle(s, ds, now, protected, backed, projects)
+        _check_cycle(s, ds, now, protected, backed, projects, overdue, kinds)
         now += [60.0, 1800.0, 3 * 3600.0][op % 3]
     # nothing is lost: every workload is pending, running or was preempted/finished
     assert set(s.pending).isdisjoint(s.running)
@@ -150,8 +163,10 @@ def test_invariants_hold_over_random_event_sequences(inv, ws, g, ops, heavy):
 @SETTINGS
 @given(inventories(), workloads(), grants, st.lists(st.sampled_from(PROJECTS), max_size=5))
 def test_standing_orders_siblings_and_schedule_is_deterministic(inv, ws, g, heavy):
-    """Fair Tree: between sibling projects, if the one standing higher started a workload, the
-    first pending workload of the lower one with the same shape and run time started too."""
+    """Fair Tree: between sibling projects, if the one standing higher started a workload,
+    the first pending workload of the lower one — first in its own order: the short lane,
+    then by kind, then by submission — started too when it has the same kind, shape and run
+    time."""
     g = dict(g, g1=1000, g2=1000, gp=1000, gq=1000, gr=1000)  # everything backed
     charges = [ChargeInterval(f"c{i}", p, "x", 1000, 0.0, (i + 1) * 7 * HOUR)
                for i, p in enumerate(heavy)]
@@ -164,8 +179,10 @@ def test_standing_orders_siblings_and_schedule_is_deterministic(inv, ws, g, heav
     st_ = s._standings(now)
     started = {d.workload for d in ds if isinstance(d, Start)}
     by_id = {w.id: w for w in ws}
+    from jupyter_gpubudget.core.ranking import kind_rank
+
     heads = {}
-    for w in sorted(ws, key=lambda w: (w.submitted_at, w.id)):
+    for w in sorted(ws, key=lambda w: (not s.short(w), kind_rank(w.kind), w.submitted_at, w.id)):
         heads.setdefault(w.project, w)
     for a, b in (("p", "q"), ("q", "p")):
         if a not in heads or st_.standing[a] >= st_.standing[b]:
@@ -174,7 +191,7 @@ def test_standing_orders_siblings_and_schedule_is_deterministic(inv, ws, g, heav
         for wid in started:
             y = by_id[wid]
             if (y.project == b and y.request.shape == x.request.shape
-                    and y.time_limit == x.time_limit):
+                    and y.time_limit == x.time_limit and y.kind == x.kind):
                 assert x.id in started, f"{y.id} of {b} started before head {x.id} of {a}"
 
 
@@ -218,8 +235,9 @@ def test_contention_preempts_only_unprotected_and_eligible(inv, first, second, h
     protected = {wid for wid, w in s.running.items() if w.is_protected(later)}
     backed = {wid: w.backed for wid, w in s.running.items()}
     projects = {wid: w.project for wid, w in s.running.items()}
+    kinds = {wid: w.kind for wid, w in s.running.items()}
     ds = s.cycle(later)
-    _check_cycle(s, ds, later, protected, backed, projects)
+    _check_cycle(s, ds, later, protected, backed, projects, kinds=kinds)
     preempted = {d.workload for d in ds if isinstance(d, Preempt)}
     assert not preempted & protected
 
@@ -228,8 +246,8 @@ def test_contention_preempts_only_unprotected_and_eligible(inv, first, second, h
 @given(inventories(), workloads(n_max=8), st.integers(1, 40))
 def test_lower_standing_sibling_goes_first_with_mirrored_queues(inv, ws, used_hours):
     """p and q queue identical work; q has used more. Then for every shape, q never has more
-    of it started than p, and p's first workload starts whenever any q workload of its shape
-    and run time does."""
+    of it started than p, and p's first workload (first in its own order: short lane, kind,
+    submission) starts whenever any q workload of its kind, shape and run time does."""
     t = tree(THREE.format(g1=1000, g2=1000, gp=1000, gq=1000, gr=1000))
     pend = []
     for w in ws:
@@ -241,10 +259,13 @@ def test_lower_standing_sibling_goes_first_with_mirrored_queues(inv, ws, used_ho
                          charges=charges)
     ds = schedule(state, 50 * HOUR)
     started = {d.workload for d in ds if isinstance(d, Start)}
-    head = min(ws, key=lambda w: (w.submitted_at, w.id))
+    from jupyter_gpubudget.core.ranking import kind_rank
+
+    s = Scheduler.from_state(state)
+    head = min(ws, key=lambda w: (not s.short(w), kind_rank(w.kind), w.submitted_at, w.id))
     for w in ws:
-        if f"q-{w.id}" in started and (w.request.shape, w.time_limit) == (
-                head.request.shape, head.time_limit):
+        if f"q-{w.id}" in started and (w.request.shape, w.time_limit, w.kind) == (
+                head.request.shape, head.time_limit, head.kind):
             assert f"p-{head.id}" in started
     shapes = {}
     for wid in started:

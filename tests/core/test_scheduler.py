@@ -25,6 +25,10 @@ from .helpers import check_capacity, inventory, job, tree
 NOW = 100 * HOUR
 
 
+# the rules below other than the toll and the margin, priced by the lost work alone
+BARE = Policy(preemption_toll=0.0, preemption_margin=0.0)
+
+
 def charge(project, hours, gpus=1, end=NOW):
     return ChargeInterval(f"old-{project}-{hours}", project, "x", gpus * 1000,
                           end - hours * HOUR, end)
@@ -88,7 +92,9 @@ def test_min_runtime_is_capped_by_policy():
 
 
 def test_protected_work_is_never_preempted():
-    running = job("b-old", "b", min_runtime=5 * HOUR)
+    # resumable, so that once unprotected its preemption costs little (1 s since its last
+    # checkpoint + the restart's reload) and pays; protection is what this test is about
+    running = job("b-old", "b", min_runtime=5 * HOUR, resumable=True)
     s = Scheduler(tree(), inventory(gpus=1))
     s.submit(running, NOW)
     assert "b-old" in s.running
@@ -125,18 +131,32 @@ accounts:
     assert starts(ds) == ["c1"]
 
 
-def test_preemption_takes_the_smallest_set_and_prefers_resumable():
-    s = Scheduler(tree(), inventory(gpus=4))
+def test_preemption_takes_the_cheapest_set():
+    """Victims are chosen by what their preemption throws away (policy: checkpoints every
+    30 min, 120 s reload). 40 min in: a non-resumable 1-GPU job loses 40 min (0.667 GPU-h),
+    a resumable one 10 + 2 min (0.2 GPU-h)."""
+    s = Scheduler(tree(), inventory(gpus=4), BARE)
     s.meter.add(charge("b", 90))
     for i, (g, res) in enumerate([(1, False), (1, True), (2, False)]):
         s.submit(job(f"b{i}", "b", gpus=g, resumable=res, at=i), NOW)
     assert len(s.running) == 3
     s.submit(job("a1", "a", gpus=1, at=5), NOW)
-    ds = s.cycle(NOW + 1)
-    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b1"]  # resumable one
-    s.submit(job("a2", "a", gpus=2, at=6), NOW + 2)
-    ds = s.cycle(NOW + 3)
-    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b2"]  # one victim, not two
+    ds = s.cycle(NOW + 40 * 60)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b1"]  # 0.2, not 0.667
+
+
+def test_two_cheap_victims_beat_one_dear_one():
+    """a needs 2 GPUs. b's two resumable 1-GPU jobs cost 2 × (10 + 2) min = 0.4 GPU-h; its
+    non-resumable 2-GPU job 2 × 40 min = 1.33 GPU-h (both pay: a's 2-GPU, 1-hour run gains
+    2 GPU-h × a gap of ~1): the cheaper pair goes, not the single dear victim."""
+    s = Scheduler(tree(), inventory(gpus=4), BARE)
+    s.meter.add(charge("b", 90))
+    for i, (g, res) in enumerate([(1, True), (1, True), (2, False)]):
+        s.submit(job(f"b{i}", "b", gpus=g, resumable=res, at=i), NOW)
+    s.submit(job("a2", "a", gpus=2, at=5), NOW)
+    ds = s.cycle(NOW + 40 * 60)
+    assert sorted(d.workload for d in ds if isinstance(d, Preempt)) == ["b0", "b1"]
+    assert starts(ds) == ["a2"]
 
 
 def test_same_standing_does_not_preempt():
@@ -316,7 +336,7 @@ def test_no_preemption_that_would_flip_back():
     """a stands just below b; a's workload asks for 10 protected GPU-hours, after which a would
     stand above b: preempting b now would only hand the GPU back later, so it is not done."""
     for min_runtime, expect in ((10 * HOUR, []), (0.0, ["b1"])):
-        s = Scheduler(tree(), inventory(gpus=1))
+        s = Scheduler(tree(), inventory(gpus=1), BARE)
         s.meter.add(charge("a", 50))
         s.meter.add(charge("b", 52))
         s.submit(job("b1", "b"), NOW)

@@ -44,6 +44,11 @@ def test_native_example_with_compare(tmp_path: Path, capsys) -> None:  # type: i
     assert set(m) == {"a", "b", "diff"}
     d = m["diff"]["ml.grant_share"]
     assert d["b"] > d["a"]
+    # the example is contended: a larger grant gets ml a larger share of what ran while
+    # work waited (everything completes in the end, so the whole run's share cannot move)
+    c = m["diff"]["ml.contended_share"]
+    assert c["b"] > c["a"] + 0.03, c
+    assert m["a"]["unused"]["empty_queue"] < 0.5
 
 
 def test_malformed_trace_is_refused_with_line_and_column(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -102,3 +107,46 @@ def test_budget_change_option(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["accounts"]["ml"]["grant_hours_per_window"] == 5000  # the tree in force at the end
     assert run(["--budget-change", "soon", "--out", str(tmp_path)]) == 2
+
+
+def test_piped_tables_keep_names_whole(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    rc = run(["--workloads", "120", "--days", "1", "--gpus", "16", "--out", str(tmp_path),
+              "--no-plots"])
+    assert rc == 0
+    out = capsys.readouterr().out  # captured: not a terminal, as when piped
+    assert "…" not in out
+    for text in ("foundation", "share while contended", "held for a gang's reservation",
+                 "never started", "preemptions"):
+        assert text in out
+
+
+def test_delivered_vs_grant_chart_shows_demand(tmp_path: Path) -> None:
+    """The bar chart carries four bars per account: grant, demand, delivered, delivered
+    while work waited (read from the legend of the figure the report saves)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jupyter_gpubudget.sim import report
+    from jupyter_gpubudget.sim.engine import SimConfig
+    from jupyter_gpubudget.sim.run import prepare, run_one
+
+    setup = prepare(str(EXAMPLES / "trace-native.csv"), str(EXAMPLES / "budgets-sim.yaml"))
+    res, m = run_one(setup, setup.budgets, SimConfig())
+    captured = {}
+    real = plt.Figure.savefig
+
+    def keep(fig, path, *a, **k):  # type: ignore[no-untyped-def]
+        captured[Path(path).name] = [t.get_text() for ax in fig.axes
+                                     for t in ax.get_legend().get_texts()]
+        return real(fig, path, *a, **k)
+
+    plt.Figure.savefig = keep  # type: ignore[method-assign]
+    try:
+        report.write_plots(res, m, tmp_path)
+    finally:
+        plt.Figure.savefig = real  # type: ignore[method-assign]
+    assert captured["delivered_vs_grant.png"] == [
+        "grant share (among siblings)", "demand share", "delivered share",
+        "delivered share while work waited"]

@@ -138,6 +138,32 @@ def test_detect_format() -> None:
     assert t.format == "itp"
 
 
+def test_unknown_header_lists_the_formats_and_their_columns() -> None:
+    with pytest.raises(TraceError) as e:
+        parse_trace("when,how_long,cards\n1,2,3\n", "mystery.csv")
+    msg = str(e.value)
+    assert e.value.line == 1 and "mystery.csv" in msg
+    assert "matches no known trace format (columns: cards, how_long, when)" in msg
+    for fmt in ("native: submit, duration", "itp: job_id, submission_time, duration, num_gpu",
+                "openb: name, cpu_milli, memory_mib, num_gpu, gpu_milli"):
+        assert fmt in msg
+
+
+def test_openb_pod_list_without_times_points_to_placement_repro() -> None:
+    with pytest.raises(TraceError) as e:
+        parse_trace("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np,1,1,1,500,\n",
+                    "pods.csv")
+    assert "use --placement-repro" in str(e.value)
+    assert "creation_time and deletion_time" in str(e.value)
+
+
+def test_native_checkpoint_interval_and_command_columns() -> None:
+    t = parse_native("submit,duration,gpus,checkpoint_interval,command\n"
+                     "0,1h,1,10m,train.py\n5,1h,1,,\n", "c.csv")
+    assert (t.jobs[0].checkpoint_interval, t.jobs[0].command) == (600.0, "train.py")
+    assert (t.jobs[1].checkpoint_interval, t.jobs[1].command) == (None, "")
+
+
 def test_parse_slice() -> None:
     assert parse_slice("cpu").kind == "cpu"
     assert parse_slice("gpu:4") == SliceRequest.whole(4)

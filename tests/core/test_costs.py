@@ -1,0 +1,380 @@
+"""Preemption costs, the pays-rule, run-time prediction, backfill's safety valve and the
+other scheduling rules of issue 14 — each on a case small enough to compute by hand."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from jupyter_gpubudget.core.backfill import (
+    plain_p90,
+    predict_runtime,
+    predicted_end,
+)
+from jupyter_gpubudget.core.model import (
+    HOUR,
+    ChargeInterval,
+    Placement,
+    Policy,
+    Preempt,
+    Reserve,
+    RuntimeHistory,
+    SliceAlloc,
+    SliceRequest,
+    Start,
+    Workload,
+    feature_chain,
+    feature_keys,
+    gpu_fraction,
+    request_milli,
+    shape_label,
+)
+from jupyter_gpubudget.core.preemption import (
+    last_checkpoint,
+    lost_seconds,
+    preemption_cost,
+    preemption_gain,
+    preemption_pays,
+    standing_gap,
+)
+from jupyter_gpubudget.core.scheduler import Scheduler
+
+from .helpers import inventory, job, tree
+
+NOW = 100 * HOUR
+POLICY = Policy()  # checkpoints every 1800 s, a 120 s reload
+
+
+def running(wid: str, gpus: int = 1, started: float = 0.0, **kw: object) -> Workload:
+    w = Workload(wid, "a", "u", SliceRequest.whole(gpus), 0.0, **kw)  # type: ignore[arg-type]
+    w.started_at = started
+    w.placement = Placement(tuple(SliceAlloc("n0", i) for i in range(gpus)))
+    return w
+
+
+# ---------------------------------------------------------------- one definition of "fraction"
+
+
+def test_gpu_fraction_of_every_kind_of_request() -> None:
+    assert request_milli(SliceRequest.whole(3)) == 3000
+    assert request_milli(SliceRequest.mps(250)) == 250
+    assert request_milli(SliceRequest.mig("3g.40gb")) == 429  # 3 of 7 compute slices
+    assert request_milli(SliceRequest.mig("1g.10gb")) == 143
+    assert request_milli(SliceRequest.mig("7g.80gb")) == 1000
+    assert request_milli(SliceRequest.cpu_only()) == 0
+    assert gpu_fraction(SliceRequest.mig("2g.20gb")) == pytest.approx(0.286)
+
+
+# ---------------------------------------------------------------- what a preemption throws away
+
+
+def test_lost_seconds_by_hand() -> None:
+    batch = running("b", resumable=True, kind="batch")
+    # 2000 s in: last checkpoint at 1800 s, so 200 s lost, plus the 120 s reload
+    assert lost_seconds(batch, 2000.0, POLICY) == 200.0 + 120.0
+    assert lost_seconds(batch, 1800.0, POLICY) == 120.0  # right at a checkpoint
+    # declared: checkpoints every 600 s, a 30 s reload
+    declared = replace(batch, checkpoint_interval=600.0, restart_overhead=30.0)
+    assert lost_seconds(declared, 2000.0, POLICY) == 200.0 + 30.0
+    continuous = replace(batch, checkpoint_interval=0.0)
+    assert lost_seconds(continuous, 2000.0, POLICY) == 120.0
+    # not resumable: the whole run
+    assert lost_seconds(replace(batch, resumable=False), 2000.0, POLICY) == 2000.0
+    # a session is snapshotted (checkpoint interval 0 by default): snapshot + restore
+    session = replace(batch, kind="interactive", resumable=False, snapshot_cost=60.0,
+                      restart_overhead=90.0)
+    assert lost_seconds(session, 2000.0, POLICY) == 60.0 + 90.0
+
+
+def test_backfilled_job_saves_its_progress_when_its_gpus_are_due() -> None:
+    """Backfilled at 0 onto GPUs due at 1000 s: a resumable job checkpoints then too. Taken
+    back at 1200 s it loses 200 s (+ reload), not the 1200 s since its start."""
+    w = replace(running("b", resumable=True), backfill_until=1000.0)
+    assert last_checkpoint(w, 900.0, POLICY) == 0.0
+    assert last_checkpoint(w, 1200.0, POLICY) == 1000.0
+    assert last_checkpoint(w, 2000.0, POLICY) == 1800.0  # a regular checkpoint since
+    assert lost_seconds(w, 1200.0, POLICY) == 200.0 + 120.0
+    assert last_checkpoint(replace(w, checkpoint_interval=0.0), 1200.0, POLICY) == 1200.0
+
+
+def test_preemption_cost_in_gpu_hours() -> None:
+    w = running("b", gpus=2, started=NOW - 2000.0, resumable=True)
+    assert preemption_cost(w, NOW, POLICY) == pytest.approx(2 * 320.0 / HOUR)
+    assert preemption_cost(replace(w, placement=None), NOW, POLICY) == 0.0
+
+
+def test_standing_gap_gain_and_pays() -> None:
+    assert standing_gap(0.5, 1.0) == 0.5
+    assert standing_gap(0.2, 0.8) == pytest.approx(0.75)
+    assert standing_gap(1.0, 0.5) == 0.0  # the victim does not stand above
+    assert standing_gap(0.5, 0.5) == 0.0
+    assert standing_gap(0.5, math.inf) == 1.0  # no grant at all
+    assert preemption_gain(2.0, 0.25) == 0.5
+    assert preemption_gain(2.0, 3.0) == 2.0 and preemption_gain(-1.0, 0.5) == 0.0
+    assert preemption_pays(0.5, 0.5) and not preemption_pays(0.51, 0.5)
+
+
+def _contended(b_started: float, a_min_runtime: float = 0.0, policy: Policy = POLICY,
+               b_resumable: bool = True) -> list:  # type: ignore[type-arg]
+    """One GPU. b (used 90 of 100 GPU-h) runs b1 since ``b_started``, predicted 10 h (its
+    declared limit); a (used nothing) waits with a1 (declared limit 1 h). The cycle at NOW
+    decides whether a1 preempts b1."""
+    s = Scheduler(tree(), inventory(gpus=1), policy)
+    s.meter.add(ChargeInterval("old", "b", "x", 1000, NOW - 90 * HOUR, NOW - 10 * HOUR))
+    s.submit(job("b1", "b", resumable=b_resumable, limit=10 * HOUR), b_started)
+    s.submit(job("a1", "a", at=1.0, min_runtime=a_min_runtime), NOW)
+    return s.cycle(NOW)
+
+
+def test_preemption_happens_only_when_it_pays() -> None:
+    """a1 gains its 1-hour run on 1 GPU (gap: b stands at ~1.0 after its 10 h more, a at 0:
+    gap 1) = 1 GPU-h. b1 started 20 min ago (no checkpoint yet): 1200 + 120 s = 0.367 GPU-h
+    lost — pays. Not resumable and 5 h in: 5 GPU-h lost — does not."""
+    ds = _contended(NOW - 1200.0)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b1"]
+    ds = _contended(NOW - 5 * HOUR, b_resumable=False)
+    assert not [d for d in ds if isinstance(d, Preempt)]
+
+
+def test_toll_counts_on_top_of_the_lost_work() -> None:
+    # 0.367 GPU-h lost + a 0.7 GPU-h toll > 1 GPU-h gained: no preemption
+    ds = _contended(NOW - 1200.0, policy=replace(POLICY, preemption_toll=0.7))
+    assert not [d for d in ds if isinstance(d, Preempt)]
+    ds = _contended(NOW - 1200.0, policy=replace(POLICY, preemption_toll=0.6))
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["b1"]
+
+
+def test_gain_is_capped_by_when_capacity_frees_anyway() -> None:
+    """b1 (predicted 10 h, started 9 h 50 min ago) ends in 10 min: preempting it buys a1
+    at most 10 min of its hour (0.167 GPU-h), less than the 120 s reload + 10 min since its
+    last checkpoint (0.2 GPU-h): a1 waits."""
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW - 9 * HOUR - 50 * 60)
+    s.meter.add(ChargeInterval("old", "b", "x", 1000, NOW - 90 * HOUR, NOW - 10 * HOUR))
+    s.submit(job("a1", "a", at=1.0), NOW)
+    assert s.next_free(SliceRequest.whole(1), NOW) == pytest.approx(600.0)
+    assert not [d for d in s.cycle(NOW) if isinstance(d, Preempt)]
+
+
+def test_next_free_counts_gpus_as_running_work_ends() -> None:
+    s = Scheduler(tree(), inventory(gpus=4))
+    for wid, gpus, limit in (("r1", 1, HOUR), ("r2", 2, 2 * HOUR), ("r3", 1, 3 * HOUR)):
+        s.submit(job(wid, "a", gpus=gpus, limit=limit), NOW)
+    assert s.next_free(SliceRequest.whole(1), NOW) == HOUR
+    assert s.next_free(SliceRequest.whole(2), NOW) == 2 * HOUR  # 1 at 1 h, 3 at 2 h
+    assert s.next_free(SliceRequest.whole(3), NOW) == 2 * HOUR
+    assert s.next_free(SliceRequest.whole(4), NOW) == 3 * HOUR
+    assert s.next_free(SliceRequest.whole(5), NOW) == math.inf
+    # past its predicted end, r1 counts as ending half again as long as it has run
+    assert s.next_free(SliceRequest.whole(1), NOW + 2 * HOUR) == pytest.approx(HOUR)
+
+
+def test_margin_makes_close_standings_not_take_turns() -> None:
+    """a stands at 0.5, b at 0.55: without margin the gap is (0.55 − 0.5) / 0.55 = 9 %, a1's
+    10-hour protected run gains 0.9 GPU-h and preempting b1 (just started) pays; with a 25 %
+    margin b would have to stand above 0.625: nothing happens."""
+    for margin, expect in ((0.0, ["b1"]), (0.25, [])):
+        s = Scheduler(tree(), inventory(gpus=1), replace(POLICY, preemption_margin=margin))
+        s.meter.add(ChargeInterval("ca", "a", "x", 1000, NOW - 50 * HOUR, NOW - 0.0))
+        s.meter.add(ChargeInterval("cb", "b", "x", 1000, NOW - 55 * HOUR, NOW - 0.0))
+        s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW)
+        s.submit(job("a1", "a", at=1.0, min_runtime=0.0, limit=10 * HOUR), NOW)
+        got = [d.workload for d in s.cycle(NOW + 60.0) if isinstance(d, Preempt)]
+        assert got == expect
+
+
+# ---------------------------------------------------------------- prediction
+
+
+def test_feature_keys_and_shape_labels() -> None:
+    assert shape_label(SliceRequest.whole(4)) == "gpu:4"
+    assert shape_label(SliceRequest.mps(500)) == "mps:500"
+    assert shape_label(SliceRequest.mig("1g.10gb")) == "mig:1g.10gb"
+    assert shape_label(SliceRequest.cpu_only()) == "cpu"
+    keys = feature_keys("u", "p", "batch", "gpu:1", "train.py")
+    assert keys[0] == ("k", "batch")
+    assert ("usc", "u", "p", "batch", "gpu:1", "train.py") in keys
+    assert ("uc", "u", "p", "batch", "train.py") in keys  # also learnt without the slice
+    assert len(keys) == 8 and len(feature_keys("u", "p", "batch")) == 3
+    assert feature_chain("u", "p", "batch", "gpu:1") == [
+        ("k", "batch"), ("ks", "batch", "gpu:1"), ("ps", "p", "batch", "gpu:1"),
+        ("us", "u", "p", "batch", "gpu:1")]
+
+
+def test_prediction_blends_broad_and_specific_runs_by_hand() -> None:
+    h = RuntimeHistory()
+    for x in (100, 200, 300, 400, 500):
+        h.add("u", "p", "batch", float(x), shape="gpu:1")
+    w = Workload("w", "p", "u", SliceRequest.whole(1), 0.0)
+    # every key has the same five runs: the 0.6-quantile is the 4th (index int(0.6·5) = 3)
+    assert predict_runtime(w, h, POLICY, 0.6) == pytest.approx(400.0)
+    for x in (1000, 2000, 3000, 4000, 5000):
+        h.add("v", "p", "batch", float(x), shape="gpu:1")
+    # kind, slice, project: ten runs each, index 6 → 2000; the user's: 400. Log estimate:
+    # log 2000 three times over, then the user (5 runs): (5·log 400 + 4·log 2000) / 9
+    est = (5 * math.log(400) + 4 * math.log(2000)) / 9
+    assert predict_runtime(w, h, POLICY, 0.6) == pytest.approx(math.exp(est))
+    # history learnt without slices (as an older ledger has it): the plain chain
+    plain = RuntimeHistory()
+    for x in (100, 200, 300, 400, 500):
+        plain.add("u", "p", "batch", float(x))
+    assert predict_runtime(w, plain, POLICY, 0.6) == pytest.approx(400.0)
+    # never beyond the declared limit; nothing learnt: the limit, else the policy default
+    assert predict_runtime(replace(w, time_limit=300.0), h, POLICY, 0.6) == 300.0
+    fresh = RuntimeHistory()
+    assert predict_runtime(replace(w, time_limit=7200.0), fresh, POLICY) == 7200.0
+    assert predict_runtime(w, fresh, POLICY) == POLICY.default_runtime
+
+
+def test_plain_p90_baseline_by_hand() -> None:
+    h = RuntimeHistory()
+    for x in range(1, 11):
+        h.add("u", "p", "batch", 100.0 * x)
+    w = Workload("w", "p", "u", SliceRequest.whole(1), 0.0)
+    assert plain_p90(w, h, POLICY) == 1000.0  # index int(0.9·10) = 9
+    assert plain_p90(replace(w, user="new"), h, POLICY) == 1000.0  # the project's runs
+    assert plain_p90(replace(w, project="q", time_limit=50.0), h, POLICY) == 50.0
+
+
+def test_predicted_end_of_running_work() -> None:
+    w = Workload("w", "p", "u", SliceRequest.whole(1), 0.0, started_at=0.0)
+    assert predicted_end(w, 50.0, 100.0) == 100.0
+    assert predicted_end(w, 200.0, 100.0) == 300.0  # overran: half again as long as so far
+    assert predicted_end(w, 70.0, 60.0) == 130.0  # at least a minute more
+    assert predicted_end(replace(w, time_limit=250.0), 200.0, 100.0) == 250.0
+    assert predicted_end(replace(w, time_limit=150.0), 200.0, 100.0) == 300.0
+
+
+def test_scheduler_learns_runs_under_their_features() -> None:
+    s = Scheduler(tree(), inventory(gpus=1))
+    for k in range(3):
+        w = replace(job(f"w{k}", "a", kind="debug", limit=None), command="pytest")
+        s.submit(w, NOW + 1000 * k)
+        s.finish(w.id, NOW + 1000 * k + 600)
+    assert len(s.history.runs[("uc", "u", "a", "debug", "pytest")]) == 3
+    w2 = replace(job("next", "a", kind="debug", limit=None), command="pytest")
+    assert s.predict(w2) == pytest.approx(600.0)
+    # two runs are not enough for a key to count: the policy default
+    s2 = Scheduler(tree(), inventory(gpus=1))
+    for k in range(2):
+        s2.submit(job(f"w{k}", "a", kind="debug", limit=None), NOW)
+        s2.finish(f"w{k}", NOW + 600)
+    assert s2.predict(job("x", "a", kind="debug", limit=None)) == Policy().default_runtime
+
+
+def test_declared_limit_wins_over_other_projects_runs() -> None:
+    """Only other projects' runs of the kind are known (b's three 60 s jobs): a job of a
+    that declares 2 h is predicted at its declared 2 h; one that declares nothing at 60 s."""
+    h = RuntimeHistory()
+    for _ in range(3):
+        h.add("v", "b", "batch", 60.0, shape="gpu:1")
+    w = Workload("w", "a", "u", SliceRequest.whole(1), 0.0, time_limit=2 * HOUR)
+    assert predict_runtime(w, h, POLICY) == 2 * HOUR
+    assert predict_runtime(replace(w, time_limit=None), h, POLICY) == pytest.approx(60.0)
+    for _ in range(3):  # once a's own runs are known, they count
+        h.add("u", "a", "batch", 600.0, shape="gpu:1")
+    assert predict_runtime(w, h, POLICY) < 600.0 + 1
+
+
+# ---------------------------------------------------------------- backfill's safety valve
+
+
+def test_overdue_backfill_is_preempted_at_the_reservation_time() -> None:
+    """4 GPUs. r1 (2 GPUs, predicted 2 h) runs; the gang (4 GPUs) gets a reservation at
+    NOW + 2 h; "short" (predicted 1 h) backfills onto a reserved GPU. It is still running
+    when r1 ends at NOW + 2 h: unprotected, it is preempted there and the gang starts."""
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1))
+    s.submit(job("r1", "b", gpus=2, limit=2 * HOUR), NOW)
+    s.submit(job("gang", "a", gpus=4, at=1.0, limit=8 * HOUR), NOW)
+    ds = s.cycle(NOW)
+    (res,) = [d for d in ds if isinstance(d, Reserve)]
+    assert res.at == NOW + 2 * HOUR
+    (st,) = s.submit(job("short", "b", limit=HOUR, at=2.0), NOW)
+    assert isinstance(st, Start) and st.backfill_until == NOW + 2 * HOUR
+    assert s.running["short"].backfill_until == NOW + 2 * HOUR
+    s.finish("r1", NOW + 2 * HOUR)
+    ds = s.cycle(NOW + 2 * HOUR)
+    pre = [d for d in ds if isinstance(d, Preempt)]
+    assert [d.workload for d in pre] == ["short"] and pre[0].reason.startswith("backfilled")
+    assert [d.workload for d in ds if isinstance(d, Start)] == ["gang"]
+
+
+def test_protected_backfill_is_not_preempted() -> None:
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1))
+    s.submit(job("r1", "b", gpus=2, limit=2 * HOUR), NOW)
+    s.submit(job("gang", "a", gpus=4, at=1.0, limit=8 * HOUR), NOW)
+    s.cycle(NOW)
+    s.submit(job("short", "b", limit=HOUR, at=2.0, min_runtime=3 * HOUR), NOW)
+    s.finish("r1", NOW + 2 * HOUR)
+    ds = s.cycle(NOW + 2 * HOUR)
+    assert not [d for d in ds if isinstance(d, Preempt)]
+    assert "gang" in s.pending
+
+
+# ---------------------------------------------------------------- MIG GPUs and the short lane
+
+
+def test_one_gpu_takes_an_idle_mig_gpu_whole_when_allowed() -> None:
+    inv = inventory(gpus=2, mig=(1,))
+    for allowed, expect in ((True, "7g.80gb"), (False, None)):
+        s = Scheduler(tree(), inv, Policy(whole_gpu_on_mig=allowed))
+        s.submit(job("w1", "a"), NOW)
+        ds = s.submit(job("w2", "a", at=1.0), NOW)
+        if expect is None:
+            assert ds == []
+            continue
+        (d,) = ds
+        (sl,) = d.placement.slices
+        assert (sl.gpu, sl.kind, sl.profile, sl.milli) == (1, "mig", expect, 1000)
+        # a MIG slice asked for now finds the GPU taken whole
+        assert s.submit(job("m", "a", req=SliceRequest.mig("1g.10gb"), at=2.0), NOW) == []
+
+
+def test_short_lane_and_kind_order() -> None:
+    """One GPU free. a stands low with batch work; b stands high with a debug run and a
+    session. The short lane (debug predicted ≤ 30 min) goes first: b's debug run starts.
+    Within b, its session goes before its batch job."""
+    def sched(lane: float) -> Scheduler:
+        s = Scheduler(tree(), inventory(gpus=1), Policy(short_lane=lane))
+        s.meter.add(ChargeInterval("cb", "b", "x", 1000, NOW - 60 * HOUR, NOW - HOUR))
+        return s
+
+    pending = [job("a-batch", "a", at=1.0), job("b-debug", "b", kind="debug", at=5.0,
+                                                limit=600.0),
+               job("b-nb", "b", kind="interactive", at=4.0), job("b-batch", "b", at=3.0)]
+    from jupyter_gpubudget.core.scheduler import ClusterState, queue_order, schedule
+
+    for lane, first in ((1800.0, "b-debug"), (0.0, "a-batch")):
+        s = sched(lane)
+        state = ClusterState(s.accounts, s.inventory, s.policy, pending=pending,
+                             charges=s.meter.charges())
+        assert [d.workload for d in schedule(state, NOW) if isinstance(d, Start)] == [first]
+        order = queue_order(state, NOW)
+        assert order.index("b-nb") < order.index("b-batch")
+
+
+def test_short_run_takes_a_gpu_that_just_saved_its_progress() -> None:
+    """One GPU, held by b's resumable batch job. a's debug run (10 min, short lane) waits.
+    One minute after b1's checkpoint taking it loses 60 + 120 s (0.05 GPU-h) + the 0.25
+    toll = 0.3 ≤ 0.35: it goes, whatever the standings (a stands higher here). Ten minutes
+    after: 0.2 + 0.25 > 0.35: it stays. A session is never taken."""
+    def cycle(since_ckpt: float, kind: str = "batch") -> list:  # type: ignore[type-arg]
+        s = Scheduler(tree(), inventory(gpus=1))
+        s.meter.add(ChargeInterval("ca", "a", "x", 1000, NOW - 80 * HOUR, NOW - 10 * HOUR))
+        start = NOW - 1800.0 - since_ckpt
+        s.submit(job("b1", "b", resumable=True, kind=kind, limit=10 * HOUR), start)
+        s.submit(job("d1", "a", kind="debug", limit=600.0, at=1.0), NOW)
+        return s.cycle(NOW)
+
+    ds = cycle(60.0)
+    (p,) = [d for d in ds if isinstance(d, Preempt)]
+    assert p.workload == "b1" and p.reason.startswith("a short debug run")
+    assert [d.workload for d in ds if isinstance(d, Start)] == ["d1"]
+    assert not [d for d in cycle(600.0) if isinstance(d, Preempt)]
+    assert not [d for d in cycle(60.0, kind="interactive") if isinstance(d, Preempt)]
+    s = Scheduler(tree(), inventory(gpus=1), Policy(short_lane_cost=0.0))
+    s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW - 1860.0)
+    s.submit(job("d1", "a", kind="debug", limit=600.0, at=1.0), NOW)
+    assert not [d for d in s.cycle(NOW) if isinstance(d, Preempt)]

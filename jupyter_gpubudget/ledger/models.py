@@ -79,6 +79,12 @@ class WorkloadRow(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     reason: Mapped[str] = mapped_column(Text, default="")
+    #: seconds between the job's own checkpoints (declared; None: the policy's default) —
+    #: what a preemption of it throws away
+    checkpoint_interval: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: started on GPUs reserved for a gang from this time (backfill): preempted then if it
+    #: still runs, unprotected
+    backfill_until: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ChargeRow(Base):

@@ -193,6 +193,7 @@ class Ledger:
                command: list[str] | None = None, env: dict | None = None, min_runtime: float = 0.0,
                resumable: bool = False, time_limit: float | None = None,
                backend: str = "local", name: str = "", workload_id: str | None = None,
+               checkpoint_interval: float | None = None,
                s: Session | None = None) -> WorkloadRow:
         with self.tx(s) as s:
             if s.get(AccountRow, project) is None:
@@ -201,7 +202,8 @@ class Ledger:
                               project=project, user=user, kind=kind, state="pending",
                               request=request, command=command, env=env, min_runtime=min_runtime,
                               resumable=resumable, time_limit=time_limit, backend=backend,
-                              submitted_at=now, preemptions=0, backed=False, reason="")
+                              submitted_at=now, preemptions=0, backed=False, reason="",
+                              checkpoint_interval=checkpoint_interval)
             s.add(row)
             s.flush()
             return row
@@ -227,7 +229,7 @@ class Ledger:
     #: columns of :meth:`live` (JSON columns as their stored text: equal text, equal value)
     LIVE_COLUMNS = ("id", "project", "user", "kind", "state", "min_runtime", "resumable",
                     "time_limit", "backend", "submitted_at", "started_at", "backed",
-                    "protected_until")
+                    "protected_until", "checkpoint_interval", "backfill_until")
 
     def live(self, backend: str | None = None,
              states: tuple[str, ...] = ("pending", "running")) -> list[Row]:
@@ -237,7 +239,8 @@ class Ledger:
         t = WorkloadRow.__table__.c
         cols = [t[c] for c in self.LIVE_COLUMNS]
         cols += [cast(t.request, Text).label("request_json"),
-                 cast(t.placement, Text).label("placement_json")]
+                 cast(t.placement, Text).label("placement_json"),
+                 cast(t.command, Text).label("command_json")]
         q = select(*cols).where(t.state.in_(states))
         if backend is not None:
             q = q.where(t.backend == backend)
@@ -269,7 +272,8 @@ class Ledger:
 
     def start(self, workload_id: str, *, placement: list[dict], milli: int, backed: bool,
               protected_until: float | None, now: float, actor: str = "scheduler",
-              reason: str = "", s: Session | None = None) -> ChargeRow:
+              reason: str = "", backfill_until: float | None = None,
+              s: Session | None = None) -> ChargeRow:
         """Mark a pending workload running and open its charge interval (one transaction)."""
         with self.tx(s) as s:
             w = s.get(WorkloadRow, workload_id, with_for_update=True)
@@ -281,6 +285,7 @@ class Ledger:
                             .where(ChargeRow.workload == workload_id)) or 0) + 1
             w.state, w.started_at, w.placement = "running", now, placement
             w.backed, w.protected_until, w.backend_ref = backed, protected_until, None
+            w.backfill_until = backfill_until
             w.ended_at = None
             charge = ChargeRow(workload=workload_id, seq=seq, project=w.project, user=w.user,
                                milli=milli, start=now, end=None, checkpoint=now, closed_by="")
@@ -323,6 +328,7 @@ class Ledger:
             w.state, w.reason = state, reason
             if state == "pending":
                 w.started_at = w.placement = w.protected_until = w.backend_ref = None
+                w.backfill_until = None
                 w.backed = False
             else:
                 w.ended_at, w.exit_code = now, exit_code
@@ -388,17 +394,17 @@ class Ledger:
                 closed.append((project, hour, end, gpu_ms / (end - hour)))
             return closed
 
-    def recent_runs(self, limit: int) -> list[tuple[str, str, str, float]]:
-        """The last ``limit`` finished runs (user, project, kind, seconds), oldest first, for
-        runtime prediction."""
+    def recent_runs(self, limit: int) -> list[tuple[str, str, str, float, dict, list | None]]:
+        """The last ``limit`` finished runs (user, project, kind, seconds, request, command),
+        oldest first, for runtime prediction."""
+        t = WorkloadRow.__table__.c
         with self.ro() as s:
-            rows = s.execute(select(WorkloadRow.user, WorkloadRow.project, WorkloadRow.kind,
-                                    WorkloadRow.started_at, WorkloadRow.ended_at)
-                             .where(WorkloadRow.state == "done",
-                                    WorkloadRow.started_at.is_not(None),
-                                    WorkloadRow.ended_at.is_not(None))
-                             .order_by(WorkloadRow.ended_at.desc()).limit(limit)).all()
-            return [(u, p, k, e - st) for u, p, k, st, e in reversed(rows)]
+            rows = s.execute(select(t.user, t.project, t.kind, t.started_at, t.ended_at,
+                                    t.request, t.command)
+                             .where(t.state == "done", t.started_at.is_not(None),
+                                    t.ended_at.is_not(None))
+                             .order_by(t.ended_at.desc()).limit(limit)).all()
+            return [(u, p, k, e - st, req, cmd) for u, p, k, st, e, req, cmd in reversed(rows)]
 
     def preemptions_by_project(self) -> dict[str, int]:
         with self.ro() as s:

@@ -269,7 +269,7 @@ class SchedulingLoop:
             placement = placement_to_list(d.placement)
             charge = self.ledger.start(row.id, placement=placement, milli=d.placement.milli,
                                        backed=d.backed, protected_until=d.protected_until,
-                                       now=now)
+                                       now=now, backfill_until=d.backfill_until)
             if row.backend != self.backend.name:
                 # another part launches it (the hub spawner, for sessions): the ledger has
                 # recorded the start and opened the charge; there is nothing to run here

@@ -65,7 +65,7 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
            "project": NAME,
            "gpus": {"type": "integer", "minimum": 0, "maximum": 1024},
            "slice": {"type": "string", "description": "MIG profile ('1g.18gb') or 'mps:<milli>[:<MiB>]'"},
-           "min_runtime": DURATION, "time_limit": DURATION,
+           "min_runtime": DURATION, "time_limit": DURATION, "checkpoint_interval": DURATION,
            "resumable": {"type": "boolean"},
            "name": {"type": "string", "maxLength": 200},
            "kind": {"type": "string", "enum": ["batch", "debug"]},

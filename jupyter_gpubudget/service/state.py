@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields
+from pathlib import Path
 
 from jupyter_gpubudget.core.accounts import AccountTree
 from jupyter_gpubudget.core.model import (
@@ -14,6 +15,7 @@ from jupyter_gpubudget.core.model import (
     SliceAlloc,
     SliceRequest,
     Workload,
+    shape_label,
 )
 from jupyter_gpubudget.core.scheduler import ClusterState
 from jupyter_gpubudget.ledger import Ledger
@@ -64,6 +66,23 @@ def tree_with_ledger_grants(tree: AccountTree, ledger: Ledger) -> AccountTree:
     return tree
 
 
+def command_name(command: list | None) -> str:
+    """The program a job runs, as a prediction feature: ``train.py`` for
+    ``python train.py --epochs 3``, ``sleep`` for ``/bin/sh -c "sleep 60"``."""
+    if not command:
+        return ""
+    argv = list(command)
+    if argv[:2] == ["/bin/sh", "-c"] and len(argv) > 2:
+        argv = argv[2].split()
+    words = [a for a in argv if not a.startswith("-")]
+    if not words:
+        return ""
+    prog = Path(words[0]).name
+    if prog.startswith("python") and len(words) > 1:
+        prog = Path(words[1]).name
+    return prog[:100]
+
+
 class LiveWorkloads:
     """Ledger rows of live work -> core ``Workload`` objects, reusing the object built in an
     earlier cycle when nothing of the row changed (the core never mutates its inputs): a cycle
@@ -96,7 +115,10 @@ class LiveWorkloads:
                              placement=placement, backed=r.backed,
                              protected_until=r.protected_until, idle=r.id in idle,
                              stops_at_once=r.backend in sync_backends,
-                             stopping=r.id in stopping)
+                             stopping=r.id in stopping,
+                             checkpoint_interval=r.checkpoint_interval,
+                             backfill_until=r.backfill_until,
+                             command=command_name(json.loads(r.command_json or "null")))
             fresh[r.id] = (sig, w)
             out.append(w)
         self._cache = fresh
@@ -124,8 +146,10 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     charges += [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, None)
                 for c in ledger.open_charges()]
     history = RuntimeHistory()
-    for user, project, kind, seconds in ledger.recent_runs(history_keep):
-        history.add(user, project, kind, seconds)
+    for user, project, kind, seconds, req, command in ledger.recent_runs(history_keep):
+        history.add(user, project, kind, seconds,
+                    shape=shape_label(request_from_dict(req)) if req else "",
+                    command=command_name(command))
     state = ClusterState(accounts=tree_with_ledger_grants(tree, ledger), inventory=inventory,
                          policy=policy, running=running, pending=pending, charges=charges,
                          history=history)

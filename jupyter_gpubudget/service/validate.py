@@ -32,7 +32,7 @@ _MPS = re.compile(r"^mps:(\d{1,6})(?::(\d{1,12}))?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
-              "name", "kind", "gpu_model", "single_node", "env"}
+              "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval"}
 GRANT_FIELDS = {"grant_hours", "share_pct", "note"}
 EVENT_FIELDS = {"workload", "event", "at", "project", "user", "milli", "kind", "placement"}
 
@@ -184,12 +184,15 @@ def parse_job(body: Any) -> dict:
         raise Invalid(*why)
     name = _text(body, "name", MAX_NAME_CHARS)
     tl = body.get("time_limit")
+    ci = body.get("checkpoint_interval")
     return {
         "command": command, "project": project, "kind": kind, "name": name, "env": env,
         "request": parse_slice(body),
         "min_runtime": duration(body.get("min_runtime", 0), "min_runtime"),
         "resumable": _bool(body, "resumable"),
         "time_limit": duration(tl, "time_limit") if tl is not None else None,
+        # how often the job saves its progress: what a preemption of it throws away
+        "checkpoint_interval": duration(ci, "checkpoint_interval") if ci is not None else None,
     }
 
 

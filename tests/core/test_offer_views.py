@@ -2,10 +2,19 @@
 workload (the queue page's hint, ``Quoter.free_now``), and GPU-hours per span (the sidebar's
 daily chart)."""
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jupyter_gpubudget.core.model import HOUR, ChargeInterval, Preempt, SliceRequest, Start
+from jupyter_gpubudget.core.model import (
+    HOUR,
+    ChargeInterval,
+    Policy,
+    Preempt,
+    SliceRequest,
+    Start,
+)
 from jupyter_gpubudget.core.offer import Quoter, forecast
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
 from jupyter_gpubudget.core.usage import usage_by_span
@@ -45,8 +54,10 @@ def _run(state: ClusterState) -> None:
 
 
 def test_a_queued_whole_gpu_request_learns_that_mig_slices_are_free():
-    # GPU 0 whole (taken by a protected job), GPU 1 MIG-partitioned and empty
+    # GPU 0 whole (taken by a protected job), GPU 1 MIG-partitioned and empty (and kept for
+    # MIG slices: a one-GPU request may not take it whole as a 7g instance here)
     state = ClusterState(tree(), inventory(gpus=2, mig=(1,)),
+                         policy=replace(Policy(), whole_gpu_on_mig=False),
                          pending=[job("hold", "b", min_runtime=10 * HOUR, kind="interactive")])
     _run(state)
     assert [w.id for w in state.running] == ["hold"]

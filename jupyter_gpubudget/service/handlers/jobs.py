@@ -54,6 +54,7 @@ class JobsHandler(BaseHandler):
                 request=request_to_dict(job["request"]), command=job["command"],
                 env=job["env"], min_runtime=job["min_runtime"], resumable=job["resumable"],
                 time_limit=job["time_limit"], backend=self.svc.backend.name, name=job["name"],
+                checkpoint_interval=job["checkpoint_interval"],
                 s=s)
             return 201, workload_json(row, self.svc.loop.view, now)
 

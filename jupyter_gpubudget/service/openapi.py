@@ -243,9 +243,14 @@ def session_paths() -> dict:
                                          "schema": {"type": "string", "enum": sorted(
                                              ["stop", "cull", "preempt", "failed", "timeout"])}}],
                           extra=nf)},
-        "/sessions/{id}/heartbeat": {"post": _op("The server is alive: checkpoint the charge",
-                                                 _resp("Session", session), params=sid,
-                                                 extra=nf)},
+        "/sessions/{id}/heartbeat": {"post": {
+            **_op("The server is alive: checkpoint the charge", _resp("Session", session),
+                  params=sid, extra={**nf, "400": "Malformed body (the field is named)"}),
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "nullable": True, "properties": {"gpu_utilisation": {
+                    "type": "number", "minimum": 0, "maximum": 100,
+                    "description": "GPU utilisation of the session's devices (percent, "
+                                   "from the hub's NVML sampler)"}}}}}}}},
         "/sessions/{id}/idle": {"post": _op(
             "Report the session idle: notice, protection ends", _resp("Session", session),
             params=sid, body={"type": "object", "properties": {

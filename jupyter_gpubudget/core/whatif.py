@@ -57,9 +57,9 @@ def grant_preview(state: ClusterState, now: float, account: str, grant_hours: fl
         if b0 != b1:
             backing.append({"workload": w.id, "project": w.project, "user": w.user,
                             "backed_before": b0, "backed_after": b1})
-    a = tree.get(account)
+    acc = tree.get(account)
     return {"account": account, "grant_hours": grant_hours, "share_pct": share_pct,
-            "before": {"grant_hours": a.grant_hours, "share_pct": a.share_pct},
+            "before": {"grant_hours": acc.grant_hours, "share_pct": acc.share_pct},
             "accounts": changed, "backing": backing}
 
 

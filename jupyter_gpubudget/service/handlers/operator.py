@@ -81,9 +81,8 @@ class NodeHealthHandler(OperatorHandler):
         tz = self.tz()
         changed = await self.db(self.svc.loop.set_node_health, name, healthy, reason, c.name)
         if changed:
-            self.svc.log.warning("node %s %s by %s: %s", name,
-                                 "returned to service" if healthy else "marked unhealthy (draining)", c.name,
-                                 reason)
+            self.svc.log.warning("node %s %s by %s: %s", name, "returned to service"
+                                 if healthy else "marked unhealthy (draining)", c.name, reason)
         self.svc.kick()
         out = await self.db(nodes_overview, self.svc, c, self.svc.clock(), tz)
         node = next(n for n in out["nodes"] if n["name"] == name)

@@ -32,23 +32,28 @@ def _figures(state: ClusterState, now: float) -> tuple[Scheduler, dict[str, dict
 
 def grant_preview(state: ClusterState, now: float, account: str, grant_hours: float | None,
                   share_pct: float | None) -> dict[str, Any]:
-    """Before and after for every account whose effective grant or standing changes (and the
-    account itself), and the pending workloads whose backing changes."""
+    """Before and after for every account whose effective grant, standing or entitled share
+    of its parent (``share_*``, see :func:`sibling_shares`) changes, and the account itself;
+    and the pending workloads whose backing changes."""
     tree = state.accounts
     if account not in tree:
         raise KeyError(account)
     after_tree = tree.with_grant(account, grant_hours, share_pct)
     s0, f0 = _figures(state, now)
     s1, f1 = _figures(replace(state, accounts=after_tree), now)
+    sh0, sh1 = sibling_shares(tree, f0), sibling_shares(after_tree, f1)
     changed: dict[str, dict[str, Any]] = {}
     for a in tree.accounts:
         b, c = f0[a], f1[a]
         if a == account or abs(b["grant_hours"] - c["grant_hours"]) > 1e-9 or (
-                _finite(b["standing"]) != _finite(c["standing"])):
+                _finite(b["standing"]) != _finite(c["standing"])) or (
+                sh0[a]["grant_share"] != sh1[a]["grant_share"]):
             changed[a] = {"usage_hours": b["usage_hours"],
                           "grant_before": b["grant_hours"], "grant_after": c["grant_hours"],
                           "standing_before": _finite(b["standing"]),
-                          "standing_after": _finite(c["standing"])}
+                          "standing_after": _finite(c["standing"]),
+                          "share_before": sh0[a]["grant_share"],
+                          "share_after": sh1[a]["grant_share"]}
     backing = []
     for w in sorted(state.pending, key=lambda w: (w.submitted_at, w.id)):
         if not tree.is_project(w.project):

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from .models import ChargeRow, DecisionRow, NodeHealthRow
+from .models import ChargeRow, DecisionRow, NodeHealthRow, WorkloadRow
 from .store import Ledger
 
 #: decisions an operator filters the audit log by (the page's choices)
@@ -140,3 +140,11 @@ def costs(ledger: Ledger, workloads: Iterable[str], now: float) -> dict[str, flo
                 .where(ChargeRow.workload.in_(ids))):
             out[wid] += milli / 1000 * max(0.0, (now if end is None else end) - start) / 3600
     return out
+
+
+def workloads_by_id(ledger: Ledger, ids: Iterable[str]) -> list[WorkloadRow]:
+    wanted = list(ids)
+    if not wanted:
+        return []
+    with ledger.ro() as s:
+        return list(s.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(wanted))))

@@ -27,22 +27,31 @@ class LedgerCollector(Collector):
 
     def collect(self):  # noqa: ANN201
         v = self.svc.loop.view
-        usage = GaugeMetricFamily("gpubudget_usage_gpu_hours",
-                                  "GPU-hours charged in the window", labels=["account"])
-        grant = GaugeMetricFamily("gpubudget_grant_gpu_hours",
-                                  "GPU-hours granted per window", labels=["account"])
+        # base units (promtool's rule): GPU-seconds; divide by 3600 for GPU-hours
+        usage = GaugeMetricFamily("gpubudget_usage_gpu_seconds",
+                                  "GPU-seconds charged in the window (GPU-hours x 3600)",
+                                  labels=["account"])
+        grant = GaugeMetricFamily("gpubudget_grant_gpu_seconds",
+                                  "GPU-seconds granted per window (GPU-hours x 3600)",
+                                  labels=["account"])
         standing = GaugeMetricFamily("gpubudget_standing", "usage / grant", labels=["account"])
         for a, s in sorted(v.standings.items()):
-            usage.add_metric([a], s["usage_hours"])
-            grant.add_metric([a], s["grant_hours"])
+            usage.add_metric([a], s["usage_hours"] * 3600)
+            grant.add_metric([a], s["grant_hours"] * 3600)
             standing.add_metric([a], min(s["standing"], 1e12))
         yield from (usage, grant, standing)
+        # every project and kind has a series (0 when there is none): dashboards show 0,
+        # not "no data"
+        projects = sorted({p for p, s in v.standings.items()
+                           if self.svc.tree().is_project(p)} | {p for p, _ in v.running}
+                          | {p for p, _ in v.pending})
         for name, counts, help_ in (("running", v.running, "Running workloads"),
                                     ("pending", v.pending, "Pending workloads")):
             g = GaugeMetricFamily(f"gpubudget_workloads_{name}", help_,
                                   labels=["project", "kind"])
-            for (p, k), n in sorted(counts.items()):
-                g.add_metric([p, k], n)
+            for p in projects:
+                for k in KINDS:
+                    g.add_metric([p, k], counts.get((p, k), 0))
             yield g
         pre = CounterMetricFamily("gpubudget_preemptions", "Preemptions (from the ledger)",
                                   labels=["project"])
@@ -63,12 +72,12 @@ class LedgerCollector(Collector):
         for st in GPU_STATES:
             gpus.add_metric([st], v.gpus.get(st, 0.0))
         yield gpus
-        idle = CounterMetricFamily("gpubudget_idle_gpu_hours", "GPU-hours since the service "
-                                   "started that were in service but held by nobody "
+        idle = CounterMetricFamily("gpubudget_idle_gpu_seconds", "GPU-seconds since the "
+                                   "service started that were in service but held by nobody "
                                    "(unallocated) or held by sessions reported idle "
                                    "(idle_session)", labels=["reason"])
         for reason in ("unallocated", "idle_session"):
-            idle.add_metric([reason], v.idle_gpu_hours.get(reason, 0.0))
+            idle.add_metric([reason], v.idle_gpu_hours.get(reason, 0.0) * 3600)
         yield idle
         nodes = GaugeMetricFamily("gpubudget_nodes", "Nodes by state: in_service, draining "
                                   "(unhealthy, work still on it), ready_for_repair "

@@ -29,6 +29,15 @@ STATE_WORDS = {"in_service": "in service", "draining": "draining",
                "ready_for_repair": "drained: ready for repair"}
 
 
+def window_words(seconds: float) -> str:
+    """'7 days', '1 day', '12 hours' (the usage window, in the pages' headings)."""
+    if seconds % 86400 == 0:
+        d = int(seconds // 86400)
+        return f"{d} day{'s' if d != 1 else ''}"
+    h = seconds / 3600
+    return f"{h:g} hour{'s' if h != 1 else ''}"
+
+
 def can_edit(c: Caller, tree: Any, account: str) -> bool:
     try:
         c.require_manage(tree, account)
@@ -53,25 +62,50 @@ def where_text(placement: list[dict] | None) -> str:
     """'h100-a GPU 3', 'h100-a GPU 6 (MIG 1g.10gb @0)', 'h100-b GPUs 0, 1'."""
     if not placement:
         return ""
-    by: dict[str, list[str]] = {}
+    by: dict[str, list[str | int]] = {}
     for s in placement:
         g = s.get("gpu", -1)
         if g is None or g < 0:
-            txt = "CPU"
+            txt: str | int = "CPU"
         elif s.get("kind") == "mig":
             txt = f"{g} (MIG {s.get('profile')})"
         elif s.get("kind") == "mps":
             txt = f"{g} (MPS {s.get('milli', 0) / 10:g}%)"
         else:
-            txt = str(g)
+            txt = int(g)
         by.setdefault(str(s.get("node")), []).append(txt)
     out = []
     for node, gs in by.items():
         if gs == ["CPU"]:
             out.append(f"{node} (CPU only)")
         else:
-            out.append(f"{node} GPU{'s' if len(gs) > 1 else ''} {', '.join(gs)}")
+            out.append(f"{node} GPU{'s' if len(gs) > 1 else ''} {_ranges(gs)}")
     return "; ".join(out)
+
+
+def _ranges(items: list[str | int]) -> str:
+    """'0–7', '0, 1', '2–4, 6 (MIG 1g.10gb)': runs of three or more whole GPUs shortened."""
+    out: list[str] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        if len(run) >= 3:
+            out.append(f"{run[0]}–{run[-1]}")
+        else:
+            out.extend(str(x) for x in run)
+        run.clear()
+
+    for x in items:
+        if isinstance(x, int) and (not run or x == run[-1] + 1):
+            run.append(x)
+            continue
+        flush()
+        if isinstance(x, int):
+            run.append(x)
+        else:
+            out.append(x)
+    flush()
+    return ", ".join(out)
 
 
 # ---------------------------------------------------------------------- accounts
@@ -115,6 +149,7 @@ def accounts_overview(svc: GpuBudgetService, c: Caller, now: float,
     pol = svc.budgets.policy
     return companions({"accounts": rows, "computed_at": view.at, "window_s": pol.window,
                        "window_text": duration_text(pol.window),
+                       "window_words": window_words(pol.window),
                        "half_life_s": pol.half_life, "is_admin": c.is_admin,
                        "user": c.name}, ("computed_at",), now, tz)
 
@@ -172,10 +207,12 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
                 "kind": r.kind, "slice": slice_text(r.request, r.placement),
                 "mine": r.user == c.name, "can_act": c.is_admin}
 
+    below = ({p for p in tree.projects() if project in tree.path(p)} if project in tree
+             else {project}) if project else None
     pending = []
     for pos, wid in enumerate(order, 1):
         r = by_id[wid]
-        if project and r.project != project:
+        if below is not None and r.project not in below:
             continue
         w = waits.get(wid)
         d = base(r)
@@ -191,7 +228,7 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
         pending.append(companions(d, ("submitted_at", "predicted_start"), now, tz))
     run = []
     for r in sorted(running, key=lambda r: (r.started_at or 0, r.id)):
-        if project and r.project != project:
+        if below is not None and r.project not in below:
             continue
         d = base(r)
         prot = r.protected_until if (r.backed and r.protected_until and
@@ -222,7 +259,8 @@ def nodes_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
             node, gpu = str(s.get("node")), int(s.get("gpu", -1))
             mine = _mine(c, r)
             on.setdefault((node, gpu), []).append({
-                "workload": r.id if mine else None, "user": r.user if mine else None,
+                "workload": r.id if mine else None, "name": r.name if mine else None,
+                "user": r.user if mine else None,
                 "project": r.project if (mine or r.project in visible) else None,
                 "kind": r.kind, "slice": s.get("kind", "gpu"), "profile": s.get("profile"),
                 "milli": s.get("milli", 1000)})
@@ -273,6 +311,28 @@ def nodes_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
 
 
 # ---------------------------------------------------------------------- decisions
+KIND_WORDS = {"start": "started", "preempt": "preempted", "preempting": "preempting",
+              "preempt-requested": "asked to stop", "reserve": "GPUs reserved",
+              "drain": "node drained", "health": "node unhealthy",
+              "undrain": "node back in service", "grant": "grant changed",
+              "cancel": "cancelled", "cancelling": "cancelling", "requeue": "requeued",
+              "requeueing": "requeueing", "idle": "reported idle", "snapshot": "snapshot"}
+
+
+def _why(d: dict[str, Any]) -> tuple[str, float | None]:
+    """Words for a decision recorded without a reason (starts, reservations), and the time
+    they end with (formatted by the caller: the page in the viewer's time zone)."""
+    det = d["detail"]
+    if d["kind"] == "start":
+        if not det.get("backed"):
+            return "unbacked: runs on idle GPUs, preempted first", None
+        pu = det.get("protected_until")
+        return ("backed; protected until", pu) if pu and pu > 0 else ("backed", None)
+    if d["kind"] == "reserve" and det.get("at"):
+        return "GPUs held for it from", det["at"]
+    return "", None
+
+
 def decision_json(d: DecisionRow, now: float, tz: tzinfo | None = None) -> dict[str, Any]:
     det = d.detail or {}
     return companions({"id": d.id, "at": d.at, "cycle": d.cycle, "kind": d.kind,
@@ -302,6 +362,18 @@ def decisions_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo 
                               text=text, before=before, limit=limit + 1, keep=keep)
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"decisions": [decision_json(d, now, tz) for d in rows],
+    out = [decision_json(d, now, tz) for d in rows]
+    owners = {w.id: w for w in ledger_nodes.workloads_by_id(
+        svc.ledger, {d.workload for d in rows if d.workload})}
+    for d in out:
+        w = owners.get(d["workload"])
+        d["workload_user"] = w.user if w else None
+        d["workload_project"] = w.project if w else None
+        d["workload_name"] = w.name if w else None
+        d["what"] = KIND_WORDS.get(d["kind"], d["kind"])
+        d["why"], d["why_at"] = (d["reason"], None) if d["reason"] else _why(d)
+        companions(d, ("why_at",), now, tz)
+        d["where"] = where_text(d["detail"].get("placement"))
+    return {"decisions": out,
             "next_before": rows[-1].id if more and rows else None,
             "kinds": list(ledger_nodes.AUDIT_KINDS), "is_admin": c.is_admin}

@@ -97,7 +97,13 @@ def test_grant_preview_changes_standing_and_backing():
     assert abs(b["standing_before"] - 2.0) < 1e-6 and abs(b["standing_after"] - 0.2) < 1e-6
     assert out["backing"] == [{"workload": "p", "project": "b", "user": "u",
                                "backed_before": False, "backed_after": True}]
-    assert "a" not in out["accounts"]  # a's figures do not change
+    # a's grant and standing stay; its share of lab's grants shrinks (100/101 -> 100/110)
+    a = out["accounts"]["a"]
+    assert a["grant_before"] == a["grant_after"] == 100.0
+    assert a["standing_before"] == a["standing_after"]
+    assert abs(a["share_before"] - 100 / 101) < 1e-9 and abs(a["share_after"] - 100 / 110) < 1e-9
+    assert abs(b["share_after"] - 10 / 110) < 1e-9
+    assert "lab" not in out["accounts"]  # nothing of lab's changes
     assert out["before"] == {"grant_hours": 1.0, "share_pct": None}
     # nothing changed in the state itself
     assert st.accounts.get("b").grant_hours == 1.0

@@ -23,7 +23,13 @@ from tornado import web
 
 from ..auth import Caller
 from ..base import ApiError, BaseHandler
-from ..operator import accounts_overview, decisions_overview, nodes_overview, queue_overview
+from ..operator import (
+    KIND_WORDS,
+    accounts_overview,
+    decisions_overview,
+    nodes_overview,
+    queue_overview,
+)
 from ..timefmt import duration_text
 
 if TYPE_CHECKING:
@@ -44,15 +50,22 @@ WHY_WORDS = {"starts": ("starting", "success"), "reserved": ("GPUs reserved for 
              "unknown-project": ("unknown project", "danger")}
 
 
+def hours(x: float | None) -> str:
+    """GPU-hours for people: one decimal below 100, none above ('12.5', '1,200')."""
+    if x is None:
+        return "—"
+    return f"{x:,.1f}" if abs(x) < 100 else f"{x:,.0f}"
+
+
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)),
                       autoescape=select_autoescape(["html"]), trim_blocks=True,
                       lstrip_blocks=True)
-    env.filters["hours"] = lambda x: "—" if x is None else (
-        f"{x:,.1f}" if abs(x) < 1000 else f"{x:,.0f}")
+    env.filters["hours"] = hours
     env.filters["pct"] = lambda x: "—" if x is None else f"{100 * x:.0f} %"
     env.filters["duration"] = duration_text
     env.globals["why_words"] = WHY_WORDS
+    env.globals["kind_words"] = KIND_WORDS
     return env
 
 

@@ -87,10 +87,15 @@
     el.textContent = text;
     el.classList.remove("d-none");
   }
-  const fmt = (x, digits = 1) => (x === null || x === undefined ? "—"
-    : Number(x).toLocaleString(undefined, { maximumFractionDigits: digits,
-                                             minimumFractionDigits: digits }));
-  const pct = (x) => (x === null || x === undefined ? "no grant" : `${fmt(100 * x)} %`);
+  // GPU-hours as the pages write them: one decimal below 100, none above
+  const fmt = (x) => {
+    if (x === null || x === undefined) return "—";
+    const d = Math.abs(x) < 100 ? 1 : 0;
+    return Number(x).toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d });
+  };
+  const pct = (x) => (x === null || x === undefined ? "no grant"
+    : `${Number(100 * x).toLocaleString("en-US", { maximumFractionDigits: 1, minimumFractionDigits: 1 })} %`);
+  const share = (x) => (x === null || x === undefined ? "—" : `${Math.round(100 * x)} %`);
 
   // ------------------------------------------------------------------ grant editor
   const modalEl = document.getElementById("gb-grant-modal");
@@ -157,12 +162,13 @@
           const tr = document.createElement("tr");
           tr.dataset.account = name;
           const cells = [name, `${fmt(a.grant_before)} GPU-h`, `${fmt(a.grant_after)} GPU-h`,
+                         `${share(a.share_before)} → ${share(a.share_after)}`,
                          pct(a.standing_before), pct(a.standing_after)];
           cells.forEach((c, i) => {
             const td = document.createElement("td");
             td.textContent = c;
-            if (i) td.className = "text-end";
-            if (i === 4) td.classList.add("gb-after", "fw-semibold");
+            if (i) td.className = "text-end text-nowrap";
+            if (i === 5 || i === 2) td.classList.add("fw-semibold");
             tr.appendChild(td);
           });
           tbody.appendChild(tr);

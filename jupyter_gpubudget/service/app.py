@@ -41,7 +41,6 @@ from jupyter_gpubudget.ledger.models import GrantRow
 from .base import ApiError
 from .handlers import routes
 from .health import (
-    BackendHealthSource,
     CommandHealthSource,
     HealthMonitor,
     HealthSource,
@@ -205,10 +204,10 @@ class GpuBudgetService(Application):
         except ValueError:
             return 300.0
 
-    health_sources = List(Type(klass=HealthSource), [BackendHealthSource, NvmlHealthSource],
-                          help="Where node health comes from (classes, or their import "
-                          "names): BackendHealthSource (the backend's own view of its "
-                          "nodes), NvmlHealthSource (this machine's GPUs: XID errors, "
+    health_sources = List(Type(klass=HealthSource), [NvmlHealthSource],
+                          help="Where node health comes from besides the backend's own view "
+                          "of its nodes (read every cycle) and admins (classes, or their "
+                          "import names): NvmlHealthSource (this machine's GPUs: XID errors, "
                           "retired/remapped memory, ECC, temperature, a GPU off the bus), "
                           "CommandHealthSource (your own script per node), or a subclass of "
                           "jupyter_gpubudget.service.health.HealthSource. An unhealthy node "
@@ -221,7 +220,7 @@ class GpuBudgetService(Application):
                                         "utilisation stays in /metrics without a newer "
                                         "report.").tag(config=True)
 
-    classes = [LocalBackend, BackendHealthSource, NvmlHealthSource, CommandHealthSource]
+    classes = [LocalBackend, NvmlHealthSource, CommandHealthSource]
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
                "budgets": "GpuBudgetService.budgets_file",
                "inventory": "GpuBudgetService.inventory_file",

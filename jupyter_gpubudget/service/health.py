@@ -4,14 +4,16 @@ A *source* answers ``check(nodes) -> {node: problem}`` for the nodes it can see.
 traitlets classes listed in ``GpuBudgetService.health_sources`` (an admin may add their own
 subclass of :class:`HealthSource`); shipped:
 
-- :class:`BackendHealthSource`: the backend's own view (``Backend.node_health()``: Slurm
-  DOWN/DRAIN, Kubernetes cordoned/NotReady);
 - :class:`NvmlHealthSource`: this machine's GPUs through NVML (XID errors, retired or remapped
   memory pending, uncorrected ECC errors, temperature at the slowdown threshold, a GPU fallen
   off the bus);
 - :class:`CommandHealthSource`: the admins' own script, run per node (exit 0: healthy).
 
-Admins drain and undrain through the API and the Nodes page (``PUT /nodes/{name}/health``).
+Two more reach the ledger the same way: the backend's own view of its nodes
+(``Backend.node_health()``: Slurm DOWN/DRAIN, Kubernetes cordoned/NotReady), which the
+scheduling loop reads every cycle (``SchedulingLoop._record_engine_health``: it follows the
+engine, so a node the engine stops reporting returns to service), and admins, who drain and
+undrain through the API and the Nodes page (``PUT /nodes/{name}/health``).
 
 The monitor's rule: a report drains a node when it *appears* (or its wording changes) — an
 admin's undrain is not undone by a report that merely goes on unchanged; a new or changed one
@@ -57,20 +59,6 @@ class HealthSource(LoggingConfigurable):
 
     def close(self) -> None:
         pass
-
-
-class BackendHealthSource(HealthSource):
-    """What the backend's engine says about its nodes (``Backend.node_health()``)."""
-
-    name = "backend"
-    auto_recover = Bool(True, config=True, help=(
-        "Follow the engine: a node it stops reporting (resumed in Slurm, uncordoned in "
-        "Kubernetes) returns to service."))
-
-    def check(self, nodes: list[str]) -> dict[str, str]:
-        if self.backend is None:
-            return {}
-        return {n: str(why) for n, why in (self.backend.node_health() or {}).items()}
 
 
 class NvmlHealthSource(HealthSource):

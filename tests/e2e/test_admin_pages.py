@@ -66,8 +66,11 @@ def demo(tmp_path_factory):
                      {"user": user, "project": project, "gpus": gpus, "min_runtime": "1h"})
         assert st == 201, s
         sessions.append(s["id"])
-    # a batch job (submitted by the test's own service account, an admin)
-    st, job = http("POST", h.svc + "/jobs", h.token,
+    # a batch job of bob's (it runs as his Unix account)
+    st, tok = http("POST", f"{h.api}/users/bob/tokens", h.token,
+                   {"scopes": ["custom:gpubudget:submit"], "note": "admin pages test"})
+    assert st == 201, tok
+    st, job = http("POST", h.svc + "/jobs", tok["token"],
                    {"command": "sleep 600", "project": "lattice-qcd", "gpus": 1,
                     "name": "training-run", "resumable": True})
     assert st == 201, job

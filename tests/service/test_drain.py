@@ -171,10 +171,13 @@ def test_drain_end_to_end(svc, tokens):
     assert get(svc, "/nodes", bob)["notices"] == []  # only admins
     audit = get(svc, "/decisions?q=n1", root)["decisions"]
     kinds = [d["kind"] for d in audit]
-    assert "health" in kinds and "drain" in kinds
+    # unhealthy, then the core's drain (nothing protected left), then ready for repair
+    assert kinds.index("repair") < kinds.index("drain") < kinds.index("health"), kinds
     drain = next(d for d in audit if d["kind"] == "drain")
-    assert "ready for repair" in drain["reason"] and drain["node"] == "n1"
-    assert drain["at_local"] and drain["at_text"]
+    assert drain["reason"].startswith("XID 79") and drain["node"] == "n1"
+    repair = next(d for d in audit if d["kind"] == "repair")
+    assert "ready for repair" in repair["reason"] and repair["node"] == "n1"
+    assert repair["at_local"] and repair["at_text"]
     st, metrics = http("GET", svc.base + "/metrics", root)
     assert 'gpubudget_node_state{node="n1",state="ready_for_repair"} 1.0' in metrics
     assert 'gpubudget_nodes{state="ready_for_repair"} 1.0' in metrics

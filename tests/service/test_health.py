@@ -6,25 +6,20 @@ undrain stands against an unchanged report; auto-recovery only where the source 
 
 from __future__ import annotations
 
-import sys
+import os
 import time
 
 import pytest
 
-from jupyter_gpubudget.backends.base import Backend
-from jupyter_gpubudget.backends.local import LocalBackend
+from jupyter_gpubudget.backends.local import LocalBackend as _LocalBackend
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.core.inventory import load_inventory
 from jupyter_gpubudget.inventory.health import NvmlHealthReader
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger import nodes as ledger_nodes
-from jupyter_gpubudget.service.health import (
-    BackendHealthSource,
-    CommandHealthSource,
-    HealthMonitor,
-    NvmlHealthSource,
-)
+from jupyter_gpubudget.service.health import CommandHealthSource, HealthMonitor, NvmlHealthSource
 from jupyter_gpubudget.service.loop import SchedulingLoop
+from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
 from tests.inventory.fake_nvml import FakeNvml, hgx_h200
 
 BUDGETS = """\
@@ -39,6 +34,14 @@ nodes:
   - {name: gpu-host, model: H100-80GB, gpus: 2}
   - {name: other, model: H100-80GB, gpus: 2}
 """
+
+
+def LocalBackend(cls=_LocalBackend, **kw):  # noqa: ANN001, ANN003, ANN201, N802
+    """As root, ann's jobs run as the Unix account gbt-ann (never as root)."""
+    if os.geteuid() == 0:
+        ensure_accounts(["ann"])
+        kw.setdefault("unix_user_template", TEMPLATE)
+    return cls(**kw)
 
 
 @pytest.fixture
@@ -117,7 +120,7 @@ def test_an_xid_drains_the_node_live_and_its_work_is_requeued_elsewhere(ledger, 
         # two 2-GPU jobs: one lands on each node
         ids = [ledger.submit(project="proj", user="ann", kind="batch", now=time.time(),
                              request={"kind": "gpu", "gpus": 2},
-                             command=[sys.executable, "-c", "import time; time.sleep(60)"],
+                             command=["/bin/sh", "-c", "sleep 60"],
                              resumable=True).id for _ in range(2)]
         loop.cycle()
         on = {ledger.get(w).placement[0]["node"]: w for w in ids}
@@ -132,8 +135,9 @@ def test_an_xid_drains_the_node_live_and_its_work_is_requeued_elsewhere(ledger, 
         victim = ledger.get(on["gpu-host"])
         assert victim.state == "pending" and victim.preemptions == 1
         assert loop.view.nodes["gpu-host"]["state"] == "ready_for_repair"
-        drained = ledger.decisions(kind="drain")
-        assert drained and "ready for repair" in drained[0].reason
+        assert ledger.decisions(kind="drain")[0].reason == "GPU 1: XID error 79"  # the core's
+        repair = ledger.decisions(kind="repair")  # nothing runs on it any more
+        assert repair and "ready for repair" in repair[0].reason
         # the same (unchanged) report after an admin's undrain does not drain it again
         assert mon.poll() == []
         assert loop.set_node_health("gpu-host", True, "GPU reseated", "root")
@@ -150,36 +154,23 @@ def test_an_xid_drains_the_node_live_and_its_work_is_requeued_elsewhere(ledger, 
         mon.close()
 
 
-def test_command_hook_and_backend_view(ledger, tmp_path):
+def test_command_hook(ledger, tmp_path):
     script = tmp_path / "check.sh"
     script.write_text("#!/bin/sh\nif [ -e \"$0.$1.bad\" ]; then echo \"fan failure on $1\"; "
                       "exit 2; fi\nexit 0\n")
     script.chmod(0o755)
     cmd = CommandHealthSource(command=[str(script), "{node}"], timeout=10)
-
-    class Engine(Backend):
-        name = "engine"
-        report: dict[str, str] = {}
-
-        def node_health(self) -> dict[str, str]:
-            return dict(self.report)
-
-    eng = Engine()
-    backend_src = BackendHealthSource(backend=eng)
-    mon = HealthMonitor(ledger, [cmd, backend_src], lambda: ["a", "b", "c"], time.time)
+    mon = HealthMonitor(ledger, [cmd], lambda: ["a", "b", "c"], time.time)
     assert mon.poll() == []
     (tmp_path / "check.sh.b.bad").write_text("")
-    eng.report = {"c": "NotReady (KubeletDown)", "zzz": "not in the inventory"}
-    assert sorted(mon.poll()) == ["b", "c"]
-    assert reasons(ledger) == {"b": "fan failure on b", "c": "NotReady (KubeletDown)"}
-    rows = ledger_nodes.node_health(ledger)
-    assert rows["b"].source == "command" and rows["c"].source == "backend"
-    # the engine resumes c: the backend source follows it (auto_recover); the command source
-    # does not return b by itself even when the script passes again (an admin undrains)
-    eng.report = {}
-    (tmp_path / "check.sh.b.bad").unlink()
-    assert mon.poll() == ["c"]
+    assert mon.poll() == ["b"]
     assert reasons(ledger) == {"b": "fan failure on b"}
+    assert ledger_nodes.node_health(ledger)["b"].source == "command"
+    # the script passing again does not return b by itself (no auto_recover): an admin does
+    (tmp_path / "check.sh.b.bad").unlink()
+    assert mon.poll() == [] and reasons(ledger) == {"b": "fan failure on b"}
+    cmd.auto_recover = True
+    assert mon.poll() == ["b"] and reasons(ledger) == {}
     assert [d.kind for d in ledger.decisions()][:1] == ["undrain"]
     # a check that hangs is a problem too; one that cannot run is reported, not raised
     slow = CommandHealthSource(command=["sleep", "5"], timeout=0.2)
@@ -193,7 +184,63 @@ def test_command_hook_and_backend_view(ledger, tmp_path):
         def check(self, nodes):  # noqa: ANN001, ANN202
             raise RuntimeError("sensor bus error")
 
-    mon2 = HealthMonitor(ledger, [Broken(), backend_src], lambda: ["a", "b", "c"], time.time)
-    eng.report = {"a": "DOWN"}
-    assert mon2.poll() == ["a"]  # a broken source does not stop the others
+    (tmp_path / "check.sh.c.bad").write_text("")
+    mon2 = HealthMonitor(ledger, [Broken(), cmd], lambda: ["a", "b", "c"], time.time)
+    assert mon2.poll() == ["c"]  # a broken source does not stop the others
     assert mon2.errors == {"broken": "RuntimeError: sensor bus error"}
+
+
+class Engine(_LocalBackend):
+    """The local backend with an engine's own view of its nodes (what Slurm and Kubernetes
+    report through ``node_health``) and a record of the drains carried into it."""
+
+    report: dict[str, str] = {}
+
+    def __init__(self, **kw) -> None:  # noqa: ANN003
+        super().__init__(**kw)
+        self.calls: list[tuple] = []
+
+    def node_health(self) -> dict[str, str]:
+        return dict(self.report)
+
+    def drain_node(self, node: str, reason: str) -> None:
+        self.calls.append(("drain", node, reason))
+
+    def undrain_node(self, node: str) -> None:
+        self.calls.append(("undrain", node))
+
+
+def test_the_engines_view_reaches_the_ledger_and_the_drain_reaches_the_engine(ledger,
+                                                                             tmp_path):
+    inventory = load_inventory(INVENTORY)
+    budgets = load_budgets(BUDGETS)
+    eng = LocalBackend(Engine, state_dir=str(tmp_path / "jobs"), stop_grace=2)
+    loop = SchedulingLoop(ledger, lambda: budgets.accounts, inventory, lambda: budgets.policy,
+                          eng)
+    eng.report = {"other": "NotReady (KubeletDown)"}
+    loop.cycle()
+    rows = ledger_nodes.node_health(ledger)
+    assert rows["other"].source == "backend" and not rows["other"].healthy
+    assert rows["other"].changed_by == "engine:local"
+    kinds = [d.kind for d in ledger.decisions()]
+    assert "health" in kinds and "drain" in kinds and "repair" in kinds  # empty: at once
+    assert ("drain", "other", "NotReady (KubeletDown)") in eng.calls
+    assert loop.view.nodes["other"]["state"] == "ready_for_repair"
+    assert loop.view.gpus == {"allocated": 0.0, "drained": 2.0, "idle": 2.0}
+    # an admin's undrain stands while the report goes on unchanged (the engine catches up)
+    assert loop.set_node_health("other", True, "kubelet restarted", "root")
+    assert ("undrain", "other") in eng.calls
+    loop.cycle()
+    assert reasons(ledger) == {}
+    # the engine stops reporting it: nothing more to do; a new report drains it again
+    eng.report = {}
+    loop.cycle()
+    eng.report = {"other": "cordoned (disk)"}
+    loop.cycle()
+    assert reasons(ledger) == {"other": "cordoned (disk)"}
+    # the engine resumes it: the loop follows (a node the engine marked)
+    eng.report = {}
+    loop.cycle()
+    assert reasons(ledger) == {}
+    assert "no longer reports" in ledger.decisions(kind="undrain")[0].reason
+    assert loop.view.nodes["other"]["state"] == "in_service"

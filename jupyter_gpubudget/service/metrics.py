@@ -107,6 +107,8 @@ class LedgerCollector(Collector):
         for wid, (pct, at, user, project) in sorted(svc.session_util.items()):
             if now - at <= svc.session_utilisation_max_age:
                 util.add_metric([wid, user, project], pct)
+            else:  # a session that ended (or stopped reporting) is forgotten
+                svc.session_util.pop(wid, None)
         return util
 
 

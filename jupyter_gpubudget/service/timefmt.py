@@ -26,7 +26,7 @@ def zone(name: str | None) -> tzinfo | None:
         raise BadTimeZone(f"not a time zone: {name[:64]!r}")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as e:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as e:  # OSError: 'America' (a folder)
         raise BadTimeZone(f"unknown time zone {name!r} (e.g. Europe/Berlin, UTC)") from e
 
 

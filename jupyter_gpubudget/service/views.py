@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import time
 
 from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
 
 from .loop import View
-from .timefmt import companions
+from .timefmt import companions, local_iso
 
 WORKLOAD_TIMES = ("submitted_at", "started_at", "ended_at", "protected_until",
                   "predicted_start")
@@ -41,7 +40,7 @@ def workload_json(r: WorkloadRow, view: View, now: float, tz=None) -> dict:  # n
 def grant_json(g: GrantRow | None) -> dict | None:
     if g is None:
         return None
-    return companions({"version": g.version, "grant_hours": g.grant_hours,
-                       "share_pct": g.share_pct, "changed_by": g.changed_by,
-                       "changed_at": g.changed_at, "source": g.source, "note": g.note},
-                      ("changed_at",), time.time())
+    # a version never changes: only the absolute companion (no "5 s ago" that would)
+    return {"version": g.version, "grant_hours": g.grant_hours, "share_pct": g.share_pct,
+            "changed_by": g.changed_by, "changed_at": g.changed_at, "source": g.source,
+            "note": g.note, "changed_at_local": local_iso(g.changed_at)}

@@ -205,6 +205,9 @@ def test_every_dashboard_query_returns_data_while_a_workload_runs(prometheus, sv
                     {"user": "dave", "project": "astro", "gpus": 1, "min_runtime": "1h"})
     assert st == 201, sess
     sid = sess["id"]
+    for bad in ({"gpu_utilisation": 150}, {"gpu_utilisation": "busy"}, {"gpu_utilisation": True}):
+        st, out = http("POST", f"{svc.api}/sessions/{sid}/heartbeat", root, bad)
+        assert st == 400 and out["field"] == "gpu_utilisation", out
     st, long = http("POST", svc.api + "/jobs", bob,
                     {"command": "sleep 120", "project": "lattice", "gpus": 1,
                      "resumable": True, "name": "long"})

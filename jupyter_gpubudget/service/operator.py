@@ -129,13 +129,21 @@ def accounts_overview(svc: GpuBudgetService, c: Caller, now: float,
                     out[key][kind] = out[key].get(kind, 0) + n
         return out
 
+    def siblings(name: str) -> tuple[str, ...]:
+        p = tree.get(name).parent
+        return tree.get(p).children if p is not None else tree.roots
+
     def walk(name: str, depth: int) -> None:
         if name in visible:
             row = svc.account_json(name, grants.get(name))
             w = work(name)
+            # shares among siblings tell about the siblings too: only when the caller may
+            # see every one of them
+            mine = c.is_admin or all(x in visible for x in siblings(name))
             row.update(depth=depth, path=list(tree.path(name)),
-                       grant_share=shares.get(name, {}).get("grant_share"),
-                       delivered_share=shares.get(name, {}).get("delivered_share"),
+                       grant_share=shares.get(name, {}).get("grant_share") if mine else None,
+                       delivered_share=shares.get(name, {}).get("delivered_share")
+                       if mine else None, shares_hidden=not mine,
                        running=w["running"], pending=w["pending"],
                        can_edit=can_edit(c, tree, name),
                        history=[grant_json(g) for g in

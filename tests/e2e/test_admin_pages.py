@@ -298,6 +298,9 @@ def test_a_manager_edits_only_below_their_account(demo):
             assert {k: v["canEdit"] for k, v in figs.items()} == {
                 "physics": "no", "lattice-qcd": "yes", "astro": "yes"}
             assert row(page, "physics").locator(".gb-edit").count() == 0
+            # lattice-qcd's and astro's shares (both visible) are shown; physics' is not
+            assert row(page, "astro").locator(".gb-shares .progress").count() == 2
+            assert "not shown" in row(page, "physics").inner_text()
             assert "GPU budget admin" not in page.inner_text("nav")
             # beyond physics' own grant: the preview says it would be refused
             row(page, "lattice-qcd").locator(".gb-edit").click()
@@ -356,6 +359,9 @@ def test_a_plain_user_gets_a_read_only_view_of_their_own_projects(demo):
             assert all(v["canEdit"] == "no" for v in figs.values())
             assert page.locator(".gb-edit").count() == 0
             assert "read-only" in page.inner_text(".gb-legend")
+            # shares among siblings would tell about accounts he cannot see (biology, astro)
+            assert page.locator(".gb-shares .progress").count() == 0
+            assert "not shown" in row(page, "lattice-qcd").inner_text()
             # his history is readable
             row(page, "lattice-qcd").locator(".gb-history-toggle").click()
             hist = page.locator("tr.gb-history[data-account='lattice-qcd']")

@@ -114,6 +114,8 @@ class SchedulingLoop:
         #: engine) or as the engine reports it now
         self._out: dict[str, str] = {}
         self._health: dict[str, NodeHealthRow] = {}
+        self._health_read: tuple[int, dict[str, NodeHealthRow]] = (-1, {})
+        self._drains_total: int | None = None  # "repair" decisions: read once, then counted
         self._usage_checked_at = 0.0
 
     # ------------------------------------------------------------------ reconcile
@@ -245,7 +247,7 @@ class SchedulingLoop:
             tree = self.tree_fn()
             self._unhealthy = self._node_health()
             self._record_engine_health(now)
-            self._health = ledger_nodes.node_health(self.ledger)
+            self._health = self._read_health()
             self._out = {n: r.reason for n, r in self._health.items() if not r.healthy}
             self._out.update(self._unhealthy)
             self._drained &= set(self._out)  # back in service: may be drained again
@@ -348,7 +350,7 @@ class SchedulingLoop:
                         self.ledger, node, why, "backend", f"engine:{self.backend.name}", now):
                     self.log.warning("node %s unhealthy (the %s engine): %s — draining", node,
                                      self.backend.name, why)
-            for node, row in ledger_nodes.node_health(self.ledger).items():
+            for node, row in self._read_health().items():
                 if not row.healthy and row.source == "backend" and node not in self._unhealthy:
                     ledger_nodes.mark_healthy(
                         self.ledger, node, f"the {self.backend.name} engine no longer reports "
@@ -356,6 +358,14 @@ class SchedulingLoop:
             self._engine_seen = dict(self._unhealthy)
         except LedgerError as e:  # audit only: scheduling goes on with the engine's view
             self.log.error("recording node health failed: %s", e.message)
+
+    def _read_health(self) -> dict[str, NodeHealthRow]:
+        """The ledger's node health, read again only after this process wrote to the ledger
+        (like the state read: this process is the ledger's only writer)."""
+        if self._health_read[0] != self.ledger.state_version:
+            self._health_read = (self.ledger.state_version,
+                                 ledger_nodes.node_health(self.ledger))
+        return self._health_read[1]
 
     def _node_health(self) -> dict[str, str]:
         """Nodes the engine reports unhealthy; the previous answer if it cannot tell now."""
@@ -471,11 +481,15 @@ class SchedulingLoop:
                             self.ledger, spec.name, now) is not None:
                         self.log.warning("node %s drained: ready for repair (%s)", spec.name,
                                          row.reason)
+                        if self._drains_total is not None:
+                            self._drains_total += 1
             v.nodes[spec.name] = info
         total = float(sum(len(n.gpus) for n in self.inventory.nodes))
         v.gpus = {"allocated": allocated, "drained": drained,
                   "idle": max(0.0, total - allocated - drained)}
-        v.drains_total = ledger_nodes.drains_total(self.ledger)
+        if self._drains_total is None:
+            self._drains_total = ledger_nodes.drains_total(self.ledger)
+        v.drains_total = self._drains_total
         prev = self.view
         dt = max(0.0, now - prev.at) if prev.at else 0.0
         v.idle_gpu_hours = {

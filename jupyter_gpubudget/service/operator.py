@@ -196,8 +196,9 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
     view = svc.loop.view
     tree = svc.tree()
     visible = c.visible_accounts(tree)
-    state, rows = svc.loop.build_state(now)
+    state, _ = svc.loop.build_state(now)
     waits = why_waiting(state, now)
+    rows = svc.ledger.workloads(states=("pending", "running"))  # every column, for display
     by_id = {r.id: r for r in rows}
     order = [w for w in view.queue if w in by_id and by_id[w].state == "pending"]
     order += sorted((r.id for r in rows if r.state == "pending" and r.id not in order),

@@ -58,13 +58,16 @@ SLURM_PARTS := /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmdbd /usr/sbin
 
 ## system parts the suites use: PostgreSQL server binaries, Chromium, configurable-http-proxy,
 ## a Slurm cluster on localhost (slurmctld, slurmd, slurmdbd, munge, MariaDB, sudo; the
-## tests start and stop every daemon themselves)
+## tests start and stop every daemon themselves), Prometheus and promtool (the Grafana
+## dashboard's test)
 $(SYSSTAMP): Makefile | $(STAMP)
 	@command -v initdb >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql; }
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	@for f in $(SLURM_PARTS); do test -e $$f || missing=1; done; \
 	  if [ -n "$$missing" ]; then $(APT) update -qq && $(APT) install -y -qq slurm-wlm \
 	    slurmdbd munge mariadb-server sudo python3-venv; fi
+	@{ command -v prometheus && command -v promtool; } >/dev/null || \
+	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus; }
 	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy
 	touch $(SYSSTAMP)
 

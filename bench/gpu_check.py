@@ -1,8 +1,11 @@
 """Device check: run the project's NVML discovery against the real library on a GPU machine.
 
 Prints the discovered inventory (GPUs, memory, MIG mode and instances with UUIDs, NVLink
-domains) and schedules one whole-GPU and one MIG request on it through the core. Without an
-NVIDIA driver it says so plainly and exits 0 — nothing is faked here.
+domains), schedules one whole-GPU and one MIG request on it through the core, and reads every
+GPU's health fields the service's NVML health source uses (XID events, retired pages pending,
+row remapping, uncorrected ECC errors, temperature against the slowdown threshold, a GPU off
+the bus). Ends with one JSON line. Without an NVIDIA driver it says so plainly and exits 0 —
+nothing is faked here.
 
     python bench/gpu_check.py [--json OUT.json]
 """
@@ -21,6 +24,7 @@ from jupyter_gpubudget.core.accounts import load_budgets  # noqa: E402
 from jupyter_gpubudget.core.mig import profiles_for  # noqa: E402
 from jupyter_gpubudget.core.model import SliceRequest, Start, Workload  # noqa: E402
 from jupyter_gpubudget.core.scheduler import Scheduler  # noqa: E402
+from jupyter_gpubudget.inventory.health import NvmlHealthReader  # noqa: E402
 from jupyter_gpubudget.inventory.nvml import NoNvidiaDriver, discover  # noqa: E402
 
 
@@ -51,12 +55,31 @@ def main() -> int:
         print(f"  place {r.kind} {r.profile or r.gpus}: "
               + (str([(s.node, s.gpu, s.profile, s.mig_start) for s in ds[0].placement.slices])
                  if ds and isinstance(ds[0], Start) else "does not fit"))
+    # the health source's fields (XID events are those since the reader registered for them)
+    reader = NvmlHealthReader()
+    reader.open()
+    try:
+        health = reader.read()
+    finally:
+        reader.close()
+    print("health (what the NVML health source reads):")
+    for h in health:
+        print(f"  GPU{h.index}: temperature {h.temperature_c} °C (slowdown at {h.slowdown_c}); "
+              f"retired pages pending {h.retired_pages_pending}; remapped rows "
+              f"{h.remapped_rows}; uncorrected ECC {h.ecc_uncorrected}; XIDs {h.xids}; "
+              f"lost {h.lost} -> " + ("; ".join(h.problems) or "healthy"))
+    out = {"driver": found.driver, "node": node.name, "nvlink": node.nvlink,
+           "gpus": [{"index": g.index, "model": g.model, "memory_mib": g.memory_mib,
+                     "uuid": g.uuid, "mig": g.mig} for g in node.gpus],
+           "mig_instances": [asdict(m) for m in found.mig_instances],
+           "health": [h.as_dict() for h in health]}
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "driver": found.driver, "node": node.name, "nvlink": node.nvlink,
-            "gpus": [{"index": g.index, "model": g.model, "memory_mib": g.memory_mib,
-                      "uuid": g.uuid, "mig": g.mig} for g in node.gpus],
-            "mig_instances": [asdict(m) for m in found.mig_instances]}, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    print(json.dumps({"gpus": len(node.gpus), "driver": found.driver,
+                      "unhealthy": [h.index for h in health if h.problems],
+                      "health_fields_read": sorted(k for k in health[0].as_dict()
+                                                   if health[0].as_dict()[k] is not None)
+                      if health else []}))
     return 0
 
 

@@ -9,8 +9,8 @@ run exactly this code.
 
 A cycle, in order:
 1. usage, grants and standings of every account (window or half-life);
-2. drain: unhealthy nodes get nothing new; once nothing on one is protected, its workloads are
-   preempted and the node is reported drained;
+2. drain: unhealthy nodes get nothing new; unprotected work on one is preempted at once, and
+   once nothing on it is protected any more the node is reported drained;
 3. rank pending work (ranking.py); backed work is considered first, in rank order, then
    unbacked work on whatever capacity is still idle;
 4. each workload is placed if it fits (placement.py); else, if backed, the cheapest eligible
@@ -841,11 +841,11 @@ class Scheduler:
                 continue
             on_node = [w for w in self.running.values()
                        if w.placement and node in w.placement.nodes]
+            for w in on_node:  # unprotected work leaves at once; protected work keeps its time
+                if not w.stopping and not w.is_protected(now):
+                    self._preempt(w, now, f"node {node} is draining", None, out)
             if any(w.is_protected(now) and not w.stopping for w in on_node):
                 continue
-            for w in on_node:
-                if not w.stopping:
-                    self._preempt(w, now, f"node {node} is draining", None, out)
             self.drained.add(node)
             out.append(Drain(node))
 

@@ -1,6 +1,6 @@
-"""While the server runs: heartbeats (they checkpoint the charge), stopping the server when the
-scheduler preempted the session, and idle detection (GPU utilisation via NVML, else the hub's
-record of kernel activity)."""
+"""While the server runs: heartbeats (they checkpoint the charge and carry the devices' GPU
+utilisation when NVML can tell), stopping the server when the scheduler preempted the session,
+and idle detection (GPU utilisation via NVML, else the hub's record of kernel activity)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .client import ServiceError
-from .idle import gpu_busy
+from .idle import gpu_busy, gpu_utilisation
 from .words import hours
 
 if TYPE_CHECKING:
@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 async def watch(sp: BudgetSpawner) -> None:
     while sp.session_id and sp.child is not None:
         await asyncio.sleep(sp.heartbeat_interval)
+        util = gpu_utilisation(_devices(sp)) if sp.use_nvml else None
         try:
-            sess = await sp.api("POST", f"/sessions/{sp.session_id}/heartbeat")
+            sess = await sp.api("POST", f"/sessions/{sp.session_id}/heartbeat",
+                                {"gpu_utilisation": util} if util is not None else None)
         except ServiceError as e:
             sp.log.warning("gpubudget: heartbeat for %s failed: %s", sp.session_id, e)
             continue
@@ -40,6 +42,11 @@ async def watch(sp: BudgetSpawner) -> None:
             await check_idle(sp)
         except Exception:  # noqa: BLE001 - idle detection must not kill the watcher
             sp.log.exception("gpubudget: idle check failed")
+
+
+def _devices(sp: BudgetSpawner) -> list[str]:
+    ids = sp.child.environment.get("CUDA_VISIBLE_DEVICES", "") if sp.child is not None else ""
+    return [d for d in ids.split(",") if d]
 
 
 async def idle_seconds(sp: BudgetSpawner) -> tuple[float, str] | None:

@@ -179,3 +179,18 @@ class ServiceStateRow(Base):
     __tablename__ = "service_state"
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class NodeHealthRow(Base):
+    """A node's health as the service last decided it (see ``ledger/nodes.py``). No row: the
+    node is in service. ``healthy`` False: nothing new is placed there and it drains;
+    ``drained_at``: when it was first found empty while unhealthy ("ready for repair")."""
+
+    __tablename__ = "node_health"
+    node: Mapped[str] = mapped_column(String(200), primary_key=True)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(40), default="")  # admin, nvml, command, backend
+    changed_by: Mapped[str] = mapped_column(String(200), default="")
+    changed_at: Mapped[float] = mapped_column(Float)
+    drained_at: Mapped[float | None] = mapped_column(Float, nullable=True)

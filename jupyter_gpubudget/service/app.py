@@ -15,20 +15,37 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tornado import httpserver, web
-from traitlets import Bool, Enum, Float, Integer, TraitError, Type, Unicode, default, validate
+from traitlets import (
+    Bool,
+    Enum,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Type,
+    Unicode,
+    default,
+    validate,
+)
 from traitlets.config import Application
 
 from jupyter_gpubudget.backends.base import Backend
 from jupyter_gpubudget.backends.local import LocalBackend
 from jupyter_gpubudget.core.accounts import AccountTree, BudgetError, Budgets, load_budgets
 from jupyter_gpubudget.core.inventory import Inventory, load_inventory
-from jupyter_gpubudget.core.model import Policy
+from jupyter_gpubudget.core.model import Policy, Preempt
 from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_declared
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow
 
 from .base import ApiError
 from .handlers import routes
+from .health import (
+    CommandHealthSource,
+    HealthMonitor,
+    HealthSource,
+    NvmlHealthSource,
+)
 from .loop import SchedulingLoop
 from .metrics import make_registry
 from .reaper import reaper, reconcile_with_hub
@@ -187,7 +204,23 @@ class GpuBudgetService(Application):
         except ValueError:
             return 300.0
 
-    classes = [LocalBackend]
+    health_sources = List(Type(klass=HealthSource), [NvmlHealthSource],
+                          help="Where node health comes from besides the backend's own view "
+                          "of its nodes (read every cycle) and admins (classes, or their "
+                          "import names): NvmlHealthSource (this machine's GPUs: XID errors, "
+                          "retired/remapped memory, ECC, temperature, a GPU off the bus), "
+                          "CommandHealthSource (your own script per node), or a subclass of "
+                          "jupyter_gpubudget.service.health.HealthSource. An unhealthy node "
+                          "gets nothing new and drains. Admins drain and undrain nodes on "
+                          "the Nodes page or with PUT /nodes/{name}/health."
+                          ).tag(config=True)
+    health_interval = Float(30.0, help="Seconds between health checks of every source."
+                            ).tag(config=True)
+    session_utilisation_max_age = Float(600.0, help="Seconds a session's reported GPU "
+                                        "utilisation stays in /metrics without a newer "
+                                        "report.").tag(config=True)
+
+    classes = [LocalBackend, NvmlHealthSource, CommandHealthSource]
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
                "budgets": "GpuBudgetService.budgets_file",
                "inventory": "GpuBudgetService.inventory_file",
@@ -252,11 +285,21 @@ class GpuBudgetService(Application):
         self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
         self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.policy,
                                    self.backend, log=self.log, clock=self.clock,
-                                   on_cycle=lambda s: self.cycle_hist.observe(s))
+                                   on_cycle=lambda s: self.cycle_hist.observe(s),
+                                   on_start=lambda row, now: self.wait_hist.labels(
+                                       row.kind).observe(max(0.0, now - row.submitted_at)))
         self.loop.forecast_interval = self.forecast_interval
         self.loop.checkpoint_interval = self.checkpoint_interval
         self.loop.forecast_min_interval = self.forecast_min_interval
-        self.registry, self.cycle_hist = make_registry(self)
+        self.registry, self.cycle_hist, self.wait_hist = make_registry(self)
+        self.health_monitor = HealthMonitor(
+            self.ledger, [cls(parent=self, log=self.log, backend=self.backend,
+                              inventory=self.inventory) for cls in self.health_sources],
+            nodes=lambda: [n.name for n in self.inventory.nodes], clock=self.clock,
+            log=self.log)
+        self.health_pool = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-health")
+        #: session -> (GPU utilisation %, when, user, project), from the hub's idle sampler
+        self.session_util: dict[str, tuple[float, float, str, str]] = {}
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")
         self.db_pool = ThreadPoolExecutor(self.db_threads, thread_name_prefix="gpubudget-db")
         self._ledger_error: tuple[float, str] | None = None
@@ -408,9 +451,25 @@ class GpuBudgetService(Application):
                 pass
             self._kick_event.clear()
             try:
-                await aloop.run_in_executor(self.worker, self.loop.cycle)
+                decisions = await aloop.run_in_executor(self.worker, self.loop.cycle)
             except Exception:
                 self.log.exception("scheduling cycle failed")
+                continue
+            if any(isinstance(d, Preempt) for d in decisions):
+                self.kick()  # requeued work may start elsewhere at once
+
+    async def _health_timer(self) -> None:
+        """Poll the health sources (on their own thread); a change triggers a cycle."""
+        aloop = asyncio.get_running_loop()
+        while True:
+            try:
+                changed = await aloop.run_in_executor(self.health_pool, self.health_monitor.poll)
+            except Exception:  # noqa: BLE001 - the ledger may be busy: try again later
+                self.log.exception("health check failed")
+                changed = []
+            if changed:
+                self.kick()
+            await asyncio.sleep(self.health_interval)
 
     def make_app(self) -> web.Application:
         secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET") or secrets.token_hex(32)
@@ -447,7 +506,10 @@ class GpuBudgetService(Application):
         reaping = asyncio.create_task(reaper(self))
         settling = asyncio.create_task(reconcile_with_hub(self) if self.local_tokens is None
                                        else asyncio.sleep(0))
+        checking = asyncio.create_task(self._health_timer())
         await stop.wait()
+        checking.cancel()
+        self.health_pool.submit(self.health_monitor.close)
         timer.cancel()
         reaping.cancel()
         settling.cancel()

@@ -26,7 +26,8 @@ from jupyter_gpubudget.core.offer import (
 )
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, paused_gc
 from jupyter_gpubudget.ledger import Ledger, LedgerError
-from jupyter_gpubudget.ledger.models import WorkloadRow
+from jupyter_gpubudget.ledger import nodes as ledger_nodes
+from jupyter_gpubudget.ledger.models import NodeHealthRow, WorkloadRow
 
 from .state import LiveWorkloads, build_state, placement_to_list
 
@@ -48,6 +49,17 @@ class View:
     inconsistent: dict[str, str] = field(default_factory=dict)
     #: quotes against this cycle's scheduler (None before the first cycle)
     quoter: Quoter | None = None
+    #: node -> {"state": in_service | draining | ready_for_repair, "running": n,
+    #: "protected_until": latest protected end of work still there}
+    nodes: dict[str, dict] = field(default_factory=dict)
+    #: GPU-equivalents: allocated (held by running work), drained (free on unhealthy
+    #: nodes), idle (free and in service)
+    gpus: dict[str, float] = field(default_factory=dict)
+    drains_total: int = 0
+    #: GPU-hours since the service started: capacity in service nobody held ("unallocated"),
+    #: and GPUs held by sessions reported idle ("idle_session")
+    idle_gpu_hours: dict[str, float] = field(default_factory=dict)
+    idle_held: float = 0.0  # GPU-equivalents held by sessions reported idle
 
     def position(self, wid: str) -> int | None:
         try:
@@ -60,7 +72,8 @@ class SchedulingLoop:
     def __init__(self, ledger: Ledger, tree_fn: Callable, inventory,  # noqa: ANN001
                  policy_fn: Callable[[], Policy], backend: Backend,
                  log: logging.Logger | None = None, clock: Callable[[], float] = time.time,
-                 on_cycle: Callable[[float], None] | None = None) -> None:
+                 on_cycle: Callable[[float], None] | None = None,
+                 on_start: Callable[[WorkloadRow, float], None] | None = None) -> None:
         self.ledger = ledger
         self.tree_fn = tree_fn  # -> AccountTree of the budgets file (reloadable)
         self.inventory = inventory
@@ -80,6 +93,7 @@ class SchedulingLoop:
         self.log = log or logging.getLogger("gpubudget.loop")
         self.clock = clock
         self.on_cycle = on_cycle
+        self.on_start = on_start  # a workload started: (its row, when) — the wait metric
         self.view = View()
         self.lock = threading.Lock()  # one cycle or state change of a running workload at a time
         self._reserved: dict[str, float] = {}
@@ -95,6 +109,13 @@ class SchedulingLoop:
         #: every running row): what a crash of the service can lose at most
         self.checkpoint_interval = 0.0
         self._checkpointed_at = float("-inf")
+        self._engine_seen: dict[str, str] = {}  # the engine's previous report (edges)
+        #: node -> reason: out of service in the ledger (a health source, an admin, the
+        #: engine) or as the engine reports it now
+        self._out: dict[str, str] = {}
+        self._health: dict[str, NodeHealthRow] = {}
+        self._health_read: tuple[int, dict[str, NodeHealthRow]] = (-1, {})
+        self._drains_total: int | None = None  # "repair" decisions: read once, then counted
         self._usage_checked_at = 0.0
 
     # ------------------------------------------------------------------ reconcile
@@ -114,9 +135,10 @@ class SchedulingLoop:
                 self.backend.stop(wid, attempt)
 
     def _intent(self, row: WorkloadRow) -> str | None:
-        """'preempting' or 'cancelling' when a stop was under way when the service died."""
+        """'preempting', 'cancelling' or 'requeueing' when a stop was under way when the
+        service died."""
         last = self.ledger.decisions(workloads=[row.id], limit=1)
-        if last and last[0].kind in ("preempting", "cancelling") \
+        if last and last[0].kind in ("preempting", "cancelling", "requeueing") \
                 and last[0].at >= (row.started_at or 0):
             return last[0].kind
         return None
@@ -128,6 +150,8 @@ class SchedulingLoop:
             state, reason, by = ("pending" if row.resumable else "preempted"), "preempted", "preempt"
         elif intent == "cancelling":
             state, reason, by = "cancelled", "cancelled", "cancel"
+        elif intent == "requeueing":
+            state, reason, by = "pending", "requeued by an admin", "requeue"
         elif st.timed_out:
             state, by = "timeout", "timeout"
             reason = f"time limit ({row.time_limit or 0:g} s) reached; stopped"
@@ -195,7 +219,9 @@ class SchedulingLoop:
             state, rows = build_state(self.ledger, tree, self.inventory, policy, now,
                                       sync_backends=self.sync_backends, live=self._live)
             self._last_read = (key, state, rows)
-        return replace(state, unhealthy=frozenset(self._unhealthy)), rows
+        # out of service: as the engine reports it now, and as the ledger records it (health
+        # sources, admins, the engine's earlier reports; state.build_state reads those)
+        return replace(state, unhealthy=frozenset(self._unhealthy) | state.unhealthy), rows
 
     # ------------------------------------------------------------------ cycle
     def cycle(self) -> list:
@@ -220,7 +246,11 @@ class SchedulingLoop:
                 self._checkpointed_at = now
             tree = self.tree_fn()
             self._unhealthy = self._node_health()
-            self._drained &= set(self._unhealthy)  # back in service: may be drained again
+            self._record_engine_health(now)
+            self._health = self._read_health()
+            self._out = {n: r.reason for n, r in self._health.items() if not r.healthy}
+            self._out.update(self._unhealthy)
+            self._drained &= set(self._out)  # back in service: may be drained again
             state, rows = self.build_state(now, tree)
             with paused_gc():
                 sched = Scheduler.from_state(state)
@@ -275,6 +305,8 @@ class SchedulingLoop:
                 # recorded the start and opened the charge; there is nothing to run here
                 self.ledger.set_backend_ref(row.id, row.backend)
                 self._reserved.pop(row.id, None)
+                if self.on_start:
+                    self.on_start(row, now)
                 return
             full = self.ledger.get(row.id)  # command and env: read only for what launches
             try:
@@ -291,6 +323,8 @@ class SchedulingLoop:
                 raise
             self.ledger.set_backend_ref(row.id, ref)
             self._reserved.pop(row.id, None)
+            if self.on_start:
+                self.on_start(row, now)
         elif isinstance(d, Reserve):
             if self._reserved.get(d.workload) != d.at:
                 self._reserved[d.workload] = d.at
@@ -299,10 +333,39 @@ class SchedulingLoop:
         elif isinstance(d, Drain):
             if d.node not in self._drained:
                 self._drained.add(d.node)
-                why = self._unhealthy.get(d.node, "unhealthy")
+                why = self._out.get(d.node, "unhealthy")
                 self.ledger.record_decision(now=now, kind="drain", cycle=cycle, reason=why,
                                             detail={"node": d.node})
+                self.log.warning("node %s drained (%s): nothing protected left on it", d.node,
+                                 why)
                 self.backend.drain_node(d.node, why)  # the engine keeps it out too
+
+    def _record_engine_health(self, now: float) -> None:
+        """The engine's view into the ledger (audited): a report that appears or changes marks
+        the node unhealthy (source ``backend``); a node the engine marked and no longer
+        reports returns to service. An admin's undrain stands against an unchanged report."""
+        try:
+            for node, why in sorted(self._unhealthy.items()):
+                if self._engine_seen.get(node) != why and ledger_nodes.mark_unhealthy(
+                        self.ledger, node, why, "backend", f"engine:{self.backend.name}", now):
+                    self.log.warning("node %s unhealthy (the %s engine): %s — draining", node,
+                                     self.backend.name, why)
+            for node, row in self._read_health().items():
+                if not row.healthy and row.source == "backend" and node not in self._unhealthy:
+                    ledger_nodes.mark_healthy(
+                        self.ledger, node, f"the {self.backend.name} engine no longer reports "
+                        "a problem", "backend", f"engine:{self.backend.name}", now)
+            self._engine_seen = dict(self._unhealthy)
+        except LedgerError as e:  # audit only: scheduling goes on with the engine's view
+            self.log.error("recording node health failed: %s", e.message)
+
+    def _read_health(self) -> dict[str, NodeHealthRow]:
+        """The ledger's node health, read again only after this process wrote to the ledger
+        (like the state read: this process is the ledger's only writer)."""
+        if self._health_read[0] != self.ledger.state_version:
+            self._health_read = (self.ledger.state_version,
+                                 ledger_nodes.node_health(self.ledger))
+        return self._health_read[1]
 
     def _node_health(self) -> dict[str, str]:
         """Nodes the engine reports unhealthy; the previous answer if it cannot tell now."""
@@ -385,7 +448,56 @@ class SchedulingLoop:
             self._preemptions = (self.ledger.state_version, self.ledger.preemptions_by_project())
         v.preemptions = self._preemptions[1]
         v.quoter = Quoter(sched, fc, now)
+        self._node_view(v, sched, now)
         self.view = v
+
+    def _node_view(self, v: View, sched: Scheduler, now: float) -> None:
+        """Node states and GPU figures after this cycle's decisions; an unhealthy node found
+        empty is recorded drained ("ready for repair") and the admin told (log, audit log,
+        metrics, the pages' banner)."""
+        on: dict[str, list] = {}
+        allocated = idle_held = drained = 0.0
+        for w in sched.running.values():
+            frac = w.placement.fraction if w.placement else 0.0
+            allocated += frac
+            if w.idle:
+                idle_held += frac
+            for n in (w.placement.nodes if w.placement else ()):
+                on.setdefault(n, []).append(w)
+        for spec in self.inventory.nodes:
+            ws = on.get(spec.name, [])
+            ends = [w.protected_until for w in ws if w.is_protected(now) and not w.stopping]
+            info = {"state": "in_service", "running": len(ws),
+                    "protected_until": max(ends) if ends else None}
+            if spec.name in self._out:
+                used = sum(s.milli for w in ws if w.placement for s in w.placement.slices
+                           if s.node == spec.name and s.gpu >= 0) / 1000
+                drained += max(0.0, len(spec.gpus) - used)
+                info["state"] = "draining"
+                row = self._health.get(spec.name)
+                if not ws and row is not None and not row.healthy:
+                    info["state"] = "ready_for_repair"
+                    if row.drained_at is None and ledger_nodes.mark_drained(
+                            self.ledger, spec.name, now) is not None:
+                        self.log.warning("node %s drained: ready for repair (%s)", spec.name,
+                                         row.reason)
+                        if self._drains_total is not None:
+                            self._drains_total += 1
+            v.nodes[spec.name] = info
+        total = float(sum(len(n.gpus) for n in self.inventory.nodes))
+        v.gpus = {"allocated": allocated, "drained": drained,
+                  "idle": max(0.0, total - allocated - drained)}
+        if self._drains_total is None:
+            self._drains_total = ledger_nodes.drains_total(self.ledger)
+        v.drains_total = self._drains_total
+        prev = self.view
+        dt = max(0.0, now - prev.at) if prev.at else 0.0
+        v.idle_gpu_hours = {
+            "unallocated": prev.idle_gpu_hours.get("unallocated", 0.0)
+            + dt * prev.gpus.get("idle", 0.0) / 3600,
+            "idle_session": prev.idle_gpu_hours.get("idle_session", 0.0)
+            + dt * prev.idle_held / 3600}
+        v.idle_held = idle_held
 
     # ------------------------------------------------------------------ user actions
     def cancel(self, wid: str, by: str) -> WorkloadRow:
@@ -407,3 +519,39 @@ class SchedulingLoop:
                 self.ledger.record_decision(now=self.clock(), kind="cancel", workload=wid,
                                             actor=by, s=s)
             return row
+
+    def requeue(self, wid: str, by: str) -> WorkloadRow:
+        """Stop a running batch job of this service's backend and put it back in the queue
+        (an admin's action; serialised with the cycle). It keeps its place by submission."""
+        with self.lock:
+            row = self.ledger.get(wid)
+            if row is None:
+                raise LedgerError(404, f"no workload {wid!r}")
+            if row.state != "running":
+                raise LedgerError(409, f"workload {wid} is {row.state}, not running")
+            if row.backend != self.backend.name:
+                raise LedgerError(409, f"workload {wid} is run by {row.backend!r}, not by this "
+                                       "service: stop it there (a session: end it)")
+            iv = self.ledger.open_interval(wid)
+            self.ledger.record_decision(now=self.clock(), kind="requeueing", workload=wid,
+                                        actor=by)
+            self.backend.stop(wid, iv.seq if iv else 0)
+            with self.ledger.tx() as s:
+                row = self.ledger.stop(wid, now=self.clock(), state="pending",
+                                       closed_by="requeue", reason=f"requeued by {by}", s=s)
+                self.ledger.record_decision(now=self.clock(), kind="requeue", workload=wid,
+                                            actor=by, reason=f"requeued by {by}", s=s)
+            return row
+
+    def set_node_health(self, node: str, healthy: bool, reason: str, by: str) -> bool:
+        """An admin drains (``healthy=False``) or undrains a node. Returns whether anything
+        changed. Undraining also returns it to service in the engine."""
+        with self.lock:
+            now = self.clock()
+            if healthy:
+                changed = ledger_nodes.mark_healthy(self.ledger, node, reason, "admin", by, now)
+                if changed:
+                    self._drained.discard(node)
+                    self.backend.undrain_node(node)
+                return changed
+            return ledger_nodes.mark_unhealthy(self.ledger, node, reason, "admin", by, now)

@@ -1,4 +1,8 @@
-"""Prometheus metrics, computed from the last cycle's view (and the ledger for counters)."""
+"""Prometheus metrics, computed from the last cycle's view (and the ledger for counters).
+
+Nothing here touches the ledger: ``/metrics`` is answered on the event loop from what the last
+scheduling cycle computed (``loop.View``) and from in-memory reports.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,13 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from jupyter_gpubudget.core.model import KINDS
+
 if TYPE_CHECKING:
     from .app import GpuBudgetService
+
+NODE_STATES = ("in_service", "draining", "ready_for_repair")
+GPU_STATES = ("allocated", "idle", "drained")
 
 
 class LedgerCollector(Collector):
@@ -18,22 +27,31 @@ class LedgerCollector(Collector):
 
     def collect(self):  # noqa: ANN201
         v = self.svc.loop.view
-        usage = GaugeMetricFamily("gpubudget_usage_gpu_hours",
-                                  "GPU-hours charged in the window", labels=["account"])
-        grant = GaugeMetricFamily("gpubudget_grant_gpu_hours",
-                                  "GPU-hours granted per window", labels=["account"])
+        # base units (promtool's rule): GPU-seconds; divide by 3600 for GPU-hours
+        usage = GaugeMetricFamily("gpubudget_usage_gpu_seconds",
+                                  "GPU-seconds charged in the window (GPU-hours x 3600)",
+                                  labels=["account"])
+        grant = GaugeMetricFamily("gpubudget_grant_gpu_seconds",
+                                  "GPU-seconds granted per window (GPU-hours x 3600)",
+                                  labels=["account"])
         standing = GaugeMetricFamily("gpubudget_standing", "usage / grant", labels=["account"])
         for a, s in sorted(v.standings.items()):
-            usage.add_metric([a], s["usage_hours"])
-            grant.add_metric([a], s["grant_hours"])
+            usage.add_metric([a], s["usage_hours"] * 3600)
+            grant.add_metric([a], s["grant_hours"] * 3600)
             standing.add_metric([a], min(s["standing"], 1e12))
         yield from (usage, grant, standing)
+        # every project and kind has a series (0 when there is none): dashboards show 0,
+        # not "no data"
+        projects = sorted({p for p, s in v.standings.items()
+                           if self.svc.tree().is_project(p)} | {p for p, _ in v.running}
+                          | {p for p, _ in v.pending})
         for name, counts, help_ in (("running", v.running, "Running workloads"),
                                     ("pending", v.pending, "Pending workloads")):
             g = GaugeMetricFamily(f"gpubudget_workloads_{name}", help_,
                                   labels=["project", "kind"])
-            for (p, k), n in sorted(counts.items()):
-                g.add_metric([p, k], n)
+            for p in projects:
+                for k in KINDS:
+                    g.add_metric([p, k], counts.get((p, k), 0))
             yield g
         pre = CounterMetricFamily("gpubudget_preemptions", "Preemptions (from the ledger)",
                                   labels=["project"])
@@ -44,12 +62,66 @@ class LedgerCollector(Collector):
                                  "When the last scheduling cycle ran")
         last.add_metric([], v.at)
         yield last
+        yield from self._capacity(v)
+        yield self._sessions()
+
+    def _capacity(self, v):  # noqa: ANN001, ANN202
+        gpus = GaugeMetricFamily("gpubudget_gpus", "GPU-equivalents by state: allocated "
+                                 "(held by running work), idle (free, in service), drained "
+                                 "(free on nodes out of service)", labels=["state"])
+        for st in GPU_STATES:
+            gpus.add_metric([st], v.gpus.get(st, 0.0))
+        yield gpus
+        idle = CounterMetricFamily("gpubudget_idle_gpu_seconds", "GPU-seconds since the "
+                                   "service started that were in service but held by nobody "
+                                   "(unallocated) or held by sessions reported idle "
+                                   "(idle_session)", labels=["reason"])
+        for reason in ("unallocated", "idle_session"):
+            idle.add_metric([reason], v.idle_gpu_hours.get(reason, 0.0) * 3600)
+        yield idle
+        nodes = GaugeMetricFamily("gpubudget_nodes", "Nodes by state: in_service, draining "
+                                  "(unhealthy, work still on it), ready_for_repair "
+                                  "(unhealthy and empty)", labels=["state"])
+        node = GaugeMetricFamily("gpubudget_node_state", "1 for each node's current state",
+                                 labels=["node", "state"])
+        counts = dict.fromkeys(NODE_STATES, 0)
+        for name, info in sorted(v.nodes.items()):
+            counts[info["state"]] = counts.get(info["state"], 0) + 1
+            node.add_metric([name, info["state"]], 1)
+        for st in NODE_STATES:
+            nodes.add_metric([st], counts[st])
+        yield nodes
+        yield node
+        drains = CounterMetricFamily("gpubudget_node_drains", "Nodes drained (found empty "
+                                     "while unhealthy: ready for repair), from the ledger")
+        drains.add_metric([], v.drains_total)
+        yield drains
+
+    def _sessions(self):  # noqa: ANN202
+        util = GaugeMetricFamily("gpubudget_session_gpu_utilisation_percent",
+                                 "GPU utilisation of a running session's devices, as last "
+                                 "reported by the hub's idle sampler (NVML)",
+                                 labels=["session", "user", "project"])
+        svc = self.svc
+        now = svc.clock()
+        for wid, (pct, at, user, project) in sorted(svc.session_util.items()):
+            if now - at <= svc.session_utilisation_max_age:
+                util.add_metric([wid, user, project], pct)
+            else:  # a session that ended (or stopped reporting) is forgotten
+                svc.session_util.pop(wid, None)
+        return util
 
 
-def make_registry(svc: GpuBudgetService) -> tuple[CollectorRegistry, Histogram]:
+def make_registry(svc: GpuBudgetService) -> tuple[CollectorRegistry, Histogram, Histogram]:
     reg = CollectorRegistry()
     reg.register(LedgerCollector(svc))
     cycle = Histogram("gpubudget_cycle_seconds", "Duration of one scheduling cycle",
                       registry=reg, buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5,
                                              1, 2.5, 5, 10))
-    return reg, cycle
+    wait = Histogram("gpubudget_wait_seconds", "Time from submission to start, per kind "
+                     "(observed when a workload starts)", ["kind"], registry=reg,
+                     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400,
+                              43200, 86400, 259200))
+    for k in KINDS:  # every kind has a series from the start
+        wait.labels(k)
+    return reg, cycle, wait

@@ -172,6 +172,7 @@ def openapi_document(api_prefix: str) -> dict:
             params=[IDEM], extra={"404": "No such workload", "409": "Wrong state"})},
     }
     paths.update(session_paths())
+    paths.update(operator_paths())
     return {
         "openapi": "3.0.3",
         "info": {"title": "jupyter-gpubudget service", "version": "1",
@@ -243,12 +244,79 @@ def session_paths() -> dict:
                                          "schema": {"type": "string", "enum": sorted(
                                              ["stop", "cull", "preempt", "failed", "timeout"])}}],
                           extra=nf)},
-        "/sessions/{id}/heartbeat": {"post": _op("The server is alive: checkpoint the charge",
-                                                 _resp("Session", session), params=sid,
-                                                 extra=nf)},
+        "/sessions/{id}/heartbeat": {"post": {
+            **_op("The server is alive: checkpoint the charge", _resp("Session", session),
+                  params=sid, extra={**nf, "400": "Malformed body (the field is named)"}),
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "nullable": True, "properties": {"gpu_utilisation": {
+                    "type": "number", "minimum": 0, "maximum": 100,
+                    "description": "GPU utilisation of the session's devices (percent, "
+                                   "from the hub's NVML sampler)"}}}}}}}},
         "/sessions/{id}/idle": {"post": _op(
             "Report the session idle: notice, protection ends", _resp("Session", session),
             params=sid, body={"type": "object", "properties": {
                 "idle_s": {"type": "number", "minimum": 0}, "source": {"type": "string"}}},
             extra={**nf, "409": "Not running"})},
+    }
+
+
+def operator_paths() -> dict:
+    """The operator's endpoints (handlers/operator.py; the pages show the same data)."""
+    tz = {"name": "tz", "in": "query", "required": False, "schema": {"type": "string"},
+          "description": "IANA time zone for the *_local and *_text companions of every time "
+                         "(default: the service's)"}
+    node = [_path_param("name"), tz]
+    health_body = {"type": "object", "required": ["healthy"], "additionalProperties": False,
+                   "properties": {"healthy": {"type": "boolean", "description":
+                                              "false: drain (nothing new; work leaves as its "
+                                              "protection ends); true: return to service"},
+                                  "reason": {"type": "string", "maxLength": 500,
+                                             "description": "Required to drain"}}}
+    node_schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "state": {"type": "string", "enum": [
+            "in_service", "draining", "ready_for_repair"]},
+        "state_text": {"type": "string"}, "healthy": {"type": "boolean"},
+        "reason": {"type": "string"}, "source": {"type": "string"},
+        "changed_by": {"type": "string"}, "changed_at": NULL_NUM, "drained_at": NULL_NUM,
+        "protected_until": NULL_NUM, "running": {"type": "integer"},
+        "gpus": {"type": "array", "items": {"type": "object"}}}}
+    q = lambda name, desc, schema=None: {  # noqa: E731
+        "name": name, "in": "query", "required": False, "description": desc,
+        "schema": schema or {"type": "string"}}
+    return {
+        "/tree": {"get": _op("The visible account tree: figures, shares of the parent, work "
+                             "per kind, grant history, whether the caller may edit",
+                             _resp("Tree"), params=[tz], extra={"400": "Bad tz"})},
+        "/accounts/{name}/grant/preview": {"post": _op(
+            "What a grant change would do (changes nothing): standings and shares before and "
+            "after, pending work whose backing changes, and why saving would be refused",
+            _resp("Preview"), params=[_path_param("name")], body=GRANT_BODY,
+            extra={"404": "No such account"})},
+        "/queue/detail": {"get": _op(
+            "Pending work in rank order with why it waits; running work with slice, place, "
+            "protected-until and cost so far (others' entries redacted)", _resp("Queue"),
+            params=[tz, q("project", "Only this account's projects")],
+            extra={"400": "Unknown project or bad tz"})},
+        "/workloads/{name}/requeue": {"post": _op(
+            "Stop a running job and queue it again (admins)", _resp("The job", WORKLOAD),
+            params=[_path_param("name"), tz],
+            extra={"404": "No such workload", "409": "Not running, or not run here"})},
+        "/nodes": {"get": _op("Nodes: GPUs and what runs on them, health and drain state "
+                              "(admins: notices of nodes ready for repair)", _resp("Nodes"),
+                              params=[tz], extra={"400": "Bad tz"})},
+        "/nodes/{name}": {"get": _op("One node", _resp("Node", node_schema), params=node,
+                                     extra={"404": "No such node", "400": "Bad tz"})},
+        "/nodes/{name}/health": {"put": _op(
+            "Drain a node or return it to service (admins); audited", _resp("Node",
+                                                                           node_schema),
+            params=node, body=health_body, extra={"404": "No such node"})},
+        "/decisions": {"get": _op(
+            "The audit log, newest first (admins: all; others: their own work and their "
+            "accounts' grants)", _resp("Decisions"),
+            params=[tz, q("kind", "Comma-separated kinds"), q("workload", "A workload id"),
+                    q("actor", "Who decided"), q("q", "Text in the reason or detail"),
+                    q("before", "Only decisions with a smaller id (paging)",
+                      {"type": "integer"}),
+                    q("limit", "At most this many (1..1000)", {"type": "integer"})],
+            extra={"400": "Bad filter"})},
     }

@@ -20,6 +20,7 @@ from jupyter_gpubudget.core.model import (
 from jupyter_gpubudget.core.scheduler import ClusterState
 from jupyter_gpubudget.ledger import Ledger
 from jupyter_gpubudget.ledger.models import WorkloadRow
+from jupyter_gpubudget.ledger.nodes import unhealthy_nodes
 
 # only the constructor's fields (the core may add derived, non-init fields)
 _REQ_FIELDS = {f.name for f in fields(SliceRequest) if f.init}
@@ -152,5 +153,5 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
                     command=command_name(command))
     state = ClusterState(accounts=tree_with_ledger_grants(tree, ledger), inventory=inventory,
                          policy=policy, running=running, pending=pending, charges=charges,
-                         history=history)
+                         history=history, unhealthy=unhealthy_nodes(ledger))
     return state, rows

@@ -7,6 +7,10 @@ import math
 from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
 
 from .loop import View
+from .timefmt import companions, local_iso
+
+WORKLOAD_TIMES = ("submitted_at", "started_at", "ended_at", "protected_until",
+                  "predicted_start")
 
 
 def finite(x: float | None) -> float | None:
@@ -14,11 +18,12 @@ def finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def workload_json(r: WorkloadRow, view: View, now: float) -> dict:
+def workload_json(r: WorkloadRow, view: View, now: float, tz=None) -> dict:  # noqa: ANN001
+    """A workload; every time also as ``<field>_local`` / ``<field>_text`` (timefmt)."""
     protected_left = None
     if r.state == "running" and r.backed and r.protected_until is not None:
         protected_left = max(0.0, r.protected_until - now)
-    return {
+    return companions({
         "id": r.id, "name": r.name, "project": r.project, "user": r.user, "kind": r.kind,
         "state": r.state, "request": r.request, "placement": r.placement,
         "submitted_at": r.submitted_at, "started_at": r.started_at, "ended_at": r.ended_at,
@@ -29,12 +34,13 @@ def workload_json(r: WorkloadRow, view: View, now: float) -> dict:
         "min_runtime": r.min_runtime, "resumable": r.resumable, "time_limit": r.time_limit,
         "preemptions": r.preemptions, "exit_code": r.exit_code, "reason": r.reason,
         "backend": r.backend,
-    }
+    }, WORKLOAD_TIMES, now, tz)
 
 
 def grant_json(g: GrantRow | None) -> dict | None:
     if g is None:
         return None
+    # a version never changes: only the absolute companion (no "5 s ago" that would)
     return {"version": g.version, "grant_hours": g.grant_hours, "share_pct": g.share_pct,
             "changed_by": g.changed_by, "changed_at": g.changed_at, "source": g.source,
-            "note": g.note}
+            "note": g.note, "changed_at_local": local_iso(g.changed_at)}

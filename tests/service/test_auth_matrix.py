@@ -115,7 +115,7 @@ def test_metrics_matrix(service, creds, caller, expected):
     status, out = http("GET", service.base + "/metrics", creds[caller])
     assert status == expected
     if expected == 200:
-        assert "gpubudget_grant_gpu_hours" in out and "gpubudget_cycle_seconds" in out
+        assert "gpubudget_grant_gpu_seconds" in out and "gpubudget_cycle_seconds" in out
 
 
 def test_visibility_is_limited_to_own_projects(service, creds):

@@ -278,8 +278,21 @@ class HeartbeatHandler(_SessionBase):
         c = await self.caller()
         row = await self.session_or_404(wid)
         c.require_see_workload(row.user)
+        body = self.body() or {}
+        if not isinstance(body, dict):
+            raise ApiError(400, "body: expected a JSON object", "body")
+        util = body.get("gpu_utilisation")
+        if util is not None and (isinstance(util, bool) or not isinstance(util, int | float)
+                                 or not 0 <= util <= 100):
+            raise ApiError(400, "gpu_utilisation: expected a percent (0..100)",
+                           "gpu_utilisation")
         if row.state == "running":
             await self.db(self.svc.ledger.checkpoint, self.svc.clock(), [wid])
+            if util is not None:  # the hub's idle sampler (NVML): exported in /metrics
+                self.svc.session_util[wid] = (float(util), self.svc.clock(), row.user,
+                                              row.project)
+        else:
+            self.svc.session_util.pop(wid, None)
         self.send(await self.db(self.session_json, row))
 
 

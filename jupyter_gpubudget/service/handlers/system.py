@@ -1,37 +1,17 @@
-"""The service's root (browser login), OAuth callback, health, the OpenAPI document and
-Prometheus metrics."""
+"""The OAuth callback, health, the OpenAPI document and Prometheus metrics (the service's root
+and its pages are in ``pages.py``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
-from tornado import web
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 
 from ..base import BaseHandler
 from ..openapi import openapi_document
 
 if TYPE_CHECKING:
     from ..app import GpuBudgetService
-
-
-class IndexHandler(HubOAuthenticated, BaseHandler):
-    """The service's root: a browser is sent through JupyterHub's OAuth login, then told who
-    it is (the OAuth cookie also authenticates the API afterwards)."""
-
-    @property
-    def hub_scopes(self):  # noqa: ANN201 - any identified hub user; authority is per endpoint
-        return None
-
-    @property
-    def allow_all(self) -> bool:
-        return True
-
-    @web.authenticated
-    def get(self) -> None:
-        user = self.current_user
-        self.send({"user": user["name"], "api": self.svc.api_prefix,
-                   "openapi": self.svc.api_prefix + "/openapi.json"})
 
 
 class OAuthCallbackHandler(HubOAuthCallbackHandler):
@@ -76,7 +56,7 @@ class MetricsHandler(BaseHandler):
 
 
 #: under the service prefix
-ROOT_ROUTES = [("/?", IndexHandler), ("/oauth_callback", OAuthCallbackHandler),
+ROOT_ROUTES = [("/oauth_callback", OAuthCallbackHandler),
                ("/metrics", MetricsHandler)]
 #: under /api/v1
 API_ROUTES = [("/healthz", HealthHandler), ("/openapi.json", OpenAPIHandler)]

@@ -1,0 +1,225 @@
+"""The admin's and manager's pages at the service's root (``/services/gpubudget/``): Accounts,
+Queue and running, Nodes, Decisions. Server-rendered (Jinja2, ``service/templates``) with a
+little JavaScript (``service/static``), styled with the hub's own CSS (Bootstrap, served by
+the hub at ``/hub/static/``), behind JupyterHub's OAuth login (cookie). Every change the pages
+make goes through the REST API with JupyterHub's XSRF token (``X-XSRFToken``).
+
+What a page shows is what the API answers (``service/operator.py`` builds both), limited to
+what the caller may see: admins everything, managers the accounts they manage, everyone else
+their own projects, read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+from ..auth import Caller
+from ..base import ApiError, BaseHandler
+from ..operator import (
+    KIND_WORDS,
+    accounts_overview,
+    decisions_overview,
+    nodes_overview,
+    queue_overview,
+)
+from ..timefmt import duration_text
+
+if TYPE_CHECKING:
+    from ..app import GpuBudgetService
+
+HERE = Path(__file__).resolve().parent.parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+
+PAGES = [("accounts", "Accounts"), ("queue", "Queue and running"), ("nodes", "Nodes"),
+         ("decisions", "Decisions")]
+
+WHY_WORDS = {"starts": ("starting", "success"), "reserved": ("GPUs reserved for it", "info"),
+             "reservation": ("blocked by a reservation", "warning"),
+             "unbacked": ("unbacked", "secondary"), "capacity": ("blocked by capacity",
+                                                                  "warning"),
+             "draining": ("nodes out of service", "danger"),
+             "unknown-project": ("unknown project", "danger")}
+
+
+def hours(x: float | None) -> str:
+    """GPU-hours for people: one decimal below 100, none above ('12.5', '1,200')."""
+    if x is None:
+        return "—"
+    return f"{x:,.1f}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def _env() -> Environment:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)),
+                      autoescape=select_autoescape(["html"]), trim_blocks=True,
+                      lstrip_blocks=True)
+    env.filters["hours"] = hours
+    env.filters["pct"] = lambda x: "—" if x is None else f"{100 * x:.0f} %"
+    env.filters["duration"] = duration_text
+    env.globals["why_words"] = WHY_WORDS
+    env.globals["kind_words"] = KIND_WORDS
+    return env
+
+
+ENV = _env()
+
+
+class PageHandler(HubOAuthenticated, BaseHandler):
+    """A page for any user the hub identifies; what it shows depends on the caller."""
+
+    page = "accounts"
+    title = "Accounts"
+
+    @property
+    def hub_scopes(self):  # noqa: ANN201 - any identified hub user; authority is per endpoint
+        return None
+
+    @property
+    def allow_all(self) -> bool:
+        return True
+
+    async def prepare(self) -> None:
+        """Identify the caller without blocking the event loop (the mixin's own
+        ``get_current_user`` would ask the hub synchronously on a cache miss)."""
+        if not hasattr(self, "_hub_auth_user_cache"):
+            try:
+                model = await self.svc.hub_auth.get_user(self, sync=False)
+            except web.HTTPError as e:
+                if e.status_code < 500:
+                    raise
+                raise ApiError(503, "JupyterHub cannot confirm your login right now; "
+                                    "reload the page in a moment") from None
+            self._hub_auth_user_cache = self.check_hub_user(model) if model else None
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Content-Security-Policy", "frame-ancestors 'self'")
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+    def write_error(self, status_code: int, **kw: Any) -> None:
+        exc = kw.get("exc_info", (None, None, None))[1]
+        msg = exc.message if isinstance(exc, ApiError) else self._reason
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.finish(ENV.get_template("error.html").render(
+            status=status_code, message=msg, **self.frame(None)))
+
+    def caller_now(self) -> Caller:
+        return Caller.from_hub_model(self.current_user, self.svc.service_name)
+
+    def frame(self, c: Caller | None) -> dict[str, Any]:
+        """What every page's frame needs: the hub's URLs, the page list, the user."""
+        base = os.environ.get("JUPYTERHUB_BASE_URL", "/")
+        if not base.endswith("/"):
+            base += "/"
+        prefix = self.svc.service_prefix.rstrip("/") + "/"
+        view = self.svc.loop.view
+        repair = sorted(n for n, info in view.nodes.items()
+                        if info.get("state") == "ready_for_repair")
+        return {"hub": base + "hub/", "hub_static": base + "hub/static/", "prefix": prefix,
+                "static": prefix + "static/", "pages": PAGES, "page": self.page,
+                "title": self.title, "user": c.name if c else None,
+                "is_admin": bool(c and c.is_admin),
+                "repair": repair if (c and c.is_admin) else [],
+                "boot": {"user": c.name if c else None, "api": self.svc.api_prefix,
+                         "is_admin": bool(c and c.is_admin), "page": self.page,
+                         "prefix": prefix}}
+
+    def render_page(self, template: str, c: Caller, **data: Any) -> None:
+        self.finish(ENV.get_template(template).render(**self.frame(c), **data))
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @web.authenticated
+    async def get(self) -> None:
+        c = self.caller_now()
+        c.require_read()
+        self.render_page(f"{self.page}.html", c, **await self.data(c))
+
+
+class IndexHandler(PageHandler):
+    """The service's root: the Accounts page for a browser; for a program (no ``text/html``
+    in ``Accept``) who it is and where the API is, as JSON."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        if "text/html" not in self.request.headers.get("Accept", ""):
+            self.set_header("Content-Type", "application/json")
+            user = self.current_user
+            self.finish(json.dumps({"user": user["name"], "api": self.svc.api_prefix,
+                                    "openapi": self.svc.api_prefix + "/openapi.json"}))
+            return
+        await super().get()
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        return {"data": await self.db(accounts_overview, self.svc, c, self.svc.clock())}
+
+
+class AccountsPage(IndexHandler):
+    pass
+
+
+class QueuePage(PageHandler):
+    page, title = "queue", "Queue and running"
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        project = self.get_query_argument("project", None) or None
+        if project is not None and project not in self.tree:
+            raise ApiError(400, f"no project {project!r}")
+        return {"data": await self.db(queue_overview, self.svc, c, self.svc.clock(), None,
+                                      project)}
+
+
+class NodesPage(PageHandler):
+    page, title = "nodes", "Nodes"
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        return {"data": await self.db(nodes_overview, self.svc, c, self.svc.clock())}
+
+
+class DecisionsPage(PageHandler):
+    page, title = "decisions", "Decisions"
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        q = self.get_query_argument
+        kind = q("kind", "") or ""
+        filters = {"kind": kind, "workload": q("workload", "") or "",
+                   "actor": q("actor", "") or "", "q": (q("q", "") or "")[:200]}
+        try:
+            before = int(q("before")) if q("before", None) else None
+        except ValueError:
+            raise ApiError(400, "before: expected a number") from None
+        data = await self.db(lambda: decisions_overview(
+            self.svc, c, self.svc.clock(), None, kinds=[kind] if kind else None,
+            workload=filters["workload"] or None, actor=filters["actor"] or None,
+            text=filters["q"] or None, before=before, limit=100))
+        older = None
+        if data["next_before"]:
+            older = "?" + urlencode({**{k: v for k, v in filters.items() if v},
+                                     "before": data["next_before"]})
+        return {"data": data, "filters": filters, "older": older}
+
+
+class StaticHandler(web.StaticFileHandler):
+    """The pages' own script and style (everything else comes from the hub)."""
+
+    def initialize(self, svc: GpuBudgetService) -> None:  # type: ignore[override]
+        super().initialize(path=str(STATIC))
+
+    def set_extra_headers(self, path: str) -> None:
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+
+ROOT_ROUTES = [("/?", IndexHandler), ("/accounts", AccountsPage), ("/queue", QueuePage),
+               ("/nodes", NodesPage), ("/decisions", DecisionsPage),
+               (r"/static/(.*)", StaticHandler)]
+API_ROUTES: list = []

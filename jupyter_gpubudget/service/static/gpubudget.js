@@ -1,0 +1,305 @@
+// The gpubudget service's pages: local times, the grant editor with its preview, and the
+// admin's actions (drain/undrain a node, cancel/requeue work). Every change goes through the
+// REST API with JupyterHub's XSRF token (the _xsrf cookie, sent as X-XSRFToken).
+"use strict";
+
+(function () {
+  const boot = JSON.parse(document.getElementById("gb-data").textContent);
+  const api = boot.api;
+  const tz = Intl.DateTimeFormat().resolvedOptions().timeZone;
+
+  // ------------------------------------------------------------------ times
+  function duration(s) {
+    s = Math.abs(s);
+    if (s < 60) return `${Math.round(s)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min`;
+    if (s < 86400) {
+      const m = Math.round(s / 60);
+      const h = Math.floor(m / 60), r = m % 60;
+      return r ? `${h} h ${r} min` : `${h} h`;
+    }
+    const hrs = Math.round(s / 3600);
+    const d = Math.floor(hrs / 24), r = hrs % 24;
+    return r ? `${d} d ${r} h` : `${d} d`;
+  }
+  function relative(t, now) {
+    const d = t - now;
+    if (Math.abs(d) < 1) return "now";
+    return d > 0 ? `in ${duration(d)}` : `${duration(d)} ago`;
+  }
+  function clock(t, now) {
+    const d = new Date(t * 1000), today = new Date(now * 1000);
+    const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
+    if (d.toDateString() === today.toDateString()) return hm;
+    const opts = { weekday: "short", day: "numeric", month: "short" };
+    if (d.getFullYear() !== today.getFullYear()) opts.year = "numeric";
+    return `${d.toLocaleDateString([], opts)} ${hm}`;
+  }
+  function renderTimes() {
+    const now = Date.now() / 1000;
+    for (const el of document.querySelectorAll("time[data-t]")) {
+      const t = parseFloat(el.dataset.t);
+      if (!t) continue;
+      el.textContent = el.dataset.style === "ago"
+        ? `${relative(t, now)} (${clock(t, now)})`
+        : `${clock(t, now)} (${relative(t, now)})`;
+      el.setAttribute("datetime", new Date(t * 1000).toISOString());
+      el.title = new Date(t * 1000).toLocaleString();
+    }
+  }
+  renderTimes();
+  setInterval(renderTimes, 20000);
+
+  // ------------------------------------------------------------------ the API
+  function xsrf() {
+    const c = document.cookie.split("; ").find((x) => x.startsWith("_xsrf="));
+    return c ? decodeURIComponent(c.slice(6)) : "";
+  }
+  async function call(method, path, body) {
+    const sep = path.includes("?") ? "&" : "?";
+    const r = await fetch(`${api}${path}${sep}tz=${encodeURIComponent(tz)}`, {
+      method,
+      headers: { "Content-Type": "application/json", "X-XSRFToken": xsrf() },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      credentials: "same-origin",
+    });
+    let data = null;
+    try { data = await r.json(); } catch (e) { data = null; }
+    if (!r.ok) {
+      const msg = (data && data.message) || `${r.status} ${r.statusText}`;
+      throw new Error(msg);
+    }
+    return data;
+  }
+  // after a change: wait until a scheduling cycle that started after it has finished, so the
+  // reloaded page shows its effect
+  async function afterNextCycle() {
+    const first = await call("GET", "/healthz").catch(() => null);
+    const start = first ? first.cycle : 0;
+    const until = Date.now() + 15000;
+    while (Date.now() < until) {
+      await new Promise((ok) => setTimeout(ok, 300));
+      const h = await call("GET", "/healthz").catch(() => null);
+      if (h && h.cycle >= start + 2) return;
+    }
+  }
+  function show(el, text) {
+    el.textContent = text;
+    el.classList.remove("d-none");
+  }
+  // GPU-hours as the pages write them: one decimal below 100, none above
+  const fmt = (x) => {
+    if (x === null || x === undefined) return "—";
+    const d = Math.abs(x) < 100 ? 1 : 0;
+    return Number(x).toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d });
+  };
+  const pct = (x) => (x === null || x === undefined ? "no grant"
+    : `${Number(100 * x).toLocaleString("en-US", { maximumFractionDigits: 1, minimumFractionDigits: 1 })} %`);
+  const share = (x) => (x === null || x === undefined ? "—" : `${Math.round(100 * x)} %`);
+
+  // ------------------------------------------------------------------ grant editor
+  const modalEl = document.getElementById("gb-grant-modal");
+  if (modalEl) {
+    const modal = new bootstrap.Modal(modalEl);
+    const form = document.getElementById("gb-grant-form");
+    const value = document.getElementById("gb-grant-value");
+    const note = document.getElementById("gb-grant-note");
+    const unit = document.getElementById("gb-grant-unit");
+    const err = document.getElementById("gb-grant-error");
+    const save = document.getElementById("gb-grant-save");
+    const prevBox = document.getElementById("gb-preview");
+    let account = null;
+
+    function body() {
+      const share = document.getElementById("gb-mode-share").checked;
+      const v = parseFloat(value.value);
+      const b = { note: note.value.trim() };
+      if (share) b.share_pct = v; else b.grant_hours = v;
+      return b;
+    }
+    function invalidate() {
+      save.disabled = true;
+      prevBox.classList.add("d-none");
+      err.classList.add("d-none");
+    }
+    function check() {
+      const v = parseFloat(value.value);
+      if (Number.isNaN(v) || v < 0) { show(err, "Give the new grant as a number (0 or more)."); return false; }
+      if (document.getElementById("gb-mode-share").checked && v > 100) { show(err, "A share is at most 100 %."); return false; }
+      if (!note.value.trim()) { show(err, "Write a note saying why: it is kept in the grant's history."); return false; }
+      return true;
+    }
+    for (const b of document.querySelectorAll(".gb-edit")) {
+      b.addEventListener("click", () => {
+        account = b.dataset.account;
+        modalEl.querySelector(".gb-acct").textContent = account;
+        modalEl.querySelector(".gb-parent").textContent = b.dataset.parent || "the cluster";
+        const share = b.dataset.sharePct !== "";
+        document.getElementById("gb-mode-share").checked = share;
+        document.getElementById("gb-mode-hours").checked = !share;
+        unit.textContent = share ? "%" : "GPU-h";
+        value.value = share ? b.dataset.sharePct : b.dataset.grantHours;
+        note.value = "";
+        invalidate();
+        modal.show();
+      });
+    }
+    for (const el of [value, note]) el.addEventListener("input", invalidate);
+    for (const r of form.querySelectorAll("input[name=mode]")) {
+      r.addEventListener("change", () => {
+        unit.textContent = document.getElementById("gb-mode-share").checked ? "%" : "GPU-h";
+        invalidate();
+      });
+    }
+    document.getElementById("gb-grant-preview").addEventListener("click", async () => {
+      invalidate();
+      if (!check()) return;
+      try {
+        const p = await call("POST", `/accounts/${encodeURIComponent(account)}/grant/preview`, body());
+        const tbody = document.querySelector("#gb-preview-table tbody");
+        tbody.replaceChildren();
+        for (const [name, a] of Object.entries(p.accounts)) {
+          const tr = document.createElement("tr");
+          tr.dataset.account = name;
+          const cells = [name, `${fmt(a.grant_before)} GPU-h`, `${fmt(a.grant_after)} GPU-h`,
+                         `${share(a.share_before)} → ${share(a.share_after)}`,
+                         pct(a.standing_before), pct(a.standing_after)];
+          cells.forEach((c, i) => {
+            const td = document.createElement("td");
+            td.textContent = c;
+            if (i) td.className = "text-end text-nowrap";
+            if (i === 5 || i === 2) td.classList.add("fw-semibold");
+            tr.appendChild(td);
+          });
+          tbody.appendChild(tr);
+        }
+        const ul = document.getElementById("gb-preview-backing");
+        ul.replaceChildren();
+        for (const b of p.backing) {
+          const li = document.createElement("li");
+          li.textContent = `Waiting work ${b.workload} of ${b.project} would become `
+            + (b.backed_after ? "backed (protected, considered first)" : "unbacked (runs only on idle GPUs)");
+          ul.appendChild(li);
+        }
+        if (!p.backing.length) {
+          const li = document.createElement("li");
+          li.textContent = "No waiting work changes between backed and unbacked.";
+          ul.appendChild(li);
+        }
+        prevBox.classList.remove("d-none");
+        if (p.refused) show(err, `This change would be refused: ${p.refused}`);
+        else save.disabled = false;
+      } catch (e) {
+        show(err, e.message);
+      }
+    });
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      if (save.disabled || !check()) return;
+      save.disabled = true;
+      save.textContent = "Saving…";
+      try {
+        await call("PUT", `/accounts/${encodeURIComponent(account)}/grant`, body());
+        await afterNextCycle();
+        sessionStorage.setItem("gb-flash", `The grant of ${account} was changed.`);
+        sessionStorage.setItem("gb-open-history", account);
+        location.reload();
+      } catch (e) {
+        show(err, e.message);
+        save.textContent = "Save";
+        save.disabled = false;
+      }
+    });
+  }
+
+  // ------------------------------------------------------------------ admin actions
+  const confirmEl = document.getElementById("gb-confirm");
+  if (confirmEl) {
+    const modal = new bootstrap.Modal(confirmEl);
+    const text = document.getElementById("gb-confirm-text");
+    const box = document.getElementById("gb-confirm-reason-box");
+    const reason = document.getElementById("gb-confirm-reason");
+    const label = document.getElementById("gb-confirm-reason-label");
+    const err = document.getElementById("gb-confirm-error");
+    const ok = document.getElementById("gb-confirm-ok");
+    let action = null;
+    const actions = {
+      drain: (el) => ({
+        title: `Drain node ${el.dataset.node}?`,
+        text: "Nothing new will be placed on it. Work without protection leaves at once and is requeued elsewhere; protected work keeps its protected time, then leaves. You are told when it is ready for repair.",
+        reason: "Why (shown to everyone, kept in the audit log)", required: true, button: "Drain",
+        run: (r) => call("PUT", `/nodes/${encodeURIComponent(el.dataset.node)}/health`, { healthy: false, reason: r }),
+      }),
+      undrain: (el) => ({
+        title: `Return node ${el.dataset.node} to service?`,
+        text: "Work will be placed on it again.",
+        reason: "Note (what was repaired)", required: false, button: "Return to service",
+        run: (r) => call("PUT", `/nodes/${encodeURIComponent(el.dataset.node)}/health`, { healthy: true, reason: r }),
+      }),
+      cancel: (el) => ({
+        title: el.dataset.kind === "interactive" ? `Stop session ${el.dataset.workload}?` : `Cancel ${el.dataset.workload}?`,
+        text: el.dataset.kind === "interactive"
+          ? "The user's notebook server is stopped and its charge ends."
+          : "The job is stopped (if running) and will not run again.",
+        button: el.dataset.kind === "interactive" ? "Stop it" : "Cancel it",
+        run: () => call("DELETE", el.dataset.kind === "interactive"
+          ? `/sessions/${encodeURIComponent(el.dataset.workload)}?reason=stop`
+          : `/jobs/${encodeURIComponent(el.dataset.workload)}`),
+      }),
+      requeue: (el) => ({
+        title: `Requeue ${el.dataset.workload}?`,
+        text: "The job is stopped now and put back in the queue; it starts again when its turn comes (charged only for the time it ran).",
+        button: "Requeue",
+        run: () => call("POST", `/workloads/${encodeURIComponent(el.dataset.workload)}/requeue`),
+      }),
+    };
+    for (const el of document.querySelectorAll(".gb-act")) {
+      el.addEventListener("click", () => {
+        action = actions[el.dataset.act](el);
+        document.getElementById("gb-confirm-title").textContent = action.title;
+        text.textContent = action.text;
+        box.classList.toggle("d-none", !action.reason);
+        label.textContent = action.reason || "";
+        reason.value = "";
+        err.classList.add("d-none");
+        ok.textContent = action.button;
+        ok.className = `btn ${el.dataset.act === "undrain" ? "btn-success" : "btn-danger"}`;
+        modal.show();
+      });
+    }
+    document.getElementById("gb-confirm-form").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      if (action.required && !reason.value.trim()) {
+        show(err, "Please say why.");
+        return;
+      }
+      ok.disabled = true;
+      try {
+        await action.run(reason.value.trim());
+        await afterNextCycle();
+        sessionStorage.setItem("gb-flash", `Done: ${action.title.replace(/\?$/, "")}.`);
+        location.reload();
+      } catch (e) {
+        show(err, e.message);
+      } finally {
+        ok.disabled = false;
+      }
+    });
+  }
+
+  // ------------------------------------------------------------------ after a reload
+  const flash = sessionStorage.getItem("gb-flash");
+  if (flash) {
+    sessionStorage.removeItem("gb-flash");
+    const a = document.getElementById("gb-alert");
+    a.classList.add("alert-success");
+    a.classList.remove("d-none");
+    a.textContent = flash;
+  }
+  const open = sessionStorage.getItem("gb-open-history");
+  if (open) {
+    sessionStorage.removeItem("gb-open-history");
+    const row = document.querySelector(`tr.gb-history[data-account="${CSS.escape(open)}"]`);
+    if (row) row.classList.add("show");
+  }
+})();

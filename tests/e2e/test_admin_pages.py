@@ -1,0 +1,385 @@
+"""The operator's pages in real Chromium against the `make run` hub (the project's own
+hub_config/jupyterhub_config.py: real JupyterHub, configurable-http-proxy, the gpubudget
+service managed by the hub, DEMO login), on the demo budgets and inventory with some usage in
+the window, sessions running and work waiting:
+
+- the admin logs in, opens the service from the hub's Services menu, sees the account tree
+  with the API's figures, changes a grant with a note (previewing its effect first) and sees
+  the history row and the new standing; drains and undrains a node; reads the queue (why work
+  waits) and the audit log;
+- a manager (alice: physics; dana: biology) can edit only below their account, and a change
+  beyond the parent's grant is refused in the preview;
+- a plain user (bob) gets a read-only view of their own projects.
+
+Screenshots go to ``$GPUBUDGET_ARTIFACTS/admin-pages`` (default ``out/screenshots``). Needs
+Chromium and the playwright package; with CI=true a missing part fails the test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hub.hubproc import http, require, start_demo_hub
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = Path(os.environ.get("GPUBUDGET_ARTIFACTS", ROOT / "out" / "screenshots")) / "admin-pages"
+HOUR, DAY = 3600, 86400
+GPUS = 16  # the demo inventory: what may be charged per second at most
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    try:
+        import playwright.sync_api  # noqa: F401
+        have_pw = True
+    except ImportError:
+        have_pw = False
+    require(have_pw, "the playwright Python package (pip install playwright)")
+    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    h = start_demo_hub(tmp_path_factory.mktemp("admin-pages"),
+                       env={"GPUBUDGET_SESSION_STALE_S": "3600"})
+    now = time.time()
+    # past usage, reported as external workloads: (user, project, milli, start ago, hours)
+    for i, (user, project, milli, ago, hours) in enumerate([
+            ("alice", "lattice-qcd", 4000, 5 * DAY, 6), ("bob", "lattice-qcd", 8000, 3 * DAY, 10),
+            ("carol", "astro", 8000, 2 * DAY, 30), ("erin", "genomics", 8000, 4 * DAY, 12),
+            ("frank", "proteins", 2000, 1 * DAY, 8)]):
+        for ev, at in (("start", now - ago), ("stop", now - ago + hours * HOUR)):
+            body = {"workload": f"past-{i}", "event": ev, "at": at}
+            if ev == "start":
+                body.update(project=project, user=user, milli=milli, kind="batch")
+            st, out = http("POST", f"{h.svc}/usage/events", h.token, body)
+            assert st == 200, out
+    # running sessions (protected for an hour) and a batch job; then work that must wait
+    sessions = []
+    for user, project, gpus in [("dana", "genomics", 8), ("carol", "astro", 2),
+                                ("erin", "genomics", 2)]:
+        st, s = http("POST", h.svc + "/sessions", h.token,
+                     {"user": user, "project": project, "gpus": gpus, "min_runtime": "1h"})
+        assert st == 201, s
+        sessions.append(s["id"])
+    # a batch job of bob's (it runs as his Unix account)
+    st, tok = http("POST", f"{h.api}/users/bob/tokens", h.token,
+                   {"scopes": ["custom:gpubudget:submit"], "note": "admin pages test"})
+    assert st == 201, tok
+    st, job = http("POST", h.svc + "/jobs", tok["token"],
+                   {"command": "sleep 600", "project": "lattice-qcd", "gpus": 1,
+                    "name": "training-run", "resumable": True})
+    assert st == 201, job
+    for wid in sessions:
+        wait_state(h, f"/sessions/{wid}", "running")
+    wait_state(h, f"/workloads/{job['id']}", "running")
+    st, big = http("POST", h.svc + "/sessions", h.token,
+                   {"user": "bob", "project": "lattice-qcd", "gpus": 4, "min_runtime": "2h",
+                    "name": "big-session"})
+    assert st == 201, big
+    h.extra = {"sessions": [*sessions, big["id"]], "job": job["id"]}
+    yield h
+    for wid in h.extra["sessions"]:
+        http("DELETE", f"{h.svc}/sessions/{wid}", h.token)
+    http("DELETE", f"{h.svc}/jobs/{job['id']}", h.token)
+    h.stop()
+
+
+def wait_state(h, path: str, state: str, timeout: float = 30) -> dict:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while True:
+        st, w = http("GET", h.svc + path, h.token)
+        if st == 200 and w["state"] == state:
+            return w
+        assert time.monotonic() < deadline, w
+        time.sleep(0.2)
+
+
+def login(browser, demo, user: str):  # noqa: ANN001, ANN201
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(demo.url + "/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "gpubudget-demo")
+    page.click("#login_submit")
+    page.wait_for_load_state()
+    # the hub's own nav bar: Services -> gpubudget
+    page.click("nav >> text=Services")
+    page.click("nav .dropdown-menu >> text=gpubudget")
+    page.wait_for_selector("#gb-accounts")
+    assert page.url.rstrip("/").endswith("/services/gpubudget"), page.url
+    page.errors = errors
+    return ctx, page
+
+
+def shot(page, name: str) -> None:  # noqa: ANN001
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def row(page, account: str):  # noqa: ANN001, ANN201
+    return page.locator(f"tr.gb-account[data-account='{account}']")
+
+
+def page_figures(page) -> dict[str, dict]:  # noqa: ANN001
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll(
+        'tr.gb-account')].map(r => [r.dataset.account, {grant: r.dataset.grant,
+        usage: r.dataset.usage, standing: r.dataset.standing, canEdit: r.dataset.canEdit,
+        grantText: r.querySelector('.gb-grant-hours').textContent.trim(),
+        usageText: r.querySelector('.gb-usage-hours').textContent.trim(),
+        pctText: (r.querySelector('.gb-standing-pct') || {}).textContent}]))""")
+
+
+def page_fetch(page, method: str, path: str, body: dict) -> tuple[int, dict]:  # noqa: ANN001
+    """A request from the page itself: its login cookie and JupyterHub's XSRF token."""
+    return tuple(page.evaluate("""async ([method, path, body]) => {
+        const x = document.cookie.split('; ').find(c => c.startsWith('_xsrf='));
+        const r = await fetch(path, {method, body: JSON.stringify(body),
+            headers: {'Content-Type': 'application/json',
+                      'X-XSRFToken': decodeURIComponent(x.slice(6))}});
+        return [r.status, await r.json()]; }""", [method, path, body]))
+
+
+def fmt(x: float) -> str:
+    return f"{x:,.1f}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def test_admin_sees_the_api_figures_and_changes_a_grant_with_a_note(demo):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            ctx, page = login(browser, demo, "admin")
+            t_page = time.time()
+            figs = page_figures(page)
+            st, api = http("GET", demo.svc + "/accounts", demo.token)
+            dt = time.time() - t_page + 2.0  # the page's figures may be a cycle older
+            assert st == 200
+            api = {a["name"]: a for a in api["accounts"]}
+            assert list(figs) == ["physics", "lattice-qcd", "astro", "biology", "genomics",
+                                  "proteins"]  # the tree, depth first
+            for name, a in api.items():
+                f = figs[name]
+                assert float(f["grant"]) == a["effective_grant_hours"], name
+                assert f["grantText"] == fmt(a["effective_grant_hours"]), name
+                assert abs(float(f["usage"]) - a["usage_hours"]) <= GPUS * dt / HOUR + 1e-9
+                assert abs(float(f["standing"]) - a["standing"]) <= \
+                    GPUS * dt / HOUR / a["effective_grant_hours"] + 1e-9
+                assert f["canEdit"] == "yes"  # the admin may change every grant
+            assert figs["lattice-qcd"]["usageText"] == fmt(float(figs["lattice-qcd"]["usage"]))
+            body = page.inner_text("#gb-main")
+            assert "GPU budget admin" in page.inner_text("nav")
+            assert "1970" not in body and "epoch" not in body
+            assert page.locator("time[data-t]").first.inner_text().count(":") == 1
+            shot(page, "admin-accounts")
+
+            # change lattice-qcd's grant: preview first, then save with a note
+            usage = api["lattice-qcd"]["usage_hours"]
+            row(page, "lattice-qcd").locator(".gb-edit").click()
+            page.wait_for_selector("#gb-grant-modal.show")
+            page.fill("#gb-grant-value", "1000")
+            page.click("#gb-grant-preview")
+            assert "Write a note" in page.inner_text("#gb-grant-error")  # a note is required
+            assert page.is_disabled("#gb-grant-save")
+            page.fill("#gb-grant-note", "More for the March deadline (ticket 42)")
+            page.click("#gb-grant-preview")
+            prev = page.locator("#gb-preview-table tr[data-account='lattice-qcd']")
+            prev.wait_for()
+            cells = prev.locator("td").all_inner_texts()
+            assert cells[1] == "800 GPU-h" and cells[2] == "1,000 GPU-h", cells
+            assert cells[3] == "67 % → 71 %", cells  # of physics' grants: 800/1200 -> 1000/1400
+            assert page.locator("#gb-preview-table tr[data-account='astro'] td").nth(3
+                                                                                  ).inner_text() \
+                == "33 % → 29 %"
+            after = float(cells[5].split()[0].replace(",", ""))
+            assert abs(after - 100 * usage / 1000) < 0.1 + 100 * GPUS * dt / HOUR / 1000, cells
+            assert page.is_enabled("#gb-grant-save")
+            shot(page, "admin-grant-preview")
+            with page.expect_navigation(timeout=30_000):  # saved, then reloaded
+                page.click("#gb-grant-save")
+            page.wait_for_selector("#gb-alert.alert-success")
+            hist = page.locator("tr.gb-history[data-account='lattice-qcd']")
+            assert "show" in (hist.get_attribute("class") or "")  # opened after the save
+            first = hist.locator("tbody tr").first
+            assert "More for the March deadline (ticket 42)" in first.inner_text()
+            assert "admin" in first.inner_text() and "1,000 GPU-h" in first.inner_text()
+            figs2 = page_figures(page)
+            assert float(figs2["lattice-qcd"]["grant"]) == 1000.0
+            st, a = http("GET", demo.svc + "/accounts/lattice-qcd", demo.token)
+            assert a["grant"]["grant_hours"] == 1000 and a["grant"]["changed_by"] == "admin"
+            assert a["grant"]["note"] == "More for the March deadline (ticket 42)"
+            assert abs(float(figs2["lattice-qcd"]["standing"]) - a["standing"]) < 1e-3
+            assert abs(a["standing"] - a["usage_hours"] / 1000) < 1e-9
+            shown = float(figs2["lattice-qcd"]["pctText"])
+            assert abs(shown - 100 * a["standing"]) < 0.15, (shown, a["standing"])
+            shot(page, "admin-accounts-after-change")
+
+            # the queue: why work waits, running work with slice, place, protection, cost
+            page.click("#gb-tabs >> text=Queue and running")
+            page.wait_for_selector("#gb-running")
+            waiting = page.locator("#gb-pending tr[data-why]").first
+            assert waiting.get_attribute("data-why") in ("capacity", "reserved")
+            assert "big-session" in waiting.inner_text()
+            run = page.locator(f"#gb-running tr[data-workload='{demo.extra['job']}']")
+            txt = run.inner_text()
+            assert "training-run" in txt and "GPU" in txt and "GPU-h" in txt
+            assert page.locator("#gb-running .gb-protected time").count() >= 3
+            assert "in 5" in page.inner_text("#gb-running")  # protected "in 59 min"
+            shot(page, "admin-queue")
+            # requeue the batch job from the page
+            run.locator("button[data-act=requeue]").click()
+            with page.expect_navigation(timeout=30_000):
+                page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-alert.alert-success")
+            dec = http("GET", f"{demo.svc}/decisions?kind=requeue", demo.token)[1]
+            assert dec["decisions"][0]["workload"] == demo.extra["job"]
+            assert dec["decisions"][0]["actor"] == "admin"
+
+            # nodes: drain h100-b with a reason, see it draining, undrain it
+            page.click("#gb-tabs >> text=Nodes")
+            card = page.locator("#node-h100-b")
+            card.wait_for()
+            assert card.get_attribute("data-state") == "in_service"
+            card.locator("button[data-act=drain]").click()
+            page.click("#gb-confirm-ok")
+            assert "Please say why" in page.inner_text("#gb-confirm-error")
+            page.fill("#gb-confirm-reason", "fan replacement")
+            with page.expect_navigation(timeout=30_000):
+                page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-alert.alert-success")
+            card = page.locator("#node-h100-b")
+            assert card.get_attribute("data-state") in ("draining", "ready_for_repair")
+            assert "fan replacement" in card.inner_text()
+            shot(page, "admin-nodes-draining")
+            st, n = http("GET", demo.svc + "/nodes/h100-b", demo.token)
+            assert not n["healthy"] and n["reason"] == "fan replacement" and n["source"] == "admin"
+            card.locator("button[data-act=undrain]").click()
+            page.fill("#gb-confirm-reason", "fan replaced")
+            with page.expect_navigation(timeout=30_000):
+                page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-alert.alert-success")
+            assert page.locator("#node-h100-b").get_attribute("data-state") == "in_service"
+
+            # the audit log, filtered
+            page.click("#gb-tabs >> text=Decisions")
+            page.select_option("#f-kind", "grant")
+            page.click("#gb-filter button[type=submit]")
+            page.wait_for_selector("#gb-decisions tr[data-kind]")
+            kinds = set(page.locator("#gb-decisions tr[data-kind]").evaluate_all(
+                "rs => rs.map(r => r.dataset.kind)"))
+            assert kinds == {"grant"}
+            assert "More for the March deadline" in page.inner_text("#gb-decisions")
+            page.goto(page.url.split("?")[0] + "?q=h100-b")
+            assert {"health", "undrain"} <= set(page.locator(
+                "#gb-decisions tr[data-kind]").evaluate_all("rs => rs.map(r => r.dataset.kind)"))
+            shot(page, "admin-decisions")
+            assert page.errors == [], page.errors
+        finally:
+            browser.close()
+
+
+def test_a_manager_edits_only_below_their_account(demo):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            _, page = login(browser, demo, "alice")
+            figs = page_figures(page)
+            assert list(figs) == ["physics", "lattice-qcd", "astro"]  # not biology
+            assert {k: v["canEdit"] for k, v in figs.items()} == {
+                "physics": "no", "lattice-qcd": "yes", "astro": "yes"}
+            assert row(page, "physics").locator(".gb-edit").count() == 0
+            # lattice-qcd's and astro's shares (both visible) are shown; physics' is not
+            assert row(page, "astro").locator(".gb-shares .progress").count() == 2
+            assert "not shown" in row(page, "physics").inner_text()
+            assert "GPU budget admin" not in page.inner_text("nav")
+            # beyond physics' own grant: the preview says it would be refused
+            row(page, "lattice-qcd").locator(".gb-edit").click()
+            page.fill("#gb-grant-value", "1200")
+            page.fill("#gb-grant-note", "try to take more")
+            page.click("#gb-grant-preview")
+            page.wait_for_selector("#gb-grant-error:not(.d-none)")
+            assert "would be refused" in page.inner_text("#gb-grant-error")
+            assert "physics" in page.inner_text("#gb-grant-error")
+            assert page.is_disabled("#gb-grant-save")
+            shot(page, "manager-refused-preview")
+            # within it: astro 400 -> 200, saved with the note
+            page.click("#gb-grant-modal .btn-close")
+            page.wait_for_selector("#gb-grant-modal", state="hidden")
+            row(page, "astro").locator(".gb-edit").click()
+            page.fill("#gb-grant-value", "200")
+            page.fill("#gb-grant-note", "astro runs less this month")
+            page.click("#gb-grant-preview")
+            page.wait_for_selector("#gb-preview-table tr[data-account='astro']")
+            with page.expect_navigation(timeout=30_000):  # saved, then reloaded
+                page.click("#gb-grant-save")
+            page.wait_for_selector("#gb-alert.alert-success")
+            hist = page.locator("tr.gb-history[data-account='astro'] tbody tr").first
+            assert "astro runs less this month" in hist.inner_text()
+            assert "alice" in hist.inner_text()
+            assert float(page_figures(page)["astro"]["grant"]) == 200.0
+            shot(page, "manager-accounts")
+            # the API agrees: from alice's login, physics' own grant cannot be changed
+            st, out = page_fetch(page, "PUT", "api/v1/accounts/physics/grant",
+                                 {"grant_hours": 5000, "note": "x"})
+            assert st == 403 and "only an admin" in out["message"], out
+            page.errors.clear()  # the console reports that deliberate 403
+            # nodes: read only
+            page.click("#gb-tabs >> text=Nodes")
+            page.wait_for_selector("#gb-nodes")
+            assert page.locator("button[data-act]").count() == 0
+            assert page.errors == [], page.errors
+
+            _, dpage = login(browser, demo, "dana")
+            figs = page_figures(dpage)
+            assert {k: v["canEdit"] for k, v in figs.items()} == {
+                "biology": "no", "genomics": "yes", "proteins": "yes"}
+        finally:
+            browser.close()
+
+
+def test_a_plain_user_gets_a_read_only_view_of_their_own_projects(demo):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            _, page = login(browser, demo, "bob")
+            figs = page_figures(page)
+            assert list(figs) == ["physics", "lattice-qcd"]
+            assert all(v["canEdit"] == "no" for v in figs.values())
+            assert page.locator(".gb-edit").count() == 0
+            assert "read-only" in page.inner_text(".gb-legend")
+            # shares among siblings would tell about accounts he cannot see (biology, astro)
+            assert page.locator(".gb-shares .progress").count() == 0
+            assert "not shown" in row(page, "lattice-qcd").inner_text()
+            # his history is readable
+            row(page, "lattice-qcd").locator(".gb-history-toggle").click()
+            hist = page.locator("tr.gb-history[data-account='lattice-qcd']")
+            hist.wait_for(state="visible")
+            assert "More for the March deadline" in hist.inner_text()
+            shot(page, "user-accounts")
+            page.click("#gb-tabs >> text=Queue and running")
+            page.wait_for_selector("#gb-running")
+            assert page.locator("button[data-act]").count() == 0
+            text = page.inner_text("#gb-main")
+            assert "someone else" in text and "dana" not in text and "carol" not in text
+            assert "big-session" in text  # his own
+            shot(page, "user-queue")
+            # a change from this page's login is refused by the API too
+            st, out = page_fetch(page, "PUT", "api/v1/accounts/lattice-qcd/grant",
+                                 {"grant_hours": 5000, "note": "mine now"})
+            assert st == 403, out
+            assert page.errors == ["Failed to load resource: the server responded with a status "
+                                   "of 403 (Forbidden)"], page.errors
+        finally:
+            browser.close()

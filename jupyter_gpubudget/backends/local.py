@@ -217,6 +217,8 @@ class LocalBackend(Backend):
             cmd += ["--config", self.launcher_config]
         else:
             cmd += ["--jobs-root", str(self.jobs_root)]
+            if self.job_path:
+                cmd += ["--path", self.job_path]
         cmd += [verb, *args]
         # the launcher builds the job's environment itself; it gets none of the service's
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}

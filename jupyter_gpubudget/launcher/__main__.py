@@ -23,14 +23,19 @@ VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]
     "signal": jobs.signal_job,
 }
 
-USAGE = ("usage: python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR) "
+USAGE = ("usage: python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR "
+         "[--path PATH]) "
          f"VERB [ARG ...]; verbs: {', '.join(sorted(VERBS))}")
 
 
 def run(argv: list[str], stdin: BinaryIO) -> tuple[int, dict]:
     if len(argv) < 3 or argv[0] not in ("--config", "--jobs-root"):
         return 2, {"error": USAGE}
-    how, where, verb, args = argv[0], argv[1], argv[2], argv[3:]
+    how, where, rest = argv[0], argv[1], argv[2:]
+    path = None
+    if how == "--jobs-root" and rest[:1] == ["--path"] and len(rest) >= 3:
+        path, rest = rest[1], rest[2:]  # the jobs' PATH (only without a config file)
+    verb, args = rest[0], rest[1:]
     try:
         if how == "--config":
             cfg = load_config(where)
@@ -40,7 +45,7 @@ def run(argv: list[str], stdin: BinaryIO) -> tuple[int, dict]:
                                     "only from a config file (--config)")
             if not os.path.isabs(where):
                 raise LauncherError("--jobs-root: give an absolute path")
-            cfg = make_config(where)
+            cfg = make_config(where, {"path": path} if path else None)
         fn = VERBS.get(verb)
         if fn is None:
             raise LauncherError(f"unknown verb {verb!r}; verbs: {', '.join(sorted(VERBS))}")

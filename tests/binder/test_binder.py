@@ -66,7 +66,26 @@ def binder_lab(tmp_path_factory):
     require(have, "jupyterlab and nbclient (pip install '.[hub]')")
     require((ROOT / "jupyter_gpubudget" / "labextension" / "package.json").exists(),
             "the built JupyterLab extension (make lab)")
-    home = tmp_path_factory.mktemp("binder-home")
+    # Binder runs everything as one unprivileged account (jovyan): so does this test when it
+    # runs as root (the service then runs jobs as that same account, as on Binder)
+    demote = None
+    if os.geteuid() == 0:
+        import pwd
+
+        from tests.fixtures.unixusers import PREFIX, ensure_accounts, shared_tmp
+
+        ensure_accounts(["binder"])
+        pw = pwd.getpwnam(PREFIX + "binder")
+        home = shared_tmp("gpubudget-binder-") / "home"
+        home.mkdir()
+        os.chown(home, pw.pw_uid, pw.pw_gid)
+
+        def demote() -> None:
+            os.setgid(pw.pw_gid)
+            os.initgroups(pw.pw_name, pw.pw_gid)
+            os.setuid(pw.pw_uid)
+    else:
+        home = tmp_path_factory.mktemp("binder-home")
     port, token = free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUBUDGET_", "JUPYTER"))}
     env.update({
@@ -81,11 +100,10 @@ def binder_lab(tmp_path_factory):
     cmd = [str(BINDER / "start"), sys.executable, "-m", "jupyterlab", "--no-browser",
            "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={token}",
            f"--ServerApp.root_dir={ROOT}", "--LabApp.news_url=None"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
     log = home / "lab.log"
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "ab"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=demote)  # noqa: PLW1509
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -46,6 +46,24 @@ accounts:
 HOUR = 3600.0
 
 
+@pytest.fixture
+def fresh(tmp_path_factory):
+    """A hub and a service with an empty ledger: no history of short sessions that would
+    make the core predict a running session ends in seconds (and so not preempt it)."""
+    from tests.fixtures.hub import start_hub
+
+    h = start_hub(tmp_path_factory.mktemp("freshhub"))
+    d = tmp_path_factory.mktemp("fresh")
+    (d / "inventory.yaml").write_text(INVENTORY)
+    (d / "budgets.yaml").write_text(BUDGETS)
+    svc = ServiceProc(h, d, f"sqlite:///{d / 'ledger.sqlite'}")
+    svc.start()
+    toks = {u: h.token(u) for u in ("root", "erin")}
+    yield svc, toks
+    cleanup(svc, toks["root"])
+    h.stop()
+
+
 @pytest.fixture(scope="module")
 def service(hub, tokens, tmp_path_factory):
     d = tmp_path_factory.mktemp("svc")
@@ -267,7 +285,8 @@ def test_queued_session_is_told_which_slices_would_start_now(service, tokens):
         http("DELETE", f"{service.api}/sessions/{sid}", root)
 
 
-def test_preempted_session_says_when_its_server_will_be_stopped(service, tokens, hub):
+def test_preempted_session_says_when_its_server_will_be_stopped(fresh):
+    service, tokens = fresh
     root = tokens["root"]
     # unbacked (its project has no grant), on the whole GPU
     victim = _session(service, root, user="erin", project="scratch", slice="gpu:1",

@@ -758,10 +758,11 @@ class Scheduler:
             return gaps[(project, backed)]
 
         def gap_of(v: Workload) -> float:
-            """Unbacked work (no grant covers it: semantics 4) and an idle session yield to
-            any backed work; anyone else only to an account that stands clearly below its
-            own. Unbacked work never preempts, so its yielding never flips back."""
-            if v.idle or not v.backed:
+            """An idle session yields to any backed work; anyone else only to an account
+            that stands clearly below its own (unbacked work too: its project is over its
+            grant, but a project that is only a little over does not take turns with one a
+            little under)."""
+            if v.idle:
                 return 1.0
             if v.project not in st.path_standing:
                 return 1.0

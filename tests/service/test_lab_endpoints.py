@@ -17,7 +17,7 @@ from tests.fixtures.hub import ServiceProc, http
 from tests.service.conftest import cleanup
 
 # one whole GPU and one MIG-partitioned GPU: a queued whole-GPU session can be told that a
-# MIG slice is free (the MIG GPU is kept for slices: whole_gpu_on_mig off)
+# MIG slice is free
 INVENTORY = """\
 nodes:
   - name: n1
@@ -29,7 +29,6 @@ BUDGETS = """\
 admins: [root]
 policy:
   min_runtime_cap: {interactive: 8h, batch: 2d, debug: 1h}
-  whole_gpu_on_mig: false
 accounts:
   physics:
     grant: 100

@@ -17,7 +17,7 @@ from tests.fixtures.hub import ServiceProc, http
 from tests.service.conftest import cleanup
 
 # one whole GPU and one MIG-partitioned GPU: a queued whole-GPU session can be told that a
-# MIG slice is free
+# MIG slice is free (the MIG GPU is kept for slices: whole_gpu_on_mig off)
 INVENTORY = """\
 nodes:
   - name: n1
@@ -29,6 +29,7 @@ BUDGETS = """\
 admins: [root]
 policy:
   min_runtime_cap: {interactive: 8h, batch: 2d, debug: 1h}
+  whole_gpu_on_mig: false
 accounts:
   physics:
     grant: 100
@@ -36,11 +37,11 @@ accounts:
     children:
       lattice: {grant: 60, members: [bob]}
       astro: {grant: 40, members: [dave]}
+      scratch: {grant: 0, members: [erin]}
   biology:
     grant: 50
     children:
       genomics: {grant: 50, members: [erin]}
-      scratch: {grant: 0, members: [erin]}
 """
 HOUR = 3600.0
 

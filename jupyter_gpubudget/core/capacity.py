@@ -24,16 +24,22 @@ class CapacityError(RuntimeError):
 
 class Gpu:
     __slots__ = ("node", "index", "model", "memory_mib", "mig", "domain", "used_milli",
-                 "mem_used", "whole", "mask", "compute_used", "tenants", "reserved_at", "key")
+                 "mem_used", "whole", "mask", "compute_used", "tenants", "reserved_at", "key",
+                 "layout", "mig_class")
 
     def __init__(self, node: NodeCap, index: int, model: str, memory_mib: int, mig: bool,
-                 domain: int) -> None:
+                 domain: int, layout: frozenset[tuple[str, int]] | None = None) -> None:
         self.node = node
         self.index = index
         self.model = model
         self.memory_mib = memory_mib
         self.mig = mig
         self.domain = domain
+        #: a MIG GPU's fixed instances (profile, start), the only ones placed on; None: carved
+        self.layout = layout
+        #: MIG GPUs of one class (model and layout) accept the same instances in the same
+        #: occupancy: the placement index and its cache are kept per class
+        self.mig_class: tuple[str, frozenset[tuple[str, int]] | None] = (model, layout)
         self.used_milli = 0  # MPS/whole use (non-MIG)
         self.mem_used = 0
         self.whole = False  # allocated as a whole GPU
@@ -82,15 +88,15 @@ class Cluster:
         # shared (MPS) non-MIG GPUs with 0 < used < 1000: used -> ordered set of gpu keys
         self.shared: dict[int, dict[tuple[int, int], None]] = {}
         # MIG GPUs by model and occupancy: model -> (mask, compute) -> ordered set of gpu keys
-        self.mig_index: dict[str, dict[tuple[int, int], dict[tuple[int, int], None]]] = {}
+        self.mig_index: dict[tuple, dict[tuple[int, int], dict[tuple[int, int], None]]] = {}
         self.allocations: dict[str, Placement] = {}
         # names of nodes changed since the fragmentation index last looked (None: untracked)
         self.touched: set[str] | None = None
         self.frag: Any = None  # placement's fragmentation index, when the policy uses one
         self.whole_gpu_on_mig = False  # may a one-GPU request take an idle MIG GPU (7g)?
-        # bumped whenever an occupancy key appears in or leaves mig_index[model]
-        self.mig_version: dict[str, int] = {}
-        self.mig_scored: dict[tuple[str, str], tuple[int, list]] = {}  # placement's cache
+        # bumped whenever an occupancy key appears in or leaves mig_index[class]
+        self.mig_version: dict[tuple, int] = {}
+        self.mig_scored: dict[tuple, tuple[int, list]] = {}  # placement's cache
         self.total_milli = 0
         self.used_milli = 0
         for i, spec in enumerate(inventory.nodes):
@@ -102,7 +108,8 @@ class Cluster:
             ndom = (max(dom_of.values()) + 1) if dom_of else 1
             n.domains = [[] for _ in range(ndom)]
             for g in spec.gpus:
-                gpu = Gpu(n, g.index, g.model, g.memory_mib, g.mig, dom_of.get(g.index, ndom - 1))
+                gpu = Gpu(n, g.index, g.model, g.memory_mib, g.mig, dom_of.get(g.index, ndom - 1),
+                          g.layout if g.mig else None)
                 n.gpus.append(gpu)
                 if not g.mig:
                     n.domains[gpu.domain].append(g.index)
@@ -138,23 +145,23 @@ class Cluster:
 
     def _index_gpu(self, g: Gpu) -> None:
         if g.mig:
-            by_occ = self.mig_index.setdefault(g.model, {})
+            by_occ = self.mig_index.setdefault(g.mig_class, {})
             occ = (g.mask, g.compute_used)
             bucket = by_occ.get(occ)
             if bucket is None:
                 bucket = by_occ[occ] = {}
-                self.mig_version[g.model] = self.mig_version.get(g.model, 0) + 1
+                self.mig_version[g.mig_class] = self.mig_version.get(g.mig_class, 0) + 1
             bucket[g.key] = None
         elif 0 < g.used_milli < MILLI and not g.whole:
             self.shared.setdefault(g.used_milli, {})[g.key] = None
 
     def _unindex_gpu(self, g: Gpu) -> None:
         if g.mig:
-            b = self.mig_index[g.model][(g.mask, g.compute_used)]
+            b = self.mig_index[g.mig_class][(g.mask, g.compute_used)]
             del b[g.key]
             if not b:
-                del self.mig_index[g.model][(g.mask, g.compute_used)]
-                self.mig_version[g.model] += 1
+                del self.mig_index[g.mig_class][(g.mask, g.compute_used)]
+                self.mig_version[g.mig_class] += 1
         elif 0 < g.used_milli < MILLI and not g.whole:
             b = self.shared[g.used_milli]
             del b[g.key]
@@ -329,6 +336,9 @@ def _problem(g: Gpu, s: SliceAlloc) -> str | None:
             return "not in MIG mode"
         if s.profile not in migtab.profiles_for(g.model):
             return f"{g.model} has no MIG profile {s.profile}"
+        if g.layout is not None and (s.profile, s.mig_start) not in g.layout:
+            return (f"no {s.profile} instance at slot {s.mig_start} in this GPU's MIG layout "
+                    f"(it is fixed: {', '.join(f'{n}@{st}' for n, st in sorted(g.layout))})")
         if s.mig_start not in migtab.fits(g.model, s.profile, g.mask, g.compute_used):
             return f"{s.profile} does not fit at slot {s.mig_start}"
     elif g.mig:

@@ -1,6 +1,9 @@
 """What hardware exists: nodes, their GPUs (MIG-enabled or not), racks and NVLink domains.
 
-This is the pure description the core schedules onto. It comes from NVML discovery (see
+A MIG GPU either has a fixed layout — the instances that exist, which are the only MIG slices
+the core may place on (what a real node has: NVML reports it) — or none, and then it is carved
+freely (``dynamic_mig``: simulations, and nodes where the privileged launcher may create
+instances on an idle GPU). This is the pure description the core schedules onto. It comes from NVML discovery (see
 ``jupyter_gpubudget.inventory``) or from a declared YAML file, parsed here::
 
     nodes:
@@ -10,6 +13,9 @@ This is the pure description the core schedules onto. It comes from NVML discove
         model: H100-80GB
         gpus: 8
         mig: [6, 7]           # GPU indices in MIG mode, or "all"
+        mig_layout:           # the instances that exist on each MIG GPU (the admin's layout)
+          6: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]    # starts as nvidia-smi gives them
+          7: [4g.40gb@0, 3g.40gb@4]                  # or explicit: profile@start
         nvlink: [[0, 1, 2, 3, 4, 5, 6, 7]]
         cpu_milli: 96000
         host_memory_mib: 1048576
@@ -35,6 +41,13 @@ class GpuSpec:
     memory_mib: int = 0
     mig: bool = False
     uuid: str = ""
+    #: MIG GPUs: the instances that exist, (profile, start slot) — the only MIG slices the
+    #: core places on; None: carved freely (dynamic MIG)
+    mig_layout: tuple[tuple[str, int], ...] | None = None
+
+    @property
+    def layout(self) -> frozenset[tuple[str, int]] | None:
+        return frozenset(self.mig_layout) if self.mig_layout is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +78,46 @@ class Inventory:
 
 def make_node(name: str, model: str, gpus: int, *, mig: tuple[int, ...] = (), rack: str = "default",
               cpu_milli: int = 0, memory_mib: int = 0, gpu_memory_mib: int | None = None,
-              nvlink: tuple[tuple[int, ...], ...] = ()) -> NodeSpec:
+              nvlink: tuple[tuple[int, ...], ...] = (),
+              mig_layout: dict[int, tuple[tuple[str, int], ...]] | None = None) -> NodeSpec:
+    """A node; ``mig_layout`` gives the instances of MIG GPUs (GPUs in ``mig`` without one are
+    carved freely)."""
     mem = gpu_memory_mib if gpu_memory_mib is not None else GPU_MEMORY_MIB.get(model, 0)
-    specs = tuple(GpuSpec(i, model, mem, i in mig, f"GPU-{name}-{i}") for i in range(gpus))
+    layouts = mig_layout or {}
+    specs = tuple(GpuSpec(i, model, mem, i in mig, f"GPU-{name}-{i}",
+                          layouts.get(i) if i in mig else None) for i in range(gpus))
     return NodeSpec(name, specs, rack, cpu_milli, memory_mib, nvlink)
 
 
+def carve(model: str, profiles: list[tuple[str, int | None]]) -> tuple[tuple[str, int], ...]:
+    """A MIG layout from profiles, each at its given start or, when None, at the highest free
+    start that fits (as ``nvidia-smi mig -cgi`` does); ValueError when they do not all fit."""
+    from . import mig as migtab
+
+    table = migtab.profiles_for(model)
+    mask = compute = 0
+    out: list[tuple[str, int]] = []
+    for name, start in profiles:
+        if name not in table:
+            raise ValueError(f"{model} has no MIG profile {name!r} (profiles: "
+                             f"{', '.join(table)})")
+        p = table[name]
+        fits = migtab.fits(model, name, mask, compute)
+        if start is None:
+            if not fits:
+                raise ValueError(f"{name} does not fit beside {', '.join(n for n, _ in out)}")
+            start = max(fits)
+        elif start not in fits:
+            raise ValueError(f"{name} does not fit at slot {start} "
+                             f"(free slots for it: {sorted(fits) or 'none'})")
+        mask = migtab.occupy(p, start, mask)
+        compute += p.compute
+        out.append((name, start))
+    return tuple(out)
+
+
 _NODE_KEYS = {"name", "replicas", "rack", "model", "gpus", "mig", "nvlink", "cpu_milli",
-              "host_memory_mib", "gpu_memory_mib"}
+              "host_memory_mib", "gpu_memory_mib", "mig_layout"}
 
 
 def load_inventory(text: str, source: str = "<inventory>") -> Inventory:
@@ -92,6 +137,7 @@ def load_inventory(text: str, source: str = "<inventory>") -> Inventory:
         count = int(f["gpus"].number(minimum=0, integer=True))
         model = f["model"].string() if "model" in f else "GPU"
         mig = _mig_indices(f.get("mig"), count, model)
+        layouts = _mig_layouts(f.get("mig_layout"), mig, model)
         nvlink = _nvlink(f.get("nvlink"), count)
         replicas = int(f["replicas"].number(minimum=1, integer=True)) if "replicas" in f else 1
         kwargs = dict(
@@ -99,7 +145,7 @@ def load_inventory(text: str, source: str = "<inventory>") -> Inventory:
             cpu_milli=int(f["cpu_milli"].number(integer=True)) if "cpu_milli" in f else 0,
             memory_mib=int(f["host_memory_mib"].number(integer=True)) if "host_memory_mib" in f else 0,
             gpu_memory_mib=int(f["gpu_memory_mib"].number(integer=True)) if "gpu_memory_mib" in f else None,
-            nvlink=nvlink)
+            nvlink=nvlink, mig_layout=layouts)
         for r in range(replicas):
             node_name = f"{name}-{r}" if replicas > 1 else name
             if node_name in names:
@@ -125,6 +171,41 @@ def _mig_indices(node: Node | None, count: int, model: str) -> tuple[int, ...]:
     if idx and model not in MIG_TABLES:
         raise node.error(f"model {model!r} has no MIG profiles (known: {', '.join(MIG_TABLES)})")
     return tuple(sorted(set(idx)))
+
+
+def _mig_layouts(node: Node | None, mig: tuple[int, ...], model: str
+                 ) -> dict[int, tuple[tuple[str, int], ...]] | None:
+    """``mig_layout``: a list of profiles for every MIG GPU of the node, or a mapping from GPU
+    index to its list; each entry ``profile`` or ``profile@start``."""
+    if node is None:
+        return None
+
+    def one(seq: Node) -> tuple[tuple[str, int], ...]:
+        items: list[tuple[str, int | None]] = []
+        for e in seq.seq():
+            text = e.string()
+            name, _, at = text.partition("@")
+            if at and not at.isdigit():
+                raise e.error(f"{text!r}: expected a profile or profile@start (e.g. 1g.10gb@6)")
+            items.append((name, int(at) if at else None))
+        try:
+            return carve(model, items)
+        except ValueError as err:
+            raise seq.error(str(err)) from None
+
+    if isinstance(node.value, list):
+        layout = one(node)
+        return dict.fromkeys(mig, layout)
+    out = {}
+    for key, seq in node.mapping().items():
+        try:
+            idx = int(key)
+        except ValueError:
+            raise seq.error(f"mig_layout: {key!r} is not a GPU index") from None
+        if idx not in mig:
+            raise seq.error(f"mig_layout: GPU {idx} is not in MIG mode (mig: {list(mig)})")
+        out[idx] = one(seq)
+    return out
 
 
 def _nvlink(node: Node | None, count: int) -> tuple[tuple[int, ...], ...]:

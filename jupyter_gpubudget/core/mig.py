@@ -91,3 +91,14 @@ def occupy(profile: MigProfile, start: int, mask: int) -> int:
 
 def release(profile: MigProfile, start: int, mask: int) -> int:
     return mask & ~_span(start, profile.size)
+
+
+def fits_in(model: str, layout: frozenset[tuple[str, int]] | None, profile: str, mask: int,
+            used_compute: int) -> list[int]:
+    """Start slots where ``profile`` can go now on a GPU with this occupancy: anywhere it fits
+    when the GPU is carved freely (``layout`` None), else only at the instances of that
+    profile that exist in the GPU's fixed layout and are free."""
+    starts = fits(model, profile, mask, used_compute)
+    if layout is None:
+        return list(starts)
+    return [st for st in starts if (profile, st) in layout]

@@ -40,9 +40,13 @@ def slice_choices(inventory: Inventory) -> list[dict]:
     for node in inventory.nodes:
         max_gpus = max(max_gpus, sum(1 for g in node.gpus if not g.mig))
         for g in node.gpus:
-            m = models.setdefault(g.model, {"whole": 0, "mig": False, "mem": []})
+            m = models.setdefault(g.model, {"whole": 0, "mig": False, "mem": [],
+                                            "profiles": set()})
             if g.mig:
                 m["mig"] = True
+                # a fixed layout offers the profiles of its instances; a carved GPU all
+                m["profiles"] |= ({n for n, _ in g.mig_layout} if g.mig_layout is not None
+                                  else set(profiles_for(g.model)))
             else:
                 m["whole"] += 1
                 m["mem"].append(g.memory_mib)
@@ -60,6 +64,8 @@ def slice_choices(inventory: Inventory) -> list[dict]:
     for model, m in sorted(models.items()):
         if m["mig"]:
             for p in profiles_for(model).values():
+                if p.name not in m["profiles"]:
+                    continue
                 out.append({"key": f"mig:{p.name}", "label": f"MIG {p.name} on {model} "
                             f"({p.compute}/7 of a GPU)", "kind": "mig", "gpu_model": model,
                             "fraction": p.milli / 1000, "compute": p.compute / 7,

@@ -125,13 +125,13 @@ def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
     tried only when no GPU outside MIG mode is free): the GPU with no instance at all, on the
     node with the fewest such GPUs (keep whole MIG GPUs together for slices)."""
     best: tuple[int, int, Gpu, migtab.MigProfile] | None = None
-    for model, by_occ in cluster.mig_index.items():
+    for (model, layout), by_occ in cluster.mig_index.items():
         if models is not None and model not in models:
             continue
         prof = full_profile(model)
         idle = by_occ.get((0, 0))
-        if prof is None or not idle:
-            continue
+        if prof is None or not idle or (layout is not None and (prof.name, 0) not in layout):
+            continue  # a fixed layout has no full-size instance to give
         for key in idle:
             g = cluster.gpu(key)
             if end > g.reserved_at or not g.node.host_fits(req.cpu_milli, req.memory_mib):
@@ -218,25 +218,28 @@ def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
     models = _models(req)
     best: tuple[tuple[int, int, int, str], Gpu, int] | None = None
     profile = req.profile or ""
-    for model, by_occ in cluster.mig_index.items():
+    for cls, by_occ in cluster.mig_index.items():
+        model, layout = cls
         if models is not None and model not in models:
             continue
         if profile not in migtab.profiles_for(model):
             continue
+        if layout is not None and not any(n == profile for n, _ in layout):
+            continue  # no such instance in this fixed layout
         # occupancies in order of preference (kept until the set of occupancies changes),
         # then the first usable GPU in each
-        version = cluster.mig_version.get(model, 0)
-        cached = cluster.mig_scored.get((model, profile))
+        version = cluster.mig_version.get(cls, 0)
+        cached = cluster.mig_scored.get((cls, profile))
         if cached is not None and cached[0] == version:
             scored = cached[1]
         else:
             scored = []
             for occ in by_occ:
-                choice = _mig_choice(model, profile, occ[0], occ[1])
+                choice = _mig_choice(model, layout, profile, occ[0], occ[1])
                 if choice is not None:
                     scored.append((choice[0], occ, choice[1]))
             scored.sort()
-            cluster.mig_scored[(model, profile)] = (version, scored)
+            cluster.mig_scored[(cls, profile)] = (version, scored)
         for score, occ, start in scored:
             if best is not None and best[0] <= score:
                 break
@@ -257,14 +260,15 @@ def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
 
 
 @cache
-def _mig_choice(model: str, profile: str, mask: int, used: int
-                ) -> tuple[tuple[int, int, int, str], int] | None:
-    """Best start slot for ``profile`` on a GPU in this occupancy, with its score (lower is
-    better): partitioned GPUs first, then the most placement potential left, then the
-    highest slot (small instances fill from the end, as nvidia-smi does)."""
+def _mig_choice(model: str, layout: frozenset[tuple[str, int]] | None, profile: str, mask: int,
+                used: int) -> tuple[tuple[int, int, int, str], int] | None:
+    """Best start slot for ``profile`` on a GPU in this occupancy (of a fixed layout: only its
+    free instances of that profile), with its score (lower is better): partitioned GPUs
+    first, then the most placement potential left, then the highest slot (small instances
+    fill from the end, as nvidia-smi does)."""
     p = migtab.profiles_for(model)[profile]
     best = None
-    for start in migtab.fits(model, profile, mask, used):
+    for start in migtab.fits_in(model, layout, profile, mask, used):
         new_mask = migtab.occupy(p, start, mask)
         score = (0 if mask else 1, -migtab.potential(model, new_mask, used + p.compute),
                  -start, model)

@@ -222,7 +222,8 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
                         mask = migtab.release(tp, ts, mask)
                         compute -= tp.compute
                         chosen.append(eligible[wid])
-                    if chosen and start in migtab.fits(g.model, p.name, mask, compute):
+                    if chosen and start in migtab.fits_in(g.model, g.layout, p.name, mask,
+                                                          compute):
                         consider(chosen)
     elif req.kind == "mps":
         for idx in nodes:

@@ -79,8 +79,14 @@ def _import_nvml() -> ModuleType:
     return pynvml
 
 
-def discover(nvml: Any = None, node_name: str | None = None) -> Discovery:
-    """Inventory of this node from NVML; raises :class:`NoNvidiaDriver` when there is none."""
+def discover(nvml: Any = None, node_name: str | None = None,
+             dynamic_mig: bool = False) -> Discovery:
+    """Inventory of this node from NVML; raises :class:`NoNvidiaDriver` when there is none.
+
+    A MIG GPU's instances as they exist are its fixed layout: the only MIG slices the core
+    places on (the admin, mig-parted or the GPU operator decided them). ``dynamic_mig``: the
+    core may carve MIG GPUs itself instead (the privileged launcher creates the instances on
+    an idle GPU)."""
     nv = nvml or _import_nvml()
     try:
         nv.nvmlInit()
@@ -103,10 +109,12 @@ def discover(nvml: Any = None, node_name: str | None = None) -> Discovery:
             except nv.NVMLError:  # not supported on this GPU
                 current = 0
             mig_on = bool(current) and model in migtab.MIG_TABLES
-            gpus.append(GpuSpec(i, model, mem // 2**20, mig_on, uuid))
+            found = _mig_instances(nv, h, i, model) if mig_on else []
+            layout = (None if dynamic_mig or not mig_on else
+                      tuple(sorted((m.profile, m.start) for m in found)))
+            gpus.append(GpuSpec(i, model, mem // 2**20, mig_on, uuid, layout))
             uuids[i] = uuid
-            if mig_on:
-                migs.extend(_mig_instances(nv, h, i, model))
+            migs.extend(found)
             if _nvlink_active(nv, h):
                 linked.add(i)
         domains = (tuple(sorted(linked)),) if linked else ()
@@ -155,14 +163,15 @@ def _nvlink_active(nv: Any, h: Any) -> bool:
 
 
 def load_inventory(declared: str | Path | None, nvml: Any = None,
-                   prefer_declared: bool = False) -> tuple[Inventory, str]:
+                   prefer_declared: bool = False, dynamic_mig: bool = False
+                   ) -> tuple[Inventory, str]:
     """The inventory to schedule on, and one line saying where it came from.
 
     NVML first (unless ``prefer_declared``); without a driver, the declared YAML file.
     """
     if not prefer_declared:
         try:
-            found = discover(nvml)
+            found = discover(nvml, dynamic_mig=dynamic_mig)
             msg = (f"inventory from NVML (driver {found.driver}): "
                    f"{found.inventory.gpu_count} GPUs")
             log.info(msg)

@@ -127,6 +127,12 @@ class GpuBudgetService(Application):
         "and NVLink through the NVIDIA driver; 'declared' reads inventory_file; 'auto' uses "
         "NVML when a driver is present and the declared file otherwise. The log says which."
     )).tag(config=True)
+    dynamic_mig = Bool(False, help="Let the core carve MIG GPUs itself (any profile that "
+                       "fits) instead of placing only on the MIG instances that exist (NVML's "
+                       "layout, set by the admin, mig-parted or the GPU operator). Creating "
+                       "instances needs the privileged launcher and an idle GPU; off by "
+                       "default. A declared inventory says per GPU: a MIG GPU with a "
+                       "'mig_layout' is fixed, one without is carved.").tag(config=True)
     cycle_interval = Float(10.0, help="Seconds between scheduling cycles when nothing happens "
                            "(events such as a submission trigger a cycle sooner)."
                            ).tag(config=True)
@@ -272,7 +278,8 @@ class GpuBudgetService(Application):
             self.inventory_message = f"declared inventory {self.inventory_file}"
         else:
             self.inventory, self.inventory_message = discover_or_declared(
-                None if self.inventory_source == "nvml" else self.inventory_file)
+                None if self.inventory_source == "nvml" else self.inventory_file,
+                dynamic_mig=self.dynamic_mig)
         self.log.info("gpubudget inventory: %s (%d GPUs)", self.inventory_message,
                       self.inventory.gpu_count)
         private_sqlite(self.db_url)

@@ -59,3 +59,25 @@ def test_real_library_without_driver_is_reported_not_crashed(tmp_path):
         assert inv.source == "nvml"
     else:
         assert inv.source == "declared" and "no NVIDIA driver" in msg
+
+
+def test_the_mig_instances_nvml_reports_are_the_only_ones_placed_on():
+    found = discover(FakeNvml(hgx_h200()), node_name="hgx-1")
+    gpus = found.inventory.nodes[0].gpus
+    for g in (gpus[6], gpus[7]):
+        reported = {(m.profile, m.start) for m in found.mig_instances if m.gpu == g.index}
+        assert g.mig_layout is not None and set(g.mig_layout) == reported
+    s = Scheduler(tree(), found.inventory)
+    placed = []
+    for k in range(12):
+        for d in s.submit(job(f"m{k}", "a", req=SliceRequest.mig("1g.18gb"), at=k), float(k)):
+            sl = d.placement.slices[0]
+            placed.append((sl.gpu, sl.profile, sl.mig_start))
+            assert found.mig_uuid(sl.gpu, sl.profile, sl.mig_start)  # a real instance
+    ones = [(m.gpu, m.profile, m.start) for m in found.mig_instances if m.profile == "1g.18gb"]
+    assert sorted(placed) == sorted(ones)  # every existing 1g instance, and nothing carved
+    # a profile no GPU has an instance of is never placed
+    assert s.submit(job("big", "a", req=SliceRequest.mig("7g.141gb"), at=20), 20.0) == []
+    # dynamic MIG: the core may carve instead
+    carved = discover(FakeNvml(hgx_h200()), node_name="hgx-1", dynamic_mig=True)
+    assert carved.inventory.nodes[0].gpus[6].mig_layout is None

@@ -19,6 +19,9 @@
 #   GPUBUDGET_HEARTBEAT      spawner heartbeat to the service, seconds      [10]
 #   GPUBUDGET_TEST_TOKEN     if set: a "gpubudget-test" service with this token and hub admin
 #                            scopes (for tests driving the REST API)
+#   GPUBUDGET_IDLE_ACTION    unprotect or hibernate (BudgetSpawner.idle_action)  [unprotect]
+#   GPUBUDGET_SNAPSHOT_METHODS  snapshot methods of the servers, in order       [criu,namespace]
+#   GPUBUDGET_CRIU           the CRIU binary the servers use (else found on PATH / in the cache)
 import os
 import secrets
 import sys
@@ -120,9 +123,10 @@ roles = [
     {"name": "gpubudget-spawner", "services": ["gpubudget-spawner"],
      "scopes": ["custom:gpubudget:admin"]},
     # the service reconciles sessions with the hub's servers when it starts (a server stopped
-    # during the hub's shutdown, after the service, left its stop in the spawner's state)
+    # during the hub's shutdown, after the service, left its stop in the spawner's state), and
+    # starts a preempted session's server again once it is requeued (`servers`)
     {"name": "gpubudget-service", "services": ["gpubudget"],
-     "scopes": ["list:users", "read:servers", "admin:server_state"]},
+     "scopes": ["list:users", "read:servers", "admin:server_state", "servers"]},
     # the user's own server reads budgets and cancels the user's queued work (the JupyterLab
     # sidebar, through the gpubudget server extension)
     {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
@@ -133,7 +137,8 @@ if env("GPUBUDGET_TEST_TOKEN"):
     c.JupyterHub.services.append({"name": "gpubudget-test", "api_token": env("GPUBUDGET_TEST_TOKEN")})
     roles.append({"name": "gpubudget-test", "services": ["gpubudget-test"],
                   "scopes": ["admin:users", "admin:servers", "read:servers", "admin:server_state",
-                             "custom:gpubudget:admin", "access:services!service=gpubudget"]})
+                             "tokens", "custom:gpubudget:admin",
+                             "access:services!service=gpubudget"]})
 c.JupyterHub.load_roles = roles
 
 # ---------------------------------------------------------------- BudgetSpawner, local backend
@@ -145,6 +150,7 @@ c.BudgetSpawner.max_queue_wait = float(env("GPUBUDGET_MAX_QUEUE_WAIT", "1800"))
 c.BudgetSpawner.idle_limit = float(env("GPUBUDGET_IDLE_LIMIT", "3600"))
 c.BudgetSpawner.heartbeat_interval = float(env("GPUBUDGET_HEARTBEAT", "10"))
 c.BudgetSpawner.queue_poll_interval = float(env("GPUBUDGET_QUEUE_POLL", "2"))
+c.BudgetSpawner.idle_action = env("GPUBUDGET_IDLE_ACTION", "unprotect")
 c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
 c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
@@ -161,3 +167,6 @@ c.Spawner.environment = {"JUPYTERLAB_SETTINGS_DIR": str(lab_settings),
                          "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                          # where the server extension (and the CLI) reach the service
                          "GPUBUDGET_URL": f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget"}
+for _k in ("GPUBUDGET_SNAPSHOT_METHODS", "GPUBUDGET_CRIU"):  # snapshots (docs/snapshot.md)
+    if env(_k):
+        c.Spawner.environment[_k] = env(_k)

@@ -34,7 +34,7 @@ BudgetError = ConfigError
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
-                "placement", "preemption_margin"}
+                "placement", "preemption_margin", "stop_grace"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -281,6 +281,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, preemption=fields["preemption"].boolean())
     if "preemption_margin" in fields:
         policy = replace(policy, preemption_margin=fields["preemption_margin"].number(minimum=0))
+    if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
+        policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:
         how = fields["placement"].string()
         if how not in ("fgd", "pack"):

@@ -56,6 +56,15 @@ async def _changed(sp: BudgetSpawner, timeout: float = 5) -> None:
 async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
     """JupyterHub progress events: queue position and predicted start while queued, then the
     grant, then the backend spawner's own events."""
+    sp._progress_watchers += 1
+    try:
+        async for ev in _progress(sp):
+            yield ev
+    finally:
+        sp._progress_watchers -= 1
+
+
+async def _progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
     last = None
     n = 0
     while sp._phase == "queued":
@@ -65,6 +74,8 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
             msg = (f"Queued in project {s.get('project')} for {ask(s.get('request'))}: "
                    f"position {pos if pos is not None else '?'} in the queue, predicted "
                    f"start {when(s.get('predicted_start'))}.")
+            if sp._resuming:
+                msg = resuming_words(sp._resuming) + " " + msg
             if msg != last:
                 n += 1
                 last = msg
@@ -73,7 +84,7 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
                                      "predicted_start": s.get("predicted_start"),
                                      "session": s.get("id")}}
         await _changed(sp)
-    if sp._phase in ("starting", "running"):
+    if sp._phase in ("starting", "restoring", "restored", "running"):
         s = sp._session
         prot = ""
         if s.get("protected_until"):
@@ -82,6 +93,36 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
             prot = "; unbacked (not protected, preempted first)"
         yield {"progress": 50, "message": f"Granted {describe(sp.placement)}{prot}."}
         yield {"progress": 60, "message": "Starting the server..."}
-        if sp.child is not None:
+        if sp.child is not None and not sp._resuming:
             async for ev in sp.child.progress():
                 yield ev
+        async for ev in restoring(sp):
+            yield ev
+
+
+def resuming_words(r: dict) -> str:
+    why = {"preempted": "preempted", "restore asked by its user": "restored on request",
+           "resumed by its user": "hibernated"}.get(r.get("reason") or "", "saved")
+    return f"Resuming your session ({why}; its kernels were saved in snapshot " \
+           f"{r.get('snapshot')})."
+
+
+async def restoring(sp: BudgetSpawner) -> AsyncIterator[dict]:
+    """While the new server restores the kernels: the browser waits here, then reconnects
+    to them."""
+    while sp._phase in ("starting", "restoring") and sp._resuming:
+        if sp._phase == "restoring":
+            yield {"progress": 80, "message": "Restoring your kernels..."}
+            break
+        await _changed(sp, 1)
+    while sp._phase == "restoring":
+        await _changed(sp, 1)
+    st = sp._restore or {}
+    if st.get("state") == "done":
+        rep = st.get("report") or {}
+        yield {"progress": 95, "message": f"Restored: {rep.get('summary', 'done')}",
+               "gpubudget": {"restored": rep.get("summary"), "snapshot": rep.get("snapshot")}}
+    elif st.get("state") == "failed":
+        yield {"progress": 95, "message": f"Your kernels could not be restored: "
+                                          f"{st.get('error')}"}
+    sp._restore_told.set()

@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tornado import httpserver, web
-from traitlets import Bool, Enum, Float, Integer, Type, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, Type, Unicode, default
 from traitlets.config import Application
 
 from jupyter_gpubudget.backends.base import Backend
@@ -33,6 +33,7 @@ from .handlers import routes
 from .loop import SchedulingLoop
 from .metrics import make_registry
 from .reaper import reaper, reconcile_with_hub
+from .resume import resumer
 from .views import grant_json
 
 
@@ -110,6 +111,21 @@ class GpuBudgetService(Application):
                                 "(long-poll while queued, heartbeat while running) after which "
                                 "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
                                 "300).").tag(config=True)
+
+    snapshot_keep_last = Integer(3, help="Snapshots kept per session (the user's server "
+                                 "deletes older ones after taking a new one; one that failed "
+                                 "verification is kept and listed bad).").tag(config=True)
+    snapshot_quota = Dict(value_trait=Integer(), per_key_traits=None, help="Bytes a "
+                          "project's snapshots may occupy, by project name, e.g. "
+                          "{'lattice': 50 * 2**30}: a new snapshot that would exceed it "
+                          "deletes the project's oldest ones (never a session's newest), "
+                          "or fails.").tag(config=True)
+    snapshot_default_quota = Integer(0, help="Quota in bytes for projects not in "
+                                     "snapshot_quota (0: none).").tag(config=True)
+    resume_through_hub = Bool(True, help="Bring a preempted session's server back through "
+                                        "the hub API once it is requeued (the service's hub "
+                                        "token needs the `servers` scope), and stop a "
+                                        "hibernated server there at once.").tag(config=True)
 
     @default("session_stale_after")
     def _stale(self) -> float:
@@ -195,6 +211,8 @@ class GpuBudgetService(Application):
                                  cookie_options=cookie_options)
         self._kick_event: asyncio.Event | None = None
         self.session_seen: dict[str, float] = {}  # session -> last word from the hub
+        self._resume_event = asyncio.Event()
+        self.hub_done: set[str] = set()  # hub work of resumer() already done
 
     def _mtime(self) -> float:
         try:
@@ -309,6 +327,15 @@ class GpuBudgetService(Application):
         except TimeoutError:
             return False
 
+    def snapshot_quota_of(self, project: str) -> int:
+        return int(self.snapshot_quota.get(project, self.snapshot_default_quota))
+
+    def wake_resumer(self) -> None:
+        """A session was requeued or hibernated: see to its server at the hub soon."""
+        aloop = self._aloop
+        if aloop is not None and not aloop.is_closed():
+            aloop.call_soon_threadsafe(self._resume_event.set)
+
     # ------------------------------------------------------------------ running
     def kick(self) -> None:
         """Something happened: run a cycle soon."""
@@ -363,10 +390,14 @@ class GpuBudgetService(Application):
         timer = asyncio.create_task(self._timer())
         reaping = asyncio.create_task(reaper(self))
         settling = asyncio.create_task(reconcile_with_hub(self))
+        self._resume_event = asyncio.Event()
+        resuming = asyncio.create_task(resumer(self)) if self.resume_through_hub else None
         await stop.wait()
         timer.cancel()
         reaping.cancel()
         settling.cancel()
+        if resuming is not None:
+            resuming.cancel()
         server.stop()
         self.log.info("stopping (running jobs keep running and are found again on restart)")
 

@@ -86,6 +86,7 @@ class NamespaceSnapshotter(LoggingConfigurable):
             self.store.abort(staging)
             raise SnapshotError("dump_failed", f"namespace dump failed in the kernel: {r.error}")
         payload = json.loads(kernels.expression_str(r.expressions.get("p")))
+        fresh = payload.pop("fresh", None) or {}
         t_kernel = time.perf_counter() - t0
         refs = list(payload["stream"]) + [ref for b in payload["buffers"] for ref in b]
         summary = {"variables": sorted(payload["variables"]), "unsaved": payload["unsaved"],
@@ -96,7 +97,7 @@ class NamespaceSnapshotter(LoggingConfigurable):
             written_bytes=payload["written_bytes"],
             seconds={"kernel": t_kernel, **{f"kernel_{k}": v
                                             for k, v in payload["seconds"].items()}},
-            summary=summary)
+            summary=summary, fresh=fresh)
 
     def restore(self, snapshot: Snapshot, target: KernelRef | None = None) -> RestoreReport:
         if target is None:

@@ -219,6 +219,7 @@ def dump(chunk_root: str, options: dict) -> None:
         "cells": cells, "execution_count": ip.execution_count,
         "gpu_tensors": devices,
         "raw_bytes": w.raw_bytes, "written_bytes": w.written_bytes, "reused_chunks": w.reused,
+        "fresh": w.fresh,
         "seconds": {"pickle": t_pickle, "total": time.perf_counter() - t0},
     }
     last_json = json.dumps(payload)

@@ -11,7 +11,14 @@ dump them and restore them later, under another server process, possibly on anot
   and CRIU refuses to restore an open file whose size changed), or, with
   ``GpuBudgetSnapshots.kernel_log_dir``, a log file of their own;
 - IPython's history in memory (``KERNEL_ARGS``: a history database shared with other kernels
-  changes size under a snapshot too; the cell history travels in namespace snapshots).
+  changes size under a snapshot too; the cell history travels in namespace snapshots);
+- a *watchdog* instead of ipykernel's parent poller: the kernel ends itself when the server
+  that owns it has been gone for ``GpuBudgetSnapshots.kernel_watchdog`` seconds (a server killed outright leaves
+  no orphaned kernel holding memory or a GPU), and a server that adopts a restored kernel
+  makes itself its owner (``adopt_code``) well within that time.
+
+The ipykernel-only parts (history, watchdog) are added for ipykernel kernel specs only; other
+kernels are launched as they are (without them, only the namespace backend can save them).
 
 It also *adopts* a kernel that CRIU restored: started with ``gpubudget_adopt={"pid",
 "connection"}``, it launches nothing, answers on the restored kernel's own ports and key, and
@@ -36,6 +43,72 @@ from jupyter_client.provisioning import LocalProvisioner
 from jupyter_gpubudget.snapshot.kernels import KERNEL_ARGS
 
 NAME = "gpubudget-snapshot-ready"
+#: seconds a kernel outlives its server (a restore re-owns it sooner); set by the server
+#: extension from GpuBudgetSnapshots.kernel_watchdog
+WATCHDOG_GRACE: list[float] = [30.0]
+OWNER_ENV = "GPUBUDGET_KERNEL_OWNER"
+
+#: run in the kernel at start-up (``IPKernelApp.exec_lines``): binds no name of the user's;
+#: the module ``_gpubudget_watchdog`` holds the owner (pid, start time), which a server that
+#: adopts the kernel after a CRIU restore replaces
+_WATCHDOG = (
+    "exec(compile(" + repr("""
+import os, sys, threading, time, types
+m = types.ModuleType('_gpubudget_watchdog')
+sys.modules[m.__name__] = m
+def start_time(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == 'Z' else fields[19]
+raw = os.environ.get('OWNER_ENV', '')
+pid, _, st = raw.partition(':')
+m.owner = (int(pid), st) if pid.isdigit() else None
+# a restored kernel may live in a time namespace of its own (CRIU keeps its clocks going),
+# where start times read differently: its new owner is named by pid, its start time read here
+m.own = lambda pid: setattr(m, 'owner', (pid, start_time(pid)))
+def watch():
+    dead = None
+    while True:
+        time.sleep(2)
+        owner = m.owner
+        if owner is None or not os.path.isdir('/proc'):
+            continue
+        if start_time(owner[0]) == owner[1]:
+            dead = None
+        elif dead is None:
+            dead = time.monotonic()
+        elif time.monotonic() - dead > GRACE:
+            os._exit(0)
+if m.owner is not None:
+    threading.Thread(target=watch, name='gpubudget-watchdog', daemon=True).start()
+""".replace("OWNER_ENV", "GPUBUDGET_KERNEL_OWNER"))
+    + ", '<gpubudget-watchdog>', 'exec'), {'__name__': '_gpubudget_watchdog_init', "
+    "'GRACE': GRACE_S})")
+
+
+def watchdog_code() -> str:
+    return _WATCHDOG.replace("GRACE_S", repr(float(WATCHDOG_GRACE[0])))
+
+
+def owner_id(pid: int | None = None) -> str:
+    """``pid:start-time`` of a process (this server by default)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_start_time(pid)}"
+
+
+def adopt_code() -> str:
+    """Code that makes this server the owner of a kernel it adopted (binds no user name)."""
+    return (f"(lambda m: m is not None and m.own({os.getpid()}))"
+            f"(__import__('sys').modules.get('_gpubudget_watchdog'))")
+
+
+def is_ipykernel(spec: Any) -> bool:
+    argv = list(getattr(spec, "argv", None) or [])
+    return getattr(spec, "language", "").lower() == "python" and any(
+        "ipykernel" in a for a in argv)
 #: where kernel logs go (set by the server extension from GpuBudgetSnapshots.kernel_log_dir)
 LOG_DIR: list[str] = [""]
 
@@ -98,8 +171,11 @@ class SnapshotReadyProvisioner(LocalProvisioner):  # type: ignore[misc]
         adopt = kwargs.pop("gpubudget_adopt", None)
         if adopt is None or self._adopted:
             self._adopt = None
-            kwargs["extra_arguments"] = list(kwargs.get("extra_arguments") or []) + [
-                a for a in KERNEL_ARGS if a not in (kwargs.get("extra_arguments") or [])]
+            if is_ipykernel(self.kernel_spec):
+                extra = list(kwargs.get("extra_arguments") or [])
+                extra += [a for a in KERNEL_ARGS if a not in extra]
+                extra.append(f"--IPKernelApp.exec_lines={watchdog_code()}")
+                kwargs["extra_arguments"] = extra
             return await super().pre_launch(**kwargs)
         self._adopt = adopt
         km = self.parent
@@ -122,6 +198,7 @@ class SnapshotReadyProvisioner(LocalProvisioner):  # type: ignore[misc]
             return self.connection_info
         env = dict(kwargs.get("env") or os.environ)
         env.pop("JPY_PARENT_PID", None)
+        env[OWNER_ENV] = owner_id()
         kwargs["env"] = env
         kwargs["independent"] = True
         kwargs["stdin"] = subprocess.DEVNULL

@@ -63,7 +63,8 @@ from .service import ServiceClient, ServiceUnavailable
 
 AUTH_RESOURCE = "gpubudget"
 REASONS = ("user", "preempt", "hibernate")
-#: variables of the new server a CRIU-restored kernel is given (it keeps its old environment)
+#: variables of the new server a CRIU-restored kernel is given (it keeps its old environment;
+#: its watchdog's owner is set separately: GPUBUDGET_KERNEL_OWNER is kept as it was launched)
 ENV_PREFIXES = ("CUDA_", "GPUBUDGET_", "JUPYTERHUB_")
 
 
@@ -90,6 +91,10 @@ class GpuBudgetSnapshots(LoggingConfigurable):
                              "(one file each). Empty: /dev/null (ipykernel sends output "
                              "through its channels; a log file that grows after a snapshot "
                              "makes that CRIU snapshot unrestorable).").tag(config=True)
+    kernel_watchdog = Float(30.0, help="Seconds a snapshot-ready kernel outlives its server "
+                            "when the server dies without shutting it down (it cannot use "
+                            "ipykernel's parent poller: a restored kernel has another "
+                            "parent).").tag(config=True)
     keep_last = Int(3, help="Snapshots kept per session when the service does not say (it "
                     "does: GpuBudgetService.snapshot_keep_last).").tag(config=True)
     timeout = Float(600.0, help="Seconds one kernel's snapshot or restore may take (a "
@@ -345,29 +350,39 @@ class SnapshotManager:
         t0 = time.perf_counter()
         if not ID_RE.match(set_id or ""):
             raise web.HTTPError(400, f"snapshot: {set_id!r} is not a snapshot id")
-        skipped = []
-        problems = await self._run(self.sets.verify, set_id)
+        session = ID_RE.match(set_id).group(1)  # type: ignore[union-attr]
+        skipped: list[dict] = []
         chosen = set_id
-        if problems:
+        while True:
+            problems = await self._run(self.sets.verify, chosen)
+            kernels: list[dict] = []
+            if not problems:
+                manifest = await self._run(self.sets.load, chosen)
+                for x in manifest["members"]:
+                    kernels.append(await self._restore_member(x, replace))
+                    if kernels[-1].get("verify_failed"):
+                        problems = [kernels[-1]["error"]]
+                        break
+            if not problems:
+                break
+            # not used: marked bad (kept), reported; at start-up the previous one is tried
             reason = "; ".join(problems[:3])
-            await self._run(self.sets.mark_bad, set_id, reason)
-            await self._service("POST", f"snapshots/{set_id}/bad", {"problem": reason})
-            skipped.append({"id": set_id, "problem": reason})
+            for k in kernels:
+                if not k.get("error"):
+                    await self._replace(set(k["notebooks"]), k["kernel_id"])
+            await self._run(self.sets.mark_bad, chosen, reason)
+            await self._service("POST", f"snapshots/{chosen}/bad", {"problem": reason})
+            skipped.append({"id": chosen, "problem": reason})
+            self.log.warning("gpubudget: snapshot %s failed verification and is not used: %s",
+                             chosen, reason)
             if not fallback:
-                raise web.HTTPError(409, f"snapshot {set_id} failed verification and was not "
+                raise web.HTTPError(409, f"snapshot {chosen} failed verification and was not "
                                          f"used: {reason}")
-            session = ID_RE.match(set_id).group(1)  # type: ignore[union-attr]
-            usable, more = await self._run(self.sets.usable, session)
-            skipped += [{"id": s["id"], "problem": s["problem"]} for s in more
-                        if s["id"] != set_id]
+            usable, _ = await self._run(self.sets.usable, session)
             if usable is None:
                 raise web.HTTPError(409, f"snapshot {set_id} failed verification ({reason}) "
                                          "and no earlier snapshot of the session verifies")
             chosen = usable["id"]
-        manifest = await self._run(self.sets.load, chosen)
-        kernels = []
-        for x in manifest["members"]:
-            kernels.append(await self._restore_member(x, replace))
         report = {
             "snapshot": chosen, "asked": set_id, "skipped": skipped,
             "taken_at": manifest["created_at"], "reason": manifest["reason"],
@@ -405,6 +420,7 @@ class SnapshotManager:
             await self._replace(paths, x["kernel_id"])
         first = next(iter(sorted(paths)), None)
         path = posixpath.dirname(first) if first else ""
+        snap, kid = None, None
         try:
             snap = await self._run(self.store.get, x["snapshot"])
             if snap.method == "criu":
@@ -436,9 +452,9 @@ class SnapshotManager:
                            notes=rep.notes, reimported=rep.reimported)
         except SnapshotError as e:
             out["error"] = e.message
-            if e.reason == "verify_failed":
-                await self._service("POST", f"snapshots/{x['snapshot']}/bad",
-                                    {"problem": e.message})
+            out["verify_failed"] = e.reason == "verify_failed"
+            if kid is not None and snap is not None and snap.method != "criu":
+                await self._replace(set(), kid)  # the fresh kernel it was going into
             return out
         out["kernel_id"] = kid
         for s in x["sessions"]:
@@ -454,8 +470,9 @@ class SnapshotManager:
         server's placement, session and token (CUDA_*, GPUBUDGET_*, JUPYTERHUB_*)."""
         new = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
         code = ("(lambda e, new, pre: ([e.pop(k) for k in [k for k in e if k.startswith(pre) "
+                f"and k != {provisioner.OWNER_ENV!r} "
                 f"and k not in new]], e.update(new)))(__import__('os').environ, {new!r}, "
-                f"{ENV_PREFIXES!r})")
+                f"{ENV_PREFIXES!r}); {provisioner.adopt_code()}")
         kc = km.client()
         kc.start_channels()
         try:
@@ -598,6 +615,7 @@ def _use_snapshot_ready_kernels(serverapp: Any, cfg: GpuBudgetSnapshots) -> None
     if not cfg.snapshot_ready_kernels:
         return
     provisioner.LOG_DIR[0] = cfg.kernel_log_dir
+    provisioner.WATCHDOG_GRACE[0] = cfg.kernel_watchdog
     from jupyter_client.provisioning.factory import KernelProvisionerFactory
 
     configured = "default_provisioner_name" in serverapp.config.get(

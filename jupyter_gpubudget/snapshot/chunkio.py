@@ -11,7 +11,9 @@ fdatasynced and renamed by the thread that made it, so the disk writes while oth
 hash and compress, and a chunk never has its final name before its bytes are durable; the
 directories are fsynced once, at ``close``. The same content is never written twice (that is
 the deduplication between successive snapshots).
-A reference to a chunk is the list ``[sha256, raw_length, codec]``.
+A reference to a chunk is the list ``[sha256, raw_length, codec, stored_length]`` (the last
+was added later: references without it are read the same; with it, a missing or truncated
+chunk is found without reading it).
 
 Reading checks every chunk: its length, and its content against its SHA-256 — or, for zstd
 chunks written with a frame checksum (every chunk since this format carries one), zstd's own
@@ -91,10 +93,14 @@ class ChunkWriter:
                 os.utime(chunk_path(self.root, digest, have))
             except OSError:
                 pass
+            try:
+                stored = os.path.getsize(chunk_path(self.root, digest, have))
+            except OSError:
+                stored = -1
             with self._lock:
                 self.raw_bytes += n
                 self.reused += 1
-            return [digest, n, have]
+            return [digest, n, have, stored] if stored >= 0 else [digest, n, have]
         codec, data = "raw", view
         if self.compress and n >= 512 and self._worth_compressing(view):
             z = self._compressor().compress(view)
@@ -125,7 +131,7 @@ class ChunkWriter:
             self.raw_bytes += n
             self.written_bytes += len(data)
             self.fresh[digest] = len(data)
-        return [digest, n, codec]
+        return [digest, n, codec, len(data)]
 
     def _worth_compressing(self, view: memoryview) -> bool:
         """A 64 KiB probe from the middle of the chunk: noise (random floats, compressed or
@@ -170,7 +176,7 @@ class ChunkWriter:
 def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | None:
     """Read one chunk, check its length and its content (SHA-256, or the zstd frame's own
     checksum when it has one); into ``out`` when given."""
-    digest, n, codec = ref
+    digest, n, codec = ref[0], ref[1], ref[2]
     if codec not in CODECS:
         raise ChunkError(f"chunk {digest[:12]}: unknown codec {codec!r}")
     path = chunk_path(root, digest, codec)
@@ -270,7 +276,17 @@ def verify_refs(root: str, refs: list, *, deep: bool = True,
                 threads: int | None = None) -> list[str]:
     """Problems with these chunks (empty when all are present and, if ``deep``, intact)."""
     if not deep:
-        return [f"chunk {r[0][:12]} is missing" for r in refs if existing(root, r[0]) is None]
+        out = []
+        for r in refs:
+            try:
+                size = os.path.getsize(chunk_path(root, r[0], r[2]))
+            except (OSError, IndexError):
+                out.append(f"chunk {r[0][:12]} is missing")
+                continue
+            if len(r) > 3 and size != r[3]:
+                out.append(f"chunk {r[0][:12]} has {size} bytes stored, {r[3]} were written "
+                           "(truncated or damaged)")
+        return out
 
     def one(ref: list) -> str | None:
         try:

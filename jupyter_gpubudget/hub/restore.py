@@ -74,6 +74,8 @@ def server_url(sp: BudgetSpawner, started: Any = None) -> str:
     if isinstance(started, str) and started:
         u = urlparse(started)
         return f"{u.scheme}://{u.netloc}{base}"
+    if sp._server_url:
+        return sp._server_url
     if sp.server is not None and sp.server.port:
         return sp.server.url
     raise ServerError(503, "the server's address is not known yet")

@@ -188,6 +188,7 @@ class BudgetSpawner(Spawner):
         self._restore: dict | None = None  # the new server's restore, while starting
         self._resuming: dict | None = None  # what this start restores
         self._restore_told = asyncio.Event()  # the spawn page showed the restore's outcome
+        self._server_url = ""  # the running server's base URL, as its backend started it
         self._progress_watchers = 0
 
     # ------------------------------------------------------------------ the service
@@ -330,6 +331,7 @@ class BudgetSpawner(Spawner):
                           self.session_id, describe(self.placement),
                           env["CUDA_VISIBLE_DEVICES"] or "(none)")
             url = await asyncio.wait_for(child.start(), self.backend_start_timeout)
+            self._server_url = restore.server_url(self, url)
             if self._resuming:  # the browser is let in once the kernels are back
                 self._phase = "restoring"
                 self._changed.set()
@@ -489,3 +491,4 @@ class BudgetSpawner(Spawner):
         self.session_id = ""
         self.placement = None
         self._phase = "idle"
+        self._server_url = ""

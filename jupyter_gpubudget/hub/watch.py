@@ -65,7 +65,11 @@ async def idle_seconds(sp: BudgetSpawner) -> tuple[float, str] | None:
         return None
     if last.tzinfo is None:
         last = last.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - last).total_seconds(), "kernel activity"
+    idle = (datetime.now(UTC) - last).total_seconds()
+    started = sp._session.get("started_at")
+    if started:  # a session is not idle for longer than it has been running
+        idle = min(idle, time.time() - started)
+    return idle, "kernel activity"
 
 
 async def check_idle(sp: BudgetSpawner) -> bool:

@@ -1,5 +1,5 @@
 """`gpubudget` — the command line, one module per command group: hub, demo, budgets,
-simulate, submit/jobs/cancel, service."""
+simulate, submit/jobs/cancel, snapshot, service."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..core.yamlnodes import ConfigError
-from . import budgets, demo, hub, jobs, service, simulate
+from . import budgets, demo, hub, jobs, service, simulate, snapshots
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_hub_parser(sub)
     simulate.add_simulate_parser(sub)
     jobs.register(sub)
+    snapshots.register(sub)
     service.add_service_parser(sub)
     return p
 

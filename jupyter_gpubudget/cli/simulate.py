@@ -20,7 +20,7 @@ from typing import Any
 
 
 def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from .sim.costs import RESTORE_COST_S, SNAPSHOT_COST_S
+    from ..sim.costs import RESTORE_COST_S, SNAPSHOT_COST_S
 
     p = subparsers.add_parser(
         "simulate", help="replay a workload trace through the scheduler (what-if)",

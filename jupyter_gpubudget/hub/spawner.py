@@ -259,7 +259,10 @@ class BudgetSpawner(Spawner):
             if sess.get("user") != self.user.name or sess.get("name") != \
                     f"{self.user.name}/{self.name or ''}":
                 raise web.HTTPError(403, f"session {rid} is not this server's")
-            if sess.get("state") == "pending" and (sess.get("resumes") or {}).get("snapshot"):
+            # queued for us by the service (it may have been granted its slice already,
+            # while the hub was starting this spawn)
+            if sess.get("state") in ("pending", "running") and \
+                    (sess.get("resumes") or {}).get("snapshot"):
                 self._resuming = sess["resumes"]
                 return sess, {"project": sess["project"]}
             self.log.info("gpubudget: session %s is %s: starting afresh", rid, sess.get("state"))

@@ -177,3 +177,53 @@ def test_a_snapshot_that_fails_waits_for_the_grace_period_and_records_the_loss(h
     finally:
         active.halt.set()
         stop_everything(hub, ["alice", "carol"], {"alice": alice, "carol": carol})
+
+
+def gpubudget(hub, token: str, *args: str) -> tuple[int, str]:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "jupyter_gpubudget.cli", *args, "--url",
+                        f"{hub.url}/services/gpubudget", "--token", token],
+                       capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_cli_snapshot_create_list_and_restore_running_and_stopped(hub):
+    alice = user_token(hub, "alice")
+    active = Active(hub, "alice")
+    active.start()
+    try:
+        st, body = http("POST", f"{hub.api}/users/alice/server", hub.token,
+                        {"project": "lattice", "slice": "gpu:1", "min_runtime": "1h"})
+        assert st in (201, 202), body
+        first = ready_session_id(hub, "alice")
+        nb = Notebook(hub, "alice", alice, path="cli.ipynb")
+        nb.open()
+        nb.run("word = 'one'")
+        rc, out = gpubudget(hub, alice, "snapshot", "create")
+        assert rc == 0, out
+        snap_id = out.splitlines()[1].split()[0]
+        assert "1/1 kernels" in out and first in snap_id
+        nb.run("word = 'two'")
+        rc, out = gpubudget(hub, alice, "snapshot", "list")
+        assert rc == 0 and snap_id in out, out
+        # a local time, not an epoch
+        assert time.strftime("%H:") in out or time.strftime("%Y-") in out, out
+        # into the running server
+        rc, out = gpubudget(hub, alice, "snapshot", "restore", snap_id)
+        assert rc == 0 and f"restored {snap_id} into session {first}" in out, out
+        assert nb.run("print(word)").strip() == "one"
+        # with the server stopped: the server is started again from it
+        http("DELETE", f"{hub.api}/users/alice/server", hub.token)
+        wait(lambda: server_model(hub, "alice") is None, "alice's server still there", hub)
+        rc, out = gpubudget(hub, alice, "snapshot", "restore", snap_id)
+        assert rc == 0 and f"restored {snap_id} into session" in out, out
+        second = ready_session_id(hub, "alice", not_=first)
+        assert second != first and nb.run("print(word)").strip() == "one"
+        # hostile input is refused with the reason
+        rc, out = gpubudget(hub, alice, "snapshot", "restore", "nonsense--123")
+        assert rc == 1 and "404" in out, out
+    finally:
+        active.halt.set()
+        stop_everything(hub, ["alice"], {"alice": alice})

@@ -12,6 +12,11 @@ in local time.
 - ``restore SNAPSHOT [--no-wait]``: restore it — into the running server of its session, or by
   starting the server again from it (it then waits in the queue like any spawn); waits and
   prints what came back.
+- ``--self``: run inside a user's server (e.g. a Kubernetes preStop hook,
+  ``KubePlacement.snapshot_command``): this server saves its kernels now and ends them, as
+  before a preemption, through its own server extension (``$JUPYTERHUB_SERVICE_URL``,
+  ``$JUPYTERHUB_API_TOKEN``); nothing to do when no kernel runs (BudgetSpawner saved them
+  already).
 """
 
 from __future__ import annotations
@@ -162,10 +167,57 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_self(args: argparse.Namespace) -> int:
+    """Save this server's kernels through its own server extension."""
+    import os
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+    token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+    u = urlsplit(url)
+    if not (u.scheme and u.netloc and token):
+        print("gpubudget snapshot --self: not inside a JupyterHub server "
+              "($JUPYTERHUB_SERVICE_URL and $JUPYTERHUB_API_TOKEN)", file=sys.stderr)
+        return 2
+    host = u.netloc.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]")
+    base = urlunsplit((u.scheme, host, u.path.rstrip("/") + "/gpubudget/api/", "", ""))
+
+    def go(method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(base + path, method=method, data=None if body is None
+                                     else json.dumps(body).encode())
+        req.add_header("Authorization", f"token {token}")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            return json.loads(r.read() or b"{}")
+
+    try:
+        status = go("GET", "snapshots")
+        if not status.get("enabled"):
+            print(f"gpubudget snapshot --self: {status.get('problem')}", file=sys.stderr)
+            return 1
+        if not status.get("kernels"):
+            print("no kernels run here: nothing to save")
+            return 0
+        out = go("POST", "snapshots", {"reason": "preempt", "freeze": True})
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"gpubudget snapshot --self: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2) if args.json else
+          f"snapshot {out['id']}: {out['saved']} of {out['kernels']} kernels saved")
+    return 0 if out["saved"] == out["kernels"] else 1
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("snapshot", help="snapshots of my notebook sessions: list, create, "
                        "restore", description=__doc__.split("\n\n")[1])
-    ssub = p.add_subparsers(dest="snapshot_command", required=True)
+    p.add_argument("--self", dest="self_", action="store_true", help="inside a user's server: "
+                   "save its kernels now and end them (a preStop hook)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds (with --self)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    p.set_defaults(func=lambda a: cmd_self(a) if a.self_ else (p.print_usage(), 2)[1])
+    ssub = p.add_subparsers(dest="snapshot_command")
     lp = ssub.add_parser("list", help="my snapshots, newest first (local times)")
     lp.add_argument("--session", help="only this session's (and those it resumed)")
     lp.add_argument("--all", action="store_true", help="include snapshots that failed "

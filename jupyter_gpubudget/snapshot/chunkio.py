@@ -6,7 +6,9 @@ Python environment, and the kernel writes its chunks straight into the store wit
 
 A chunk is at most ``CHUNK`` bytes of raw data, named by the SHA-256 of those raw bytes, stored
 as ``<root>/<hh>/<sha256>.zst`` (zstd) or ``.raw`` (when compression would not save 3%; a 64 KiB
-probe decides first, so noise costs no compression). Each is written to a temporary name,
+probe decides first, so noise costs no compression; and, by default, only when compressing
+saves more disk time than it costs CPU time, as measured while writing: see
+``ChunkWriter._pays``). Each is written to a temporary name,
 fdatasynced and renamed by the thread that made it, so the disk writes while other threads
 hash and compress, and a chunk never has its final name before its bytes are durable; the
 directories are fsynced once, at ``close``. The same content is never written twice (that is
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 try:
@@ -60,10 +63,16 @@ class ChunkWriter:
     ``put(buffer)`` returns a list of futures of references, in order; ``refs(futures)`` waits.
     Buffers are sliced with memoryviews: nothing is copied before compression."""
 
-    def __init__(self, root: str, *, threads: int | None = None, compress: bool = True,
-                 fsync: bool = True) -> None:
+    def __init__(self, root: str, *, threads: int | None = None,
+                 compress: bool | str = "auto", fsync: bool = True) -> None:
         self.root = root
-        self.compress = compress and _zstd is not None
+        self.compress = bool(compress) and _zstd is not None
+        self.adaptive = compress == "auto"
+        # measured while writing (EWMA, bytes per second of a worker's own time): whether
+        # compressing a chunk saves more disk time than it costs CPU time
+        self.cpu_rate: float | None = None
+        self.disk_rate: float | None = None
+        self.compressed_chunks = self.raw_chunks = 0
         self.fsync = fsync
         # threads overlap hashing, compressing and writing (they release the GIL)
         self._pool = ThreadPoolExecutor(max_workers=_threads(threads))
@@ -102,8 +111,11 @@ class ChunkWriter:
                 self.reused += 1
             return [digest, n, have, stored] if stored >= 0 else [digest, n, have]
         codec, data = "raw", view
-        if self.compress and n >= 512 and self._worth_compressing(view):
+        ratio = self._probe(view) if self.compress and n >= 512 else 1.0
+        if ratio < 0.9 and self._pays(n, ratio):
+            t0 = time.perf_counter()
             z = self._compressor().compress(view)
+            self._learn("cpu_rate", n, time.perf_counter() - t0)
             if len(z) < 0.97 * n:
                 codec, data = "zst", z
         path = chunk_path(self.root, digest, codec)
@@ -115,6 +127,7 @@ class ChunkWriter:
         tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}.{id(view):x}"
         with self._lock:
             self._pending.append(tmp)
+        t0 = time.perf_counter()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
         try:
             mv = memoryview(data)
@@ -126,19 +139,45 @@ class ChunkWriter:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        self._learn("disk_rate", len(data), time.perf_counter() - t0)
         with self._lock:
             self._pending.remove(tmp)
             self.raw_bytes += n
             self.written_bytes += len(data)
             self.fresh[digest] = len(data)
+            if codec == "zst":
+                self.compressed_chunks += 1
+            else:
+                self.raw_chunks += 1
         return [digest, n, codec, len(data)]
 
-    def _worth_compressing(self, view: memoryview) -> bool:
-        """A 64 KiB probe from the middle of the chunk: noise (random floats, compressed or
-        encrypted data) is stored raw without spending a core on it."""
+    def _learn(self, what: str, nbytes: int, seconds: float) -> None:
+        if nbytes < (256 << 10):
+            return  # too small to time
+        rate = nbytes / max(seconds, 1e-6)
+        with self._lock:
+            old = getattr(self, what)
+            setattr(self, what, rate if old is None else 0.7 * old + 0.3 * rate)
+
+    def _pays(self, n: int, ratio: float) -> bool:
+        """Compress when it saves more time writing than it costs compressing: per byte,
+        ``1/cpu_rate + ratio/disk_rate < 1/disk_rate`` (rates as this writer measured them,
+        under whatever else runs; until it has measured both, it compresses). A slow disk
+        gets compressed chunks, a fast one (or a page cache without fsync) raw ones."""
+        if not self.adaptive:
+            return True
+        cpu, disk = self.cpu_rate, self.disk_rate
+        if cpu is None or disk is None:
+            return True
+        return 1.0 / cpu + ratio / disk < 1.0 / disk
+
+    def _probe(self, view: memoryview) -> float:
+        """The compressed/raw ratio of a 64 KiB probe from the middle of the chunk: noise
+        (random floats, compressed or encrypted data) is stored raw without spending a core
+        on it."""
         n = len(view)
         probe = view[n // 2 - min(n // 2, 32768):n // 2 + min(n // 2, 32768)]
-        return len(self._compressor().compress(probe)) < 0.9 * len(probe)
+        return len(self._compressor().compress(probe)) / max(1, len(probe))
 
     def put(self, buffer) -> list:  # noqa: ANN001
         view = memoryview(buffer).cast("B")
@@ -206,7 +245,9 @@ def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | N
 
 
 def _threads(threads: int | None) -> int:
-    return threads or max(2, min(4, os.cpu_count() or 1))
+    """Hashing and (de)compressing release the GIL and every chunk ends in a write and an
+    fdatasync that wait on the disk: twice as many threads as CPUs (4..8) keep both busy."""
+    return threads or max(4, min(8, 2 * (os.cpu_count() or 1)))
 
 
 def read_refs(root: str, refs: list, *, threads: int | None = None) -> bytearray:

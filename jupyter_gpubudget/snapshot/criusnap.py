@@ -188,7 +188,8 @@ class CriuSnapshotter(LoggingConfigurable):
     def _store_images(self, kernel: KernelRef, staging, images: str, res: dict,  # noqa: ANN001
                       t_dump: float) -> Snapshot:
         t0 = time.perf_counter()
-        w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync)
+        w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync,
+                                compress=self.store.compress_arg)
         files, futures, maps = [], [], []
         try:
             for name in sorted(os.listdir(images)):

@@ -199,7 +199,7 @@ def dump(chunk_root: str, options: dict) -> None:
     _pickle(values, buffers, devices, stream)
     t_pickle = time.perf_counter() - t0
     w = ChunkWriter(chunk_root, threads=options.get("threads"),
-                    compress=options.get("compress", True), fsync=options.get("fsync", True))
+                    compress=options.get("compress", "auto"), fsync=options.get("fsync", True))
     try:
         fut_stream = w.put(stream.getbuffer())
         fut_bufs = [w.put(b) for b in buffers]

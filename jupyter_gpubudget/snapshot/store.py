@@ -96,6 +96,11 @@ class Store(LoggingConfigurable):
                         "(0: no quota).").tag(config=True)
     fsync = Bool(True, help="fsync chunks and manifests before a snapshot counts as taken "
                  "(turn off only for throwaway stores).").tag(config=True)
+    compress = Enum(["auto", "always", "never"], "auto", help="Compress chunks with zstd: "
+                    "'auto' when it saves more disk time than it costs CPU time (measured "
+                    "while writing: a slow disk gets compressed chunks, a fast one raw ones); "
+                    "'always' whenever it saves space; 'never'. Noise is never compressed."
+                    ).tag(config=True)
     verify_on_commit = Enum(["written", "full"], "written", help="How a new snapshot is "
                             "verified before it counts as taken. 'written': the chunks it "
                             "wrote itself were hashed from the data, written and fdatasynced, "
@@ -138,6 +143,11 @@ class Store(LoggingConfigurable):
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    @property
+    def compress_arg(self) -> bool | str:
+        """``compress`` as ChunkWriter takes it."""
+        return {"auto": "auto", "always": True, "never": False}[self.compress]
 
     def quota_of(self, project: str) -> int:
         return int(self.project_quota.get(project, self.default_quota))

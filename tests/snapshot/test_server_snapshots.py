@@ -243,3 +243,28 @@ def test_hostile_requests_are_refused_with_the_field(env, tmp_path):
         assert st == 403, out
     finally:
         s.j.stop()
+
+
+def test_self_snapshot_from_inside_the_server_as_a_prestop_hook(env, tmp_path):
+    import subprocess
+    import sys
+
+    s = start(tmp_path / "srv", env, "namespace")
+    try:
+        s.open("p.ipynb")
+        s.run("p.ipynb", "z = 99")
+        e = {**os.environ, "JUPYTERHUB_SERVICE_URL": s.j.url.replace("127.0.0.1", "0.0.0.0"),
+             "JUPYTERHUB_API_TOKEN": s.j.token}
+
+        def self_snapshot() -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "jupyter_gpubudget.cli", "snapshot",
+                                   "--self"], env=e, capture_output=True, text=True, timeout=300)
+
+        p = self_snapshot()
+        assert p.returncode == 0 and "1 of 1 kernels saved" in p.stdout, p.stdout + p.stderr
+        st, status, _ = s.j.call("GET", "gpubudget/api/snapshots")
+        assert status["kernels"] == 0 and status["last"]["reason"] == "preempt"  # ended
+        p = self_snapshot()  # already saved (e.g. by BudgetSpawner): nothing to do
+        assert p.returncode == 0 and "nothing to save" in p.stdout, p.stdout + p.stderr
+    finally:
+        s.j.stop()

@@ -71,9 +71,13 @@ def criu_version(binary: str) -> tuple[int, ...] | None:
 
 
 def find_criu(explicit: str | None = None) -> str | None:
-    """A CRIU binary that runs and is >= 4.1, or None."""
-    cands = [explicit, os.environ.get("GPUBUDGET_CRIU"),
-             os.path.join(_cache_dir(), "criu-4.1", "tree", "criu", "criu"), shutil.which("criu")]
+    """A CRIU binary that runs and is >= 4.1, or None: ``explicit``, ``$GPUBUDGET_CRIU``, the
+    newest build of ``.ci/build-criu.sh`` in the cache, the PATH."""
+    import glob
+
+    built = sorted(glob.glob(os.path.join(_cache_dir(), "criu-4.1*", "tree", "criu", "criu")),
+                   key=lambda p: os.path.getmtime(p), reverse=True)
+    cands = [explicit, os.environ.get("GPUBUDGET_CRIU"), *built, shutil.which("criu")]
     for c in cands:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             v = criu_version(c)

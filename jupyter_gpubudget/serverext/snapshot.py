@@ -307,19 +307,26 @@ class SnapshotManager:
             m.unsaved = dict(snap.summary.get("unsaved") or {})
             done.append((kid, km, pid))
         seconds = time.perf_counter() - t0
-        self.sets.write(set_id, session=self.session, project=self.lab.project,
-                        reason=reason, members=members, created_at=created, seconds=seconds,
-                        server=os.environ.get("JUPYTERHUB_SERVER_NAME", ""))
-        pruned = self.sets.apply_retention(self.session)
-        try:
-            pruned += self.sets.make_room(set_id, self.lab.project)
-        except SnapshotError as e:
-            for _, km, pid in done:  # nothing was saved after all: they go on
+
+        def resume_all() -> None:  # nothing was saved after all: the kernels go on
+            for _, km, pid in done:
                 if freeze:
                     _signal(pid, signal.SIGCONT)
                     if hasattr(km, "start_restarter"):
                         km.start_restarter()
-            raise web.HTTPError(507, e.message) from None
+
+        try:
+            self.sets.write(set_id, session=self.session, project=self.lab.project,
+                            reason=reason, members=members, created_at=created,
+                            seconds=seconds, server=os.environ.get("JUPYTERHUB_SERVER_NAME", ""))
+            pruned = self.sets.apply_retention(self.session)
+            pruned += self.sets.make_room(set_id, self.lab.project)
+        except SnapshotError as e:
+            resume_all()
+            raise web.HTTPError(507 if e.reason == "quota" else 500, e.message) from None
+        except OSError as e:
+            resume_all()
+            raise web.HTTPError(500, f"the snapshot could not be written: {e}") from None
         summary = Sets.summary(self.sets.load(set_id))
         if freeze:  # saved: ended now (nothing they did after their snapshot is lost)
             for kid, _, _ in done:

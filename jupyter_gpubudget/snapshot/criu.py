@@ -74,8 +74,15 @@ def find_criu(explicit: str | None = None) -> str | None:
     """A CRIU binary that runs and is >= 4.1, or None: ``explicit``, ``$GPUBUDGET_CRIU``, the
     newest build of ``.ci/build-criu.sh`` in the cache, the PATH."""
     import glob
+    import pwd
 
-    built = sorted(glob.glob(os.path.join(_cache_dir(), "criu-4.1*", "tree", "criu", "criu")),
+    caches = {_cache_dir()}
+    try:  # the account's own home too ($HOME may be a user's, e.g. in a server run as root)
+        caches.add(os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "jupyter-gpubudget"))
+    except KeyError:
+        pass
+    built = sorted((p for c in caches
+                    for p in glob.glob(os.path.join(c, "criu-4.1*", "tree", "criu", "criu"))),
                    key=lambda p: os.path.getmtime(p), reverse=True)
     cands = [explicit, os.environ.get("GPUBUDGET_CRIU"), *built, shutil.which("criu")]
     for c in cands:

@@ -22,6 +22,7 @@
 #   GPUBUDGET_IDLE_ACTION    unprotect or hibernate (BudgetSpawner.idle_action)  [unprotect]
 #   GPUBUDGET_SNAPSHOT_METHODS  snapshot methods of the servers, in order       [criu,namespace]
 #   GPUBUDGET_CRIU           the CRIU binary the servers use (else found on PATH / in the cache)
+#   GPUBUDGET_SNAPSHOT_ON_PREEMPT  0: preemption stops a server without saving its kernels [1]
 import os
 import secrets
 import sys
@@ -151,6 +152,7 @@ c.BudgetSpawner.idle_limit = float(env("GPUBUDGET_IDLE_LIMIT", "3600"))
 c.BudgetSpawner.heartbeat_interval = float(env("GPUBUDGET_HEARTBEAT", "10"))
 c.BudgetSpawner.queue_poll_interval = float(env("GPUBUDGET_QUEUE_POLL", "2"))
 c.BudgetSpawner.idle_action = env("GPUBUDGET_IDLE_ACTION", "unprotect")
+c.BudgetSpawner.snapshot_on_preempt = env("GPUBUDGET_SNAPSHOT_ON_PREEMPT", "1") != "0"
 c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
 c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]

@@ -146,6 +146,16 @@ def _lost_kernels(s: dict | None) -> list[dict]:
             for m in (s or {}).get("members", []) if not m.get("snapshot")]
 
 
+async def record(sp: BudgetSpawner, snap: dict) -> None:
+    """Record the set at the service too (the server does; this makes the requeue independent
+    of the server's own path to the service). Idempotent."""
+    try:
+        await sp.api("PUT", f"/snapshots/{snap['id']}",
+                     {k: v for k, v in snap.items() if k not in ("status", "problem")})
+    except ServiceError as e:
+        sp.log.warning("gpubudget: recording snapshot %s failed: %s", snap.get("id"), e)
+
+
 async def preempt(sp: BudgetSpawner, sess: dict) -> None:
     """Save, stop, end, requeue (see the module's docstring)."""
     sid = sp.session_id
@@ -160,6 +170,8 @@ async def preempt(sp: BudgetSpawner, sess: dict) -> None:
             # the session is not stopped before its grace period ends
             await asyncio.sleep(max(0.0, deadline - time.time()))
     saved = bool(snap) and (snap.get("saved", 0) > 0 or snap.get("kernels", 0) == 0)
+    if saved:
+        await record(sp, snap)  # type: ignore[arg-type]
     if missing or not sp.snapshot_on_preempt or not saved:
         reason = (f"not saved before the grace period ended: {missing}" if missing else
                   "snapshots on preemption are turned off (BudgetSpawner.snapshot_on_"
@@ -171,8 +183,10 @@ async def preempt(sp: BudgetSpawner, sess: dict) -> None:
             sp.log.warning("gpubudget: recording the loss of %s failed: %s", sid, e)
     sp._stop_reason = "preempt"
     # the requeued session is the hub's next spawn: nothing here (a poll that sees the
-    # server gone) may end the session before it is requeued below
+    # server gone) may end the session before it is requeued below, and a stop by the hub
+    # meanwhile waits for this to finish (BudgetSpawner.stop)
     sp._handed_off = saved
+    sp._ending = True
     try:
         await sp.child.stop(now=False)
     finally:
@@ -206,11 +220,13 @@ async def hibernate(sp: BudgetSpawner, idle_s: float, source: str) -> bool:
         sp.log.warning("gpubudget: hibernating %s: %d kernels could not be saved (%s); the "
                        "server runs on", sid, len(missing), missing)
         return False
+    await record(sp, snap)
     sp._stop_reason = "hibernate"
     sp.hibernated = {"session": sid, "snapshot": snap["id"], "at": time.time(),
                      "idle_s": idle_s, "source": source,
                      "stored_bytes": snap.get("stored_bytes", 0)}
     sp._handed_off = True
+    sp._ending = True
     try:
         await sp.child.stop(now=False)
     finally:

@@ -184,6 +184,7 @@ class BudgetSpawner(Spawner):
         self._discovery: Any = None
         self._watch_task: asyncio.Task | None = None
         self._handed_off = False  # the session went on elsewhere (requeued, hibernated)
+        self._ending = False  # the watcher stopped the server and is ending the session
         self._requests_seen: set[str] = set()
         self._restore: dict | None = None  # the new server's restore, while starting
         self._resuming: dict | None = None  # what this start restores
@@ -302,6 +303,7 @@ class BudgetSpawner(Spawner):
         await self._flush_pending_end()
         self._phase, self._session, self._stop_reason = "queued", {}, "stop"
         self._idle_reported, self._handed_off, self._restore = False, False, None
+        self._ending = False
         try:
             sess, body = await self._adopt_or_submit()
         except ServiceError as e:
@@ -447,8 +449,17 @@ class BudgetSpawner(Spawner):
             self._watch_task = asyncio.ensure_future(watch.watch(self))
 
     async def stop(self, now: bool = False) -> None:
-        if self._watch_task is not None and self._watch_task is not asyncio.current_task():
-            self._watch_task.cancel()
+        task = self._watch_task
+        if task is not None and task is not asyncio.current_task():
+            if self._ending and not task.done():
+                # the watcher stopped the server after a snapshot and is ending (requeueing)
+                # the session: let it finish rather than lose the requeue
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), self.request_timeout * 3)
+                except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+                    pass
+            else:
+                task.cancel()  # e.g. the user stops the server during a grace period
         self._watch_task = None
         if self.child is None and self.child_state:
             self._construct_child()

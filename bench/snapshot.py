@@ -110,7 +110,7 @@ class Case:
         kernels.stop_kernel(ref, km)
 
     def store(self, name: str) -> Store:
-        return Store(str(self.work / f"store-{name}"), keep_last=1, fsync=self.fsync)
+        return Store(str(self.work / f"store-{name}"), keep_last=0, fsync=self.fsync)
 
     def close(self) -> None:
         for ref, km in self.live:

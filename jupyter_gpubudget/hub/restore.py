@@ -273,6 +273,11 @@ async def wait_restored(sp: BudgetSpawner, started: Any) -> dict | None:
     """Wait until the new server has restored its kernels (it does so at start-up); the
     browser is let in only after that. None when the server does not say (it then restores
     on its own; the report still reaches the service)."""
+    if getattr(sp, "internal_ssl", False):
+        sp.log.warning("gpubudget: with JupyterHub's internal_ssl the spawner does not reach "
+                       "the server's restore status: the browser may arrive before the "
+                       "kernels are restored")
+        return None
     url = server_url(sp, started)
     deadline = time.monotonic() + sp.restore_timeout
     while time.monotonic() < deadline:

@@ -294,9 +294,22 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
         except KeyError:
             owner = (caller, caller)
     pid = _check_kernel_pid(pid, expect_uid)
+    created = images_dir is None
     if images_dir is None:
         images_dir = _new_images_dir(pid)
     images_dir = _check_dir(images_dir, must_exist=False)
+    try:
+        return _dump(pid, images_dir, leave_running, keep_stopped, caller, owner, criu,
+                     cuda_checkpoint, timeout)
+    except BaseException:
+        if created:  # nobody else knows where it is: not left behind
+            shutil.rmtree(images_dir, ignore_errors=True)
+        raise
+
+
+def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, caller: int,
+          owner: tuple[int, int] | None, criu: str | None, cuda_checkpoint: str | None,
+          timeout: float) -> dict:
     binary = find_criu(criu)
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")

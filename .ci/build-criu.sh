@@ -3,22 +3,23 @@
 #
 # Debian 12's criu 3.17 fails on recent kernels (vDSO `vvar_vclock`), so CRIU is built once from
 # Debian trixie's source package into a cache outside the repository:
-#   ${GPUBUDGET_CACHE:-$HOME/.cache/jupyter-gpubudget}/criu-<series>/tree/criu/criu
+#   ${GPUBUDGET_CACHE:-$HOME/.cache/jupyter-gpubudget}/criu-<series>-<patch set>/tree/criu/criu
 # A stamp file holds the checksum of this script and of the patches in criu-patches/ (applied to
 # the source before building): the build is reused until either changes.
 # Source lookups use a private apt state directory, so the machine's own apt lists are untouched.
 # Build dependencies are installed with apt-get (waiting up to 15 min for the dpkg lock).
 set -euo pipefail
 
-VERSION=4.1  # trixie's criu (4.1.1 when this was written); the cache is per series
+VERSION=4.1  # trixie's criu (4.1.1 when this was written); the cache is per series and patch set
 CACHE=${GPUBUDGET_CACHE:-$HOME/.cache/jupyter-gpubudget}
-DIR=$CACHE/criu-$VERSION
+HERE=$(cd "$(dirname "$0")" && pwd)
+# the stamp: this script and the patches applied to CRIU's source; builds of other patch sets
+# (other checkouts on the same machine) live side by side
+SELF_SUM=$(cat "$0" "$HERE"/criu-patches/*.patch | sha256sum | cut -d' ' -f1)
+DIR=$CACHE/criu-$VERSION-${SELF_SUM:0:12}
 SRC=$DIR/tree
 BIN=$SRC/criu/criu
 STAMP=$DIR/.built
-HERE=$(cd "$(dirname "$0")" && pwd)
-# the stamp: this script and the patches applied to CRIU's source
-SELF_SUM=$(cat "$0" "$HERE"/criu-patches/*.patch | sha256sum | cut -d' ' -f1)
 log() { echo "build-criu: $*" >&2; }
 
 version_ok() {  # a criu binary that runs and says >= 4.1

@@ -1,23 +1,29 @@
-"""Snapshot costs of a kernel holding 1 GiB (and 4 GiB) of numpy data.
+"""Snapshot costs of a kernel holding 1 GiB (and 4 GiB) of numpy data, end to end.
 
-For each size, in real ipykernel kernels: the CRIU backend (dump, restore), the namespace
-backend (dump, restore into a fresh kernel), and ``dill.dump_session`` / ``load_session`` on
-the same state, inside the kernel. The disk's sequential write speed (fsync included) is
-measured in the same run, on the store's filesystem: the physical limit of any dump.
+For each size and data kind, in real ipykernel kernels:
 
-What the figures include (every dump ends with its bytes durable on disk, fsynced):
-- CRIU dump: ``criu dump`` (kernel stopped) plus storing its images as chunks; restore:
-  chunks back into images, ``criu restore``, until the kernel answers on its ports.
-- namespace dump: everything inside the kernel (pickling with out-of-band buffers, hashing,
-  compressing, writing, fsync); restore: reading and checking the chunks, unpickling,
-  re-imports, in a kernel already started.
-- dill: ``dill.dump_session`` to a file, then fsync; ``dill.load_session`` in a fresh kernel.
-The verification a commit does (reading every chunk back) is reported on its own line.
+- **CRIU** (root, ``make criu``): dump = ``criu dump`` (kernel stopped) + storing the images as
+  chunks (hashed, compressed where it pays, each chunk fdatasynced) + the commit that verifies
+  and publishes the manifest; restore = chunks back into images (checked), ``criu restore``,
+  until the kernel answers on its ports.
+- **namespace**: dump = everything from the request to the committed manifest (pickling with
+  out-of-band buffers in the kernel, hashing, compressing, writing, fdatasync, commit);
+  restore = reading and checking the chunks, unpickling, re-imports, in a fresh kernel.
+- **dill** on the same state (the same data, made the same way in its own kernel):
+  ``dill.dump_session`` to a file then ``fsync``; ``dill.load_session`` in a fresh kernel.
+- The disk's sequential write speed (1 GiB of incompressible data, fsync) is measured just
+  before each size, on the store's filesystem: the physical limit of writing these bytes.
 
-Data: ``--data random`` (default: float64 noise, which no codec shrinks: the worst case for
-every method) or ``--data structured`` (integers stored as float64 with some noise; zstd
-shrinks it ~4x). The last line is JSON with the issue's keys, for the first size.
-Run on a quiet machine; the figures vary with the other load (shared machines).
+The comparison is fair: every dump ends with its bytes durable (fsync) and is measured from
+outside the work it does. ``--no-fsync`` measures both without it (then page-cache speed).
+
+Data (``--data``): ``random`` (float64 noise: no codec shrinks it, every byte goes to disk —
+the worst case for every method) and ``structured`` (integers stored as float64 with a little
+noise, like most arrays of counts or ids: zstd shrinks it ~9x). Each figure names its kind.
+
+The last line is JSON with the issue's keys for the first data kind and size, plus the same
+for every kind and size under ``by_data``, the load average at start and end, and the disk
+speeds measured. The machine is shared: the figures vary with its load (printed).
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ from jupyter_gpubudget.snapshot.store import Store  # noqa: E402
 GIB = 1 << 30
 
 
+def load() -> str:
+    a, b, c = os.getloadavg()
+    return f"{a:.1f} {b:.1f} {c:.1f}"
+
+
 def disk_write_mb_s(directory: str, nbytes: int) -> float:
     block = os.urandom(16 << 20)
     path = os.path.join(directory, "disk-probe.bin")
@@ -55,7 +66,7 @@ def disk_write_mb_s(directory: str, nbytes: int) -> float:
     return nbytes / dt / 1e6
 
 
-def run(ref, code: str, timeout: float = 900) -> str:  # noqa: ANN001
+def run(ref, code: str, timeout: float = 1800) -> str:  # noqa: ANN001
     kc = kernels.client(ref)
     try:
         r = kernels.execute(kc, code, timeout=timeout)
@@ -73,8 +84,7 @@ def fill(ref, gib: int, data: str) -> float:  # noqa: ANN001
     else:
         code = (f"import numpy as np\nbig = (np.arange({n}) % 100003).astype(np.float64)\n"
                 "big[::4097] = np.random.default_rng(1).random(big[::4097].shape[0])")
-    run(ref, code + "\nbig_sum = float(big.sum())\nprint(big_sum)")
-    return float(run(ref, "print(big_sum)"))
+    return float(run(ref, code + "\nbig_sum = float(big.sum())\nprint(big_sum)"))
 
 
 def check(ref, expect: float) -> None:  # noqa: ANN001
@@ -83,137 +93,207 @@ def check(ref, expect: float) -> None:  # noqa: ANN001
         raise RuntimeError(f"restored array differs: sum {got} != {expect}")
 
 
-def one_size(gib: int, work: Path, data: str, disk: float, criu_ok: bool) -> dict:
-    out: dict = {}
-    store = Store(str(work / f"store-{gib}g"), keep_last=1)
-    k = 0
+class Case:
+    def __init__(self, work: Path, gib: int, data: str, fsync: bool) -> None:
+        self.work, self.gib, self.data, self.fsync = work, gib, data, fsync
+        self.k = 0
+        self.live: list = []
 
-    def fresh():  # noqa: ANN202
-        nonlocal k
-        k += 1
-        return kernels.start_kernel(str(work / f"k{gib}-{k}"), session=f"bench{gib}g",
-                                    project="bench")
+    def fresh(self):  # noqa: ANN201
+        self.k += 1
+        km, ref = kernels.start_kernel(str(self.work / f"k{self.gib}{self.data}-{self.k}"),
+                                       session=f"bench{self.gib}g", project="bench")
+        self.live.append((ref, km))
+        return km, ref
 
+    def stop(self, ref, km=None) -> None:  # noqa: ANN001
+        kernels.stop_kernel(ref, km)
+
+    def store(self, name: str) -> Store:
+        return Store(str(self.work / f"store-{name}"), keep_last=0, fsync=self.fsync)
+
+    def close(self) -> None:
+        for ref, km in self.live:
+            kernels.stop_kernel(ref, km)
+        self.live = []
+
+
+def one(case: Case, criu_ok: bool, disk: float) -> dict:
+    out: dict = {"disk_mb_s": disk}
+    gib, tag = case.gib, f"{case.gib} GiB {case.data:<10}"
     # ---- CRIU
     if criu_ok:
-        km, ref = fresh()
-        expect = fill(ref, gib, data)
+        store = case.store("criu")
+        km, ref = case.fresh()
+        expect = fill(ref, gib, case.data)
         cs = CriuSnapshotter(store)
         t0 = time.perf_counter()
         snap = cs.dump(ref)
-        dump_s = time.perf_counter() - t0 - snap.seconds.get("verify", 0.0)
-        km.provisioner.process.wait(30)
+        dump_s = time.perf_counter() - t0
+        km.provisioner.process.wait(30)  # its parent reaps it: the pid is free to restore
+        t1 = time.perf_counter()
+        full = store.verify(snap.id, deep=True)
+        full_s = time.perf_counter() - t1
+        assert not full, full
         t0 = time.perf_counter()
         rep = cs.restore(snap)
         restore_s = time.perf_counter() - t0
         check(rep.kernel, expect)
-        kernels.stop_kernel(rep.kernel)
+        case.stop(rep.kernel)
         out.update(criu_dump_s=dump_s, criu_restore_s=restore_s,
                    criu_dump_only_s=snap.seconds["criu_dump"], criu_store_s=snap.seconds["store"],
-                   criu_verify_s=snap.seconds["verify"], criu_images_bytes=snap.raw_bytes,
+                   criu_verify_s=snap.seconds["verify"], criu_full_verify_s=full_s,
+                   criu_images_bytes=snap.raw_bytes, criu_stored_bytes=snap.stored_bytes,
                    criu_restore_only_s=rep.seconds["criu_restore"],
                    criu_materialise_s=rep.seconds["images"])
-        print(f"{gib} GiB  CRIU       dump {dump_s:6.2f} s (criu {snap.seconds['criu_dump']:.2f}"
-              f" + store {snap.seconds['store']:.2f}; verify after: "
-              f"{snap.seconds['verify']:.2f})  restore {restore_s:6.2f} s (images "
+        print(f"{tag} CRIU       dump {dump_s:6.2f} s (criu {snap.seconds['criu_dump']:.2f} + "
+              f"store {snap.seconds['store']:.2f} + commit {snap.seconds['verify']:.2f}; a full "
+              f"read-back check would add {full_s:.2f})  restore {restore_s:6.2f} s (images "
               f"{rep.seconds['images']:.2f} + criu {rep.seconds['criu_restore']:.2f} + answer "
-              f"{rep.seconds['answer']:.2f})  stored {snap.stored_bytes / 1e6:.0f} MB",
-              flush=True)
+              f"{rep.seconds['answer']:.2f})  {snap.raw_bytes / 1e6:.0f} MB of images, "
+              f"{snap.stored_bytes / 1e6:.0f} MB stored", flush=True)
         shutil.rmtree(store.root)
-        store = Store(str(work / f"store-{gib}g"), keep_last=1)
-    # ---- namespace
-    km, ref = fresh()
-    expect = fill(ref, gib, data)
+    # ---- namespace: dump in one kernel, restore into a fresh one (the first one is gone
+    # by then, as after a preemption: one copy of the state in memory at a time)
+    store = case.store("ns")
+    km, ref = case.fresh()
+    expect = fill(ref, gib, case.data)
     ns = NamespaceSnapshotter(store)
+    t0 = time.perf_counter()
     snap = ns.dump(ref)
-    dump_s = snap.seconds["kernel_total"]
-    _, ref2 = fresh()
+    dump_s = time.perf_counter() - t0
+    # a second snapshot of the unchanged state (as "snapshot now" then a preemption): its
+    # chunks are already stored, so only hashing remains
+    t0 = time.perf_counter()
+    again = ns.dump(ref)
+    again_s = time.perf_counter() - t0
+    out.update(ns_again_s=again_s, ns_again_written=again.written_bytes)
+    store.delete(again.id, "bench")
+    case.stop(ref, km)
+    _, ref2 = case.fresh()
     t0 = time.perf_counter()
     rep = ns.restore(snap, ref2)
     restore_s = time.perf_counter() - t0
     check(ref2, expect)
-    kernels.stop_kernel(ref2)
+    case.stop(ref2)
     raw = snap.raw_bytes
+    disk_s = raw / 1e6 / disk
     out.update(ns_dump_s=dump_s, ns_restore_s=restore_s, ns_verify_s=snap.seconds["verify"],
-               ns_bytes=raw, ns_stored=snap.stored_bytes,
-               ns_roundtrip_s=snap.seconds["kernel"])
-    print(f"{gib} GiB  namespace  dump {dump_s:6.2f} s (pickle {snap.seconds['kernel_pickle']:.2f};"
-          f" verify after: {snap.seconds['verify']:.2f})  restore {restore_s:6.2f} s  stored "
-          f"{snap.stored_bytes / 1e6:.0f} of {raw / 1e6:.0f} MB  "
-          f"disk time for these bytes {raw / 1e6 / disk:.2f} s", flush=True)
+               ns_bytes=raw, ns_stored=snap.stored_bytes, ns_disk_time_s=disk_s)
+    print(f"{tag} namespace  dump {dump_s:6.2f} s (in the kernel "
+          f"{snap.seconds['kernel_total']:.2f}; commit {snap.seconds['verify']:.2f})  restore "
+          f"{restore_s:6.2f} s  {raw / 1e6:.0f} MB, {snap.stored_bytes / 1e6:.0f} MB stored; "
+          f"the disk writes {raw / 1e6:.0f} MB in {disk_s:.2f} s; a second snapshot of the "
+          f"same state {again_s:.2f} s ({out['ns_again_written'] / 1e6:.0f} MB written)",
+          flush=True)
     shutil.rmtree(store.root)
-    # ---- dill, same state, same kernel
-    path = str(work / f"dill-{gib}g.pkl")
+    # ---- dill, the same state in its own kernel
+    path = str(case.work / f"dill-{gib}g.pkl")
+    km, ref = case.fresh()
+    expect = fill(ref, gib, case.data)
+    sync = (f"_fd = os.open({path!r}, os.O_RDONLY); os.fsync(_fd); os.close(_fd)"
+            if case.fsync else "")
     t = run(ref, f"""
 import dill, os, time
 _t0 = time.perf_counter()
 dill.dump_session({path!r})
 _t1 = time.perf_counter()
-_fd = os.open({path!r}, os.O_RDONLY); os.fsync(_fd); os.close(_fd)
+{sync}
 print(_t1 - _t0, time.perf_counter() - _t0)
 """)
     dill_nosync, dill_dump = map(float, t.split())
-    kernels.stop_kernel(ref, km)
-    _, ref3 = fresh()
+    case.stop(ref, km)
+    _, ref3 = case.fresh()
     t = run(ref3, f"import dill, time\n_t0 = time.perf_counter()\ndill.load_session({path!r})\n"
                   "print(time.perf_counter() - _t0)")
     dill_load = float(t)
     check(ref3, expect)
-    kernels.stop_kernel(ref3)
+    case.stop(ref3)
+    dill_bytes = os.path.getsize(path)
     os.unlink(path)
-    out.update(dill_dump_s=dill_dump, dill_dump_nosync_s=dill_nosync, dill_load_s=dill_load)
-    print(f"{gib} GiB  dill       dump {dill_dump:6.2f} s (before fsync {dill_nosync:.2f})  "
-          f"load {dill_load:6.2f} s", flush=True)
+    out.update(dill_dump_s=dill_dump, dill_dump_nosync_s=dill_nosync, dill_load_s=dill_load,
+               dill_bytes=dill_bytes)
+    print(f"{tag} dill       dump {dill_dump:6.2f} s (pickled in {dill_nosync:.2f}, then "
+          f"fsync)  load {dill_load:6.2f} s  {dill_bytes / 1e6:.0f} MB written", flush=True)
+    print(f"{tag} namespace vs dill: {dill_dump / dump_s:.2f}x faster dump "
+          f"({dill_dump / again_s:.2f}x for a second snapshot of the same state), "
+          f"{dill_load / restore_s:.2f}x faster restore; namespace dump = "
+          f"{dump_s / disk_s:.2f}x the disk's time for the same bytes; load {load()}",
+          flush=True)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,4", help="GiB per kernel, comma separated")
-    ap.add_argument("--data", choices=("random", "structured"), default="random")
+    ap.add_argument("--data", default="random,structured",
+                    help="data kinds, comma separated: random, structured")
+    ap.add_argument("--no-fsync", action="store_true",
+                    help="no fsync anywhere (snapshots and dill): page-cache speed")
+    ap.add_argument("--no-criu", action="store_true", help="leave CRIU out")
     ap.add_argument("--dir", default=None, help="where the stores go (default: a new "
                     "temporary directory)")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",") if x]
+    kinds = [x for x in a.data.split(",") if x]
+    bad = [k for k in kinds if k not in ("random", "structured")]
+    if bad:
+        sys.exit(f"--data: unknown kind {bad[0]!r} (random, structured)")
     work = Path(tempfile.mkdtemp(prefix="gpubudget-bench-", dir=a.dir))
-    criu_ok = os.geteuid() == 0 and find_criu() is not None
-    if not criu_ok:
+    criu_ok = not a.no_criu and os.geteuid() == 0 and find_criu() is not None
+    if not criu_ok and not a.no_criu:
         print("CRIU: not measured (needs root and CRIU >= 4.1: make criu)")
+    start_load = load()
+    print(f"load average {start_load} on {os.cpu_count()} CPUs; fsync "
+          f"{'off' if a.no_fsync else 'on'}; stores in {work}", flush=True)
+    results: dict[str, dict] = {}
+    disks: list[float] = []
     try:
-        disk = disk_write_mb_s(str(work), GIB)
-        print(f"disk: sequential write {disk:.0f} MB/s (1 GiB, fsync) in {work}", flush=True)
-        results = {}
         for gib in sizes:
-            with open("/proc/meminfo") as f:
-                avail = int(next(ln for ln in f if ln.startswith("MemAvailable")).split()[1]) << 10
-            if avail < 3.5 * gib * GIB:
-                print(f"{gib} GiB  skipped: {avail / GIB:.1f} GiB of memory available, "
-                      f"{3.5 * gib:.1f} needed")
-                continue
-            try:
-                results[gib] = one_size(gib, work, a.data, disk, criu_ok)
-            except Exception as e:  # noqa: BLE001 - report it, measure the other sizes
-                print(f"{gib} GiB  FAILED: {type(e).__name__}: {str(e).splitlines()[0]}")
+            for kind in kinds:
+                with open("/proc/meminfo") as f:
+                    avail = int(next(ln for ln in f if ln.startswith("MemAvailable"))
+                                .split()[1]) << 10
+                if avail < 2.6 * gib * GIB:
+                    print(f"{gib} GiB {kind}: skipped: {avail / GIB:.1f} GiB of memory "
+                          f"available, {2.6 * gib:.1f} needed")
+                    continue
+                disk = disk_write_mb_s(str(work), GIB)
+                disks.append(disk)
+                print(f"disk: sequential write {disk:.0f} MB/s (1 GiB, fsync); load {load()}",
+                      flush=True)
+                case = Case(work, gib, kind, fsync=not a.no_fsync)
+                try:
+                    results[f"{kind}_{gib}g"] = one(case, criu_ok, disk)
+                except Exception as e:  # noqa: BLE001 - report it, measure the others
+                    print(f"{gib} GiB {kind}: FAILED: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0]}", flush=True)
+                finally:
+                    case.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if sizes[0] not in results:
-        sys.exit(f"the {sizes[0]} GiB case failed: no figures")
-    first = results[sizes[0]]
-    disk_time = first["ns_bytes"] / 1e6 / disk
-    for gib, r in results.items():
-        print(f"{gib} GiB  namespace vs dill: {r['dill_dump_s'] / r['ns_dump_s']:.2f}x faster "
-              f"dump, {r['dill_load_s'] / r['ns_restore_s']:.2f}x faster restore; namespace dump "
-              f"= {r['ns_dump_s'] / (r['ns_bytes'] / 1e6 / disk):.2f}x the disk's write time")
-    print(json.dumps({
-        "criu_dump_1g_s": round(first.get("criu_dump_s", float("nan")), 3),
-        "criu_restore_1g_s": round(first.get("criu_restore_s", float("nan")), 3),
-        "ns_dump_1g_s": round(first["ns_dump_s"], 3),
-        "ns_restore_1g_s": round(first["ns_restore_s"], 3),
-        "dill_dump_1g_s": round(first["dill_dump_s"], 3),
-        "ns_vs_dill_speedup": round(first["dill_dump_s"] / first["ns_dump_s"], 2),
-        "disk_write_mb_s": round(disk, 1),
-        "ns_dump_vs_disk": round(first["ns_dump_s"] / disk_time, 2),
-    }))
+    key = f"{kinds[0]}_{sizes[0]}g"
+    if key not in results:
+        sys.exit(f"the {sizes[0]} GiB {kinds[0]} case failed: no figures")
+
+    def keys(r: dict, tag: str = "_1g") -> dict:
+        nan = float("nan")
+        return {
+            f"criu_dump{tag}_s": round(r.get("criu_dump_s", nan), 3),
+            f"criu_restore{tag}_s": round(r.get("criu_restore_s", nan), 3),
+            f"ns_dump{tag}_s": round(r["ns_dump_s"], 3),
+            f"ns_restore{tag}_s": round(r["ns_restore_s"], 3),
+            f"dill_dump{tag}_s": round(r["dill_dump_s"], 3),
+            "ns_vs_dill_speedup": round(r["dill_dump_s"] / r["ns_dump_s"], 2),
+            "disk_write_mb_s": round(r["disk_mb_s"], 1),
+            "ns_dump_vs_disk": round(r["ns_dump_s"] / r["ns_disk_time_s"], 2),
+            "ns_again_vs_dill_speedup": round(r["dill_dump_s"] / r["ns_again_s"], 2),
+        }
+
+    print(json.dumps({**keys(results[key]), "data": kinds[0], "gib": sizes[0],
+                      "fsync": not a.no_fsync, "load_start": start_load, "load_end": load(),
+                      "disk_mb_s_all": [round(d) for d in disks],
+                      "by_data": {k: keys(r, "") for k, r in results.items()}}))
 
 
 if __name__ == "__main__":

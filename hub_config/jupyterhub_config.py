@@ -19,6 +19,10 @@
 #   GPUBUDGET_HEARTBEAT      spawner heartbeat to the service, seconds      [10]
 #   GPUBUDGET_TEST_TOKEN     if set: a "gpubudget-test" service with this token and hub admin
 #                            scopes (for tests driving the REST API)
+#   GPUBUDGET_IDLE_ACTION    unprotect or hibernate (BudgetSpawner.idle_action)  [unprotect]
+#   GPUBUDGET_SNAPSHOT_METHODS  snapshot methods of the servers, in order       [criu,namespace]
+#   GPUBUDGET_CRIU           the CRIU binary the servers use (else found on PATH / in the cache)
+#   GPUBUDGET_SNAPSHOT_ON_PREEMPT  0: preemption stops a server without saving its kernels [1]
 #   GPUBUDGET_ISOLATION      1: as root, run the service and every user as separate Unix
 #                            accounts (below); 0: everything as the hub's user   [1]
 #
@@ -173,9 +177,10 @@ roles = [
     {"name": "gpubudget-spawner", "services": ["gpubudget-spawner"],
      "scopes": ["custom:gpubudget:admin"]},
     # the service reconciles sessions with the hub's servers when it starts (a server stopped
-    # during the hub's shutdown, after the service, left its stop in the spawner's state)
+    # during the hub's shutdown, after the service, left its stop in the spawner's state), and
+    # starts a preempted session's server again once it is requeued (`servers`)
     {"name": "gpubudget-service", "services": ["gpubudget"],
-     "scopes": ["list:users", "read:servers", "admin:server_state"]},
+     "scopes": ["list:users", "read:servers", "admin:server_state", "servers"]},
     # the user's own server reads budgets and cancels the user's queued work (the JupyterLab
     # sidebar, through the gpubudget server extension)
     {"name": "server", "scopes": ["users:activity!user", "access:servers!server",
@@ -203,6 +208,8 @@ c.BudgetSpawner.max_queue_wait = float(env("GPUBUDGET_MAX_QUEUE_WAIT", "1800"))
 c.BudgetSpawner.idle_limit = float(env("GPUBUDGET_IDLE_LIMIT", "3600"))
 c.BudgetSpawner.heartbeat_interval = float(env("GPUBUDGET_HEARTBEAT", "10"))
 c.BudgetSpawner.queue_poll_interval = float(env("GPUBUDGET_QUEUE_POLL", "2"))
+c.BudgetSpawner.idle_action = env("GPUBUDGET_IDLE_ACTION", "unprotect")
+c.BudgetSpawner.snapshot_on_preempt = env("GPUBUDGET_SNAPSHOT_ON_PREEMPT", "1") != "0"
 c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
 # the spawn form's live quote (a hub handler: the page has only the hub's cookie) and the
 # queue page (JupyterHub's spawn-pending page with the place in the queue and "Leave queue")
@@ -227,3 +234,6 @@ if ISOLATION_OFF is not None and os.geteuid() == 0:
 c.Spawner.environment = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                          # where the server extension (and the CLI) reach the service
                          "GPUBUDGET_URL": f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget"}
+for _k in ("GPUBUDGET_SNAPSHOT_METHODS", "GPUBUDGET_CRIU"):  # snapshots (docs/snapshot.md)
+    if env(_k):
+        c.Spawner.environment[_k] = env(_k)

@@ -1,5 +1,5 @@
 """`gpubudget` — the command line, one module per command group: hub, demo, budgets,
-simulate, submit/jobs/cancel/logs, service."""
+simulate, submit/jobs/cancel/logs, snapshot, service, slurm."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..core.yamlnodes import ConfigError
-from . import budgets, demo, hub, jobs, service, simulate, slurm
+from . import budgets, demo, hub, jobs, service, simulate, slurm, snapshots
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_simulate_parser(sub)
     slurm.add_slurm_parser(sub)
     jobs.register(sub)
+    snapshots.register(sub)
     service.add_service_parser(sub)
     return p
 

@@ -38,7 +38,8 @@ _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
-                "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost"}
+                "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
+                "stop_grace"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -315,6 +316,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, short_lane=fields["short_lane"].duration())
     if "whole_gpu_on_mig" in fields:
         policy = replace(policy, whole_gpu_on_mig=fields["whole_gpu_on_mig"].boolean())
+    if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
+        policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:
         how = fields["placement"].string()
         if how not in ("fgd", "pack"):

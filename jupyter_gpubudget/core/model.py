@@ -141,6 +141,9 @@ class Workload:
     resumable: bool = False
     time_limit: float | None = None
     snapshot_cost: float = 0.0  # seconds to snapshot it (0 for batch)
+    #: share of its snapshots that saved everything (measured; 1.0 when nothing is known):
+    #: the service folds what an unreliable snapshot would lose into ``snapshot_cost``
+    snapshot_reliability: float = 1.0
     # running state (None while pending)
     started_at: float | None = None
     placement: Placement | None = None

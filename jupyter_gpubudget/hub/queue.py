@@ -84,11 +84,21 @@ PREDICTION_STEP = 300.0
 async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
     """JupyterHub progress events: the queue position and predicted start while queued (one
     event per real change: position, the slices free now, or a predicted start that moved by
-    more than 5 minutes), then the grant, then the backend spawner's own events.
+    more than 5 minutes), then the grant, then the backend spawner's own events, then — for
+    a resumed session — the restore of its kernels.
 
     The bar is position-based while queued: 5 % on joining, up to 45 % as the work ahead of
     this session is done (``first_position`` is the position it started from), 50 % granted,
     60 % and on: the server starting."""
+    sp._progress_watchers += 1
+    try:
+        async for ev in _progress(sp):
+            yield ev
+    finally:
+        sp._progress_watchers -= 1
+
+
+async def _progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
     shown: tuple | None = None
     shown_start: float | None = None
     first: int | None = None
@@ -115,6 +125,8 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
                 msg = (f"Queued in project {s.get('project')} for {ask(s.get('request'))}: "
                        f"position {pos} in the queue ({ahead}), predicted start "
                        f"{when(pred)}.")
+                if sp._resuming:
+                    msg = resuming_words(sp._resuming) + " " + msg
                 hint = free_words(free)
                 yield {"progress": round(5 + 40 * (first - pos) / first),
                        "message": f"{msg} {hint}".strip(),
@@ -126,7 +138,7 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
                                      "request": ask(s.get("request")),
                                      "session": s.get("id")}}
         await _changed(sp)
-    if sp._phase in ("starting", "running"):
+    if sp._phase in ("starting", "restoring", "restored", "running"):
         s = sp._session
         prot = ""
         if s.get("protected_until"):
@@ -137,8 +149,38 @@ async def progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
                "gpubudget": {"granted": describe(sp.placement),
                              "protected_until": s.get("protected_until")}}
         yield {"progress": 60, "message": "Starting the server..."}
-        if sp.child is not None:
+        if sp.child is not None and not sp._resuming:
             async for ev in sp.child.progress():
                 if "progress" in ev:  # the bar never goes back
                     ev = {**ev, "progress": max(60, int(ev["progress"]))}
                 yield ev
+        async for ev in restoring(sp):
+            yield ev
+
+
+def resuming_words(r: dict) -> str:
+    why = {"preempted": "preempted", "restore asked by its user": "restored on request",
+           "resumed by its user": "hibernated"}.get(r.get("reason") or "", "saved")
+    return f"Resuming your session ({why}; its kernels were saved in snapshot " \
+           f"{r.get('snapshot')})."
+
+
+async def restoring(sp: BudgetSpawner) -> AsyncIterator[dict]:
+    """While the new server restores the kernels: the browser waits here, then reconnects
+    to them."""
+    while sp._phase in ("starting", "restoring") and sp._resuming:
+        if sp._phase == "restoring":
+            yield {"progress": 80, "message": "Restoring your kernels..."}
+            break
+        await _changed(sp, 1)
+    while sp._phase == "restoring":
+        await _changed(sp, 1)
+    st = sp._restore or {}
+    if st.get("state") == "done":
+        rep = st.get("report") or {}
+        yield {"progress": 95, "message": f"Restored: {rep.get('summary', 'done')}",
+               "gpubudget": {"restored": rep.get("summary"), "snapshot": rep.get("snapshot")}}
+    elif st.get("state") == "failed":
+        yield {"progress": 95, "message": f"Your kernels could not be restored: "
+                                          f"{st.get('error')}"}
+    sp._restore_told.set()

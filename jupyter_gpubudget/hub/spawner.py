@@ -13,6 +13,12 @@ the scheduler to grant it a slice, then starts the server through a wrapped back
   ``CUDA_VISIBLE_DEVICES`` = GPU or MIG UUIDs and MPS variables.
 - While the server runs (``watch.py``): heartbeats, preemption, idle detection. Stop, cull,
   preemption and a server that exits all end the charge.
+- Snapshots (``restore.py``): before a preemption stops the server its kernels are saved and
+  the session is requeued to resume from them; an idle session may hibernate
+  (``idle_action``); ``user_options = {"resume": <session>}`` (the service's own spawn of a
+  requeued session) or ``{"restore": <snapshot>}`` start the server from a snapshot, and a
+  hibernated server comes back from its snapshot when its owner starts it again. The server
+  restores its kernels before the spawn completes (progress: "Restoring your kernels...").
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ from urllib.parse import quote as urlquote
 from jupyterhub.spawner import LocalProcessSpawner, Spawner
 from tornado import web
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Float, List, Type, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, List, Type, Unicode, default
 
 from jupyter_gpubudget.service.validate import Invalid, duration
 
-from . import queue, watch
+from . import queue, restore, watch
 from .child import configure_child, construct_child
 from .client import ServiceClient, ServiceError
 from .form import render_form
@@ -119,6 +125,29 @@ class BudgetSpawner(Spawner):
         5.0, config=True, help="GPU utilisation (percent) at or below which a GPU counts as idle.")
     use_nvml = Bool(True, config=True,
                     help="Use NVML for device UUIDs and GPU utilisation when a driver exists.")
+    idle_action = Enum(
+        ["unprotect", "hibernate"], "unprotect", config=True,
+        help="What happens to a session idle past idle_limit. 'unprotect': it is reported "
+             "idle (to its user and the admins) and loses its protection, so backed work may "
+             "preempt it. 'hibernate': its kernels are snapshotted, the server is stopped and "
+             "its slice released (its charge stops); when its owner starts the server again "
+             "it is queued and restored. A hibernation whose snapshot fails falls back to "
+             "'unprotect'.")
+    snapshot_on_preempt = Bool(
+        True, config=True,
+        help="Before a preemption stops the server, ask it to snapshot its kernels (the "
+             "gpubudget server extension) and requeue the session to resume from them. The "
+             "server is stopped once the snapshot is verified, or when the grace period "
+             "(Policy.stop_grace) ends; kernels not saved by then are recorded lost.")
+    snapshot_retry_interval = Float(
+        10.0, config=True, help="Seconds between snapshot attempts while kernels are still "
+                                "unsaved during a preemption's grace period.")
+    hibernate_timeout = Float(
+        300.0, config=True, help="Seconds a hibernation's snapshot may take.")
+    restore_timeout = Float(
+        900.0, config=True,
+        help="Longest a spawn waits for the new server to restore its kernels before the "
+             "browser is let in (the server keeps restoring after that).")
 
     child_configurer = Unicode(
         "", config=True,
@@ -133,6 +162,8 @@ class BudgetSpawner(Spawner):
     placement = AnyTrait(None, allow_none=True)
     child_state = Dict({})
     pending_end = Dict({})  # a stop the service could not be told of: session, reason, at
+    #: the hibernated session and its snapshot, kept across stops (restored at the next start)
+    hibernated = Dict({})
 
     @default("service_api_url")
     def _default_api(self) -> str:
@@ -151,6 +182,12 @@ class BudgetSpawner(Spawner):
     def _default_form(self) -> Any:
         return render_form
 
+    async def get_options_form(self) -> Any:
+        """No form when the server comes back from hibernation: the spawn resumes it."""
+        if self.hibernated.get("snapshot"):
+            return ""
+        return await super().get_options_form()
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.child: Spawner | None = None
@@ -164,6 +201,14 @@ class BudgetSpawner(Spawner):
         self._form_choices: dict = {}
         self._discovery: Any = None
         self._watch_task: asyncio.Task | None = None
+        self._handed_off = False  # the session went on elsewhere (requeued, hibernated)
+        self._ending = False  # the watcher stopped the server and is ending the session
+        self._requests_seen: set[str] = set()
+        self._restore: dict | None = None  # the new server's restore, while starting
+        self._resuming: dict | None = None  # what this start restores
+        self._restore_told = asyncio.Event()  # the spawn page showed the restore's outcome
+        self._server_url = ""  # the running server's base URL, as its backend started it
+        self._progress_watchers = 0
 
     # ------------------------------------------------------------------ the service
     async def api(self, method: str, path: str, body: Any = None,
@@ -223,8 +268,8 @@ class BudgetSpawner(Spawner):
         return opts
 
     # ------------------------------------------------------------------ spawning
-    async def _session_body(self) -> dict:
-        opts = dict(self.user_options or {})
+    async def _session_body(self, opts: dict | None = None) -> dict:
+        opts = dict(self.user_options or {}) if opts is None else dict(opts)
         project = opts.get("project")
         if not project:  # e.g. started from the admin page: the user's only project, if one
             try:
@@ -245,17 +290,73 @@ class BudgetSpawner(Spawner):
         body.update(normalise_slice(opts))
         return body
 
-    async def start(self) -> Any:
-        await self._flush_pending_end()
-        body = await self._session_body()
-        self._phase, self._session, self._stop_reason = "queued", {}, "stop"
-        self._idle_reported = False
+    async def _adopt_or_submit(self) -> tuple[dict, dict]:
+        """The session this start runs: a requeued one the service spawned us for
+        (``user_options.resume``), else a new one — resuming the hibernated session or
+        restoring ``user_options.restore`` when there is one."""
+        opts = dict(self.user_options or {})
+        self._resuming = None
+        rid = opts.get("resume")
+        if isinstance(rid, str) and rid:
+            try:
+                sess = await self.api("GET", f"/sessions/{urlquote(rid, safe='')}")
+            except ServiceError as e:
+                raise web.HTTPError(e.status if e.status < 500 else 503, e.message) from None
+            if sess.get("user") != self.user.name or sess.get("name") != \
+                    f"{self.user.name}/{self.name or ''}":
+                raise web.HTTPError(403, f"session {rid} is not this server's")
+            # queued for us by the service (it may have been granted its slice already,
+            # while the hub was starting this spawn)
+            if sess.get("state") in ("pending", "running") and \
+                    (sess.get("resumes") or {}).get("snapshot"):
+                self._resuming = sess["resumes"]
+                return sess, {"project": sess["project"]}
+            self.log.info("gpubudget: session %s is %s: starting afresh", rid, sess.get("state"))
+            opts = restore.options_from_session(sess)
+        body = await self._session_body(opts)
+        hib = self.hibernated
+        if isinstance(opts.get("restore"), str) and opts["restore"]:
+            body["restore"] = opts["restore"]
+        elif hib.get("snapshot"):
+            body["resumes"] = hib["session"]
+            body["restore"] = hib["snapshot"]
+            try:
+                old = await self.api("GET", f"/sessions/{urlquote(hib['session'], safe='')}")
+                body.update({k: v for k, v in restore.options_from_session(old).items()
+                             if k in ("project", "slice", "gpus", "min_runtime")})
+            except ServiceError:
+                pass
         key = f"{self.user.name}-{self.name or 'default'}-{uuid.uuid4().hex[:12]}"
         try:
             sess = await self.api("POST", "/sessions", body, {"Idempotency-Key": key})
         except ServiceError as e:
+            if hib.get("snapshot") and e.status in (400, 409):
+                self.log.warning("gpubudget: the hibernated session %s cannot be resumed (%s): "
+                                 "starting afresh", hib.get("session"), e.message)
+                self.hibernated = {}
+                body.pop("resumes", None)
+                body.pop("restore", None)
+                sess = await self.api("POST", "/sessions", body, {"Idempotency-Key": key + "f"})
+            else:
+                raise
+        self.hibernated = {}
+        if sess.get("resumes"):
+            self._resuming = sess["resumes"]
+        return sess, body
+
+    async def start(self) -> Any:
+        await self._flush_pending_end()
+        self._phase, self._session, self._stop_reason = "queued", {}, "stop"
+        self._idle_reported, self._handed_off, self._restore = False, False, None
+        self._ending = False
+        try:
+            sess, body = await self._adopt_or_submit()
+        except ServiceError as e:
             self._phase = "idle"
             raise web.HTTPError(e.status if e.status < 500 else 503, e.message) from None
+        except web.HTTPError:
+            self._phase = "idle"
+            raise
         self.session_id = sess["id"]
         self._set_session(sess)
         self.log.info("gpubudget: session %s for %s queued (project %s, %s)", self.session_id,
@@ -270,6 +371,8 @@ class BudgetSpawner(Spawner):
             env = placement_env(self.placement, self._get_discovery())
             env.update({"GPUBUDGET_SESSION": self.session_id, "GPUBUDGET_PROJECT":
                         str(body["project"]), "GPUBUDGET_INVENTORY": str(sess.get("inventory"))})
+            if self._resuming:
+                env["GPUBUDGET_RESTORE"] = str(self._resuming["snapshot"])
             configure_child(self.child_configurer, child, self.placement, {
                 "env": env, "session": self.session_id, "project": str(body["project"]),
                 "user": self.user.name, "protected_until": sess.get("protected_until"),
@@ -278,6 +381,19 @@ class BudgetSpawner(Spawner):
                           self.session_id, describe(self.placement),
                           env["CUDA_VISIBLE_DEVICES"] or "(none)")
             url = await asyncio.wait_for(child.start(), self.backend_start_timeout)
+            self._server_url = restore.server_url(self, url)
+            if self._resuming:  # the browser is let in once the kernels are back
+                self._phase = "restoring"
+                self._changed.set()
+                self._restore_told.clear()
+                await restore.wait_restored(self, url)
+                self._phase = "restored"
+                self._changed.set()
+                if self._progress_watchers:  # let the spawn page say what came back
+                    try:
+                        await asyncio.wait_for(self._restore_told.wait(), 3)
+                    except TimeoutError:
+                        pass
         except (Exception, asyncio.CancelledError) as e:
             self._phase = "idle"
             self._changed.set()
@@ -317,7 +433,7 @@ class BudgetSpawner(Spawner):
         return self._discovery
 
     async def _end(self, reason: str) -> None:
-        if not self.session_id:
+        if not self.session_id or self._handed_off:
             return
         sid = self.session_id
         try:
@@ -378,8 +494,17 @@ class BudgetSpawner(Spawner):
             self._watch_task = asyncio.ensure_future(watch.watch(self))
 
     async def stop(self, now: bool = False) -> None:
-        if self._watch_task is not None and self._watch_task is not asyncio.current_task():
-            self._watch_task.cancel()
+        task = self._watch_task
+        if task is not None and task is not asyncio.current_task():
+            if self._ending and not task.done():
+                # the watcher stopped the server after a snapshot and is ending (requeueing)
+                # the session: let it finish rather than lose the requeue
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), self.request_timeout * 3)
+                except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+                    pass
+            else:
+                task.cancel()  # e.g. the user stops the server during a grace period
         self._watch_task = None
         if self.child is None and self.child_state:
             self._construct_child()
@@ -402,6 +527,8 @@ class BudgetSpawner(Spawner):
             state["child_state"] = self.child_state
         if self.pending_end:
             state["gpubudget_pending_end"] = self.pending_end
+        if self.hibernated:
+            state["gpubudget_hibernated"] = self.hibernated
         return state
 
     def load_state(self, state: dict) -> None:
@@ -410,6 +537,7 @@ class BudgetSpawner(Spawner):
         self.placement = state.get("placement")
         self.child_state = state.get("child_state", {})
         self.pending_end = state.get("gpubudget_pending_end") or {}
+        self.hibernated = state.get("gpubudget_hibernated") or {}
         if self.child_state:
             self._construct_child()
 
@@ -422,3 +550,4 @@ class BudgetSpawner(Spawner):
         self.session_id = ""
         self.placement = None
         self._phase = "idle"
+        self._server_url = ""

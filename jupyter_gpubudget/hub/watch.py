@@ -1,6 +1,8 @@
 """While the server runs: heartbeats (they checkpoint the charge and carry the devices' GPU
-utilisation when NVML can tell), stopping the server when the scheduler preempted the session,
-and idle detection (GPU utilisation via NVML, else the hub's record of kernel activity)."""
+utilisation when NVML can tell), stopping the server when the scheduler preempted the session —
+after its kernels are saved (``restore.preempt``) — users' snapshot and restore requests, and
+idle detection (GPU utilisation via NVML, else the hub's record of kernel activity), which
+reports the session idle or hibernates it (``BudgetSpawner.idle_action``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from . import restore
 from .client import ServiceError
 from .idle import gpu_busy, gpu_utilisation
 from .words import hours
@@ -28,18 +31,23 @@ async def watch(sp: BudgetSpawner) -> None:
             sp.log.warning("gpubudget: heartbeat for %s failed: %s", sp.session_id, e)
             continue
         sp._session = sess
-        if sess.get("state") != "running" or sess.get("preempt_requested"):
-            why = sess.get("preempt_requested") or f"session is {sess.get('state')}"
-            sp.log.warning("gpubudget: stopping %s's server (session %s): %s",
-                           sp.user.name, sp.session_id, why)
+        if sess.get("state") == "running" and sess.get("preempt_requested"):
+            await restore.preempt(sp, sess)
+            return  # the hub's next poll (or the service's restart of it) cleans up
+        if sess.get("state") != "running":
+            sp.log.warning("gpubudget: stopping %s's server (session %s): session is %s",
+                           sp.user.name, sp.session_id, sess.get("state"))
             sp._stop_reason = "preempt"
             try:
                 await sp.child.stop(now=False)
             finally:
                 await sp._end_quietly("preempt")
             return  # the hub's next poll sees the server gone and cleans up
+        if sess.get("snapshot_requests"):
+            await restore.carry_out(sp, sess["snapshot_requests"])
         try:
-            await check_idle(sp)
+            if await check_idle(sp):
+                return  # hibernated
         except Exception:  # noqa: BLE001 - idle detection must not kill the watcher
             sp.log.exception("gpubudget: idle check failed")
 
@@ -64,17 +72,24 @@ async def idle_seconds(sp: BudgetSpawner) -> tuple[float, str] | None:
         return None
     if last.tzinfo is None:
         last = last.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - last).total_seconds(), "kernel activity"
+    idle = (datetime.now(UTC) - last).total_seconds()
+    started = sp._session.get("started_at")
+    if started:  # a session is not idle for longer than it has been running
+        idle = min(idle, time.time() - started)
+    return idle, "kernel activity"
 
 
-async def check_idle(sp: BudgetSpawner) -> None:
+async def check_idle(sp: BudgetSpawner) -> bool:
+    """Report or hibernate an idle session; True when it was hibernated (stopped)."""
     if sp.idle_limit <= 0 or sp._idle_reported or not sp.session_id:
-        return
+        return False
     got = await idle_seconds(sp)
     if got is None or got[0] < sp.idle_limit:
-        return
+        return False
     idle_s, source = got
     sp._idle_reported = True
+    if sp.idle_action == "hibernate" and await restore.hibernate(sp, idle_s, source):
+        return True
     sp.log.warning("gpubudget: %s's session %s idle for %s (%s): reported; now preemptible",
                    sp.user.name, sp.session_id, hours(idle_s), source)
     try:
@@ -82,3 +97,4 @@ async def check_idle(sp: BudgetSpawner) -> None:
                      {"idle_s": idle_s, "source": source})
     except ServiceError as e:
         sp.log.warning("gpubudget: idle report failed: %s", e)
+    return False

@@ -463,7 +463,8 @@ class Ledger:
         with self.ro() as s:
             q = (select(DecisionRow, WorkloadRow)
                  .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
-                 .where(DecisionRow.kind.in_(("preempt", "idle")), WorkloadRow.user == user)
+                 .where(DecisionRow.kind.in_(("preempt", "idle", "requeue", "hibernate",
+                                             "snapshot_lost")), WorkloadRow.user == user)
                  .order_by(DecisionRow.id.desc()).limit(limit))
             return [(d, w) for d, w in s.execute(q)]
 

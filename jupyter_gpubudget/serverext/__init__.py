@@ -5,8 +5,11 @@ server's own auth, XSRF as jupyter-server does) and calls the gpubudget service 
 server's own token, which never reaches the browser. Enabled by
 ``jupyter-config/jupyter_server_config.d/jupyter_gpubudget.json`` (installed with the package).
 
-One module per handler group (``budget``: the sidebar's figures, the queue, cancel); each has
-``routes(base_url, lab) -> list`` and is listed in ``HANDLER_GROUPS``.
+One module per handler group (``budget``: the sidebar's figures, the queue, cancel;
+``snapshot``: snapshots of this server's kernels and their restore); each has
+``routes(base_url, lab) -> list`` (``lab.parent`` is the server app), optionally an async
+``start(serverapp)`` run once the server's event loop runs, and is listed in
+``HANDLER_GROUPS``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-HANDLER_GROUPS = ("budget",)
+HANDLER_GROUPS = ("budget", "snapshot")
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -36,3 +39,10 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     else:
         serverapp.log.info("gpubudget: service at %s, session %s", lab.service_url,
                            lab.session_id or "(none: not started through the GPU queue)")
+
+
+async def _start_jupyter_server_extension(serverapp: Any) -> None:
+    for group in HANDLER_GROUPS:
+        start = getattr(importlib.import_module(f"{__name__}.{group}"), "start", None)
+        if start is not None:
+            await start(serverapp)

@@ -34,6 +34,7 @@ _SID = r"(?!offer$)[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}"  # a session id, not /ses
 ALLOWED: list[tuple[str, re.Pattern[str], frozenset[str]]] = [
     (m, re.compile(p), frozenset(q)) for m, p, q in [
         ("GET", rf"sessions/{_SID}", ()),
+        ("GET", rf"sessions/{_SID}/snapshots", ()),
         ("DELETE", rf"sessions/{_SID}", ()),  # queued sessions only: checked below
         ("GET", r"workloads/me", ("state",)),
         ("GET", r"accounts", ()),

@@ -55,15 +55,21 @@ class ServiceClient:
     _features_error: str | None = None
     _checked_at: float = 0.0
 
-    async def call(self, method: str, path: str, query: str = "") -> Answer:
+    async def call(self, method: str, path: str, query: str = "", body: Any = None) -> Answer:
         problem = self.lab.problem()
         if problem:
             raise ServiceUnavailable(503, f"not connected to a gpubudget service: {problem}")
         url = self.lab.api_url(path) + (f"?{query}" if query else "")
-        req = HTTPRequest(url, method=method, headers={
-            "Authorization": f"token {self.lab.api_token}", "Accept": "application/json"},
-            request_timeout=self.lab.request_timeout, follow_redirects=False,
-            allow_nonstandard_methods=True)
+        headers = {"Authorization": f"token {self.lab.api_token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body)
+        elif method in ("POST", "PUT"):
+            data = ""
+        req = HTTPRequest(url, method=method, headers=headers, body=data,
+                          request_timeout=self.lab.request_timeout, follow_redirects=False,
+                          allow_nonstandard_methods=True)
         try:
             r = await AsyncHTTPClient().fetch(req, raise_error=False)
         except (OSError, HTTPClientError) as e:

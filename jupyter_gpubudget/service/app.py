@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from tornado import httpserver, web
 from traitlets import (
     Bool,
+    Dict,
     Enum,
     Float,
     Integer,
@@ -49,6 +50,7 @@ from .health import (
 from .loop import SchedulingLoop
 from .metrics import make_registry
 from .reaper import reaper, reconcile_with_hub
+from .resume import resumer
 from .views import finite, grant_json
 
 
@@ -193,6 +195,21 @@ class GpuBudgetService(Application):
                                 "the service ends it (default: $GPUBUDGET_SESSION_STALE_S or "
                                 "300).").tag(config=True)
 
+    snapshot_keep_last = Integer(3, help="Snapshots kept per session (the user's server "
+                                 "deletes older ones after taking a new one; one that failed "
+                                 "verification is kept and listed bad).").tag(config=True)
+    snapshot_quota = Dict(value_trait=Integer(), per_key_traits=None, help="Bytes a "
+                          "project's snapshots may occupy, by project name, e.g. "
+                          "{'lattice': 50 * 2**30}: a new snapshot that would exceed it "
+                          "deletes the project's oldest ones (never a session's newest), "
+                          "or fails.").tag(config=True)
+    snapshot_default_quota = Integer(0, help="Quota in bytes for projects not in "
+                                     "snapshot_quota (0: none).").tag(config=True)
+    resume_through_hub = Bool(True, help="Bring a preempted session's server back through "
+                                        "the hub API once it is requeued (the service's hub "
+                                        "token needs the `servers` scope), and stop a "
+                                        "hibernated server there at once.").tag(config=True)
+
     @validate("umask")
     def _check_umask(self, proposal: dict) -> str:
         try:
@@ -327,6 +344,8 @@ class GpuBudgetService(Application):
         if self.local_tokens is not None:
             self.log.info("identities from %s (%d tokens); JupyterHub is not asked",
                           self.tokens_file, len(self.local_tokens))
+        self._resume_event = asyncio.Event()
+        self.hub_done: set[str] = set()  # hub work of resumer() already done
 
     def _mtime(self) -> float:
         try:
@@ -441,6 +460,15 @@ class GpuBudgetService(Application):
         except TimeoutError:
             return False
 
+    def snapshot_quota_of(self, project: str) -> int:
+        return int(self.snapshot_quota.get(project, self.snapshot_default_quota))
+
+    def wake_resumer(self) -> None:
+        """A session was requeued or hibernated: see to its server at the hub soon."""
+        aloop = self._aloop
+        if aloop is not None and not aloop.is_closed():
+            aloop.call_soon_threadsafe(self._resume_event.set)
+
     # ------------------------------------------------------------------ running
     def kick(self) -> None:
         """Something happened: run a cycle soon."""
@@ -514,12 +542,18 @@ class GpuBudgetService(Application):
         settling = asyncio.create_task(reconcile_with_hub(self) if self.local_tokens is None
                                        else asyncio.sleep(0))
         checking = asyncio.create_task(self._health_timer())
+        self._resume_event = asyncio.Event()
+        # a requeued session's server is brought back through the hub (none with local tokens)
+        resuming = (asyncio.create_task(resumer(self))
+                    if self.resume_through_hub and self.local_tokens is None else None)
         await stop.wait()
         checking.cancel()
         self.health_pool.submit(self.health_monitor.close)
         timer.cancel()
         reaping.cancel()
         settling.cancel()
+        if resuming is not None:
+            resuming.cancel()
         server.stop()
         self.log.info("stopping (running jobs keep running and are found again on restart)")
 

@@ -173,6 +173,7 @@ def openapi_document(api_prefix: str) -> dict:
     }
     paths.update(session_paths())
     paths.update(operator_paths())
+    paths.update(snapshot_paths())
     return {
         "openapi": "3.0.3",
         "info": {"title": "jupyter-gpubudget service", "version": "1",
@@ -183,6 +184,64 @@ def openapi_document(api_prefix: str) -> dict:
             "description": "'token <JupyterHub API token>'"}},
             "schemas": {"Error": ERROR, "Workload": WORKLOAD, "Job": JOB}},
         "paths": paths,
+    }
+
+
+SNAPSHOT = {"type": "object", "properties": {
+    "id": {"type": "string"}, "session": {"type": "string"}, "project": {"type": "string"},
+    "created_at": NUM, "method": {"type": "string", "description":
+                                  "criu, namespace, criu+namespace or none"},
+    "status": {"type": "string", "enum": ["ok", "bad", "deleted"]},
+    "problem": {"type": "string"}, "stored_bytes": {"type": "integer"},
+    "raw_bytes": {"type": "integer"}, "seconds": NUM,
+    "reason": {"type": "string", "enum": ["user", "preempt", "hibernate"]},
+    "kernels": {"type": "array", "items": {"type": "object"}},
+    "saved": {"type": "integer"}, "count": {"type": "integer"}}}
+
+
+def snapshot_paths() -> dict:
+    """Snapshots (handlers/snapshots.py)."""
+    snap_id = [_path_param("id")]
+    sid = [_path_param("id")]
+    listed = _resp("Snapshots", {"type": "object", "properties": {
+        "snapshots": {"type": "array", "items": SNAPSHOT}}})
+    nf = {"404": "No such snapshot"}
+    return {
+        "/snapshots": {"get": _op("My snapshots (admins: ?user=, or all)", listed, params=[
+            {"name": "user", "in": "query", "required": False, "schema": NAME}])},
+        "/snapshots/{id}": {
+            "get": _op("One snapshot", _resp("Snapshot", SNAPSHOT), params=snap_id, extra=nf),
+            "put": _op("A user's server records a snapshot it took", _resp("Snapshot",
+                       SNAPSHOT), params=snap_id, body={"type": "object"},
+                       extra={"404": "No such session"})},
+        "/snapshots/{id}/bad": {"post": _op(
+            "A user's server found the snapshot does not verify", _resp("Snapshot", SNAPSHOT),
+            params=snap_id, body={"type": "object", "required": ["problem"], "properties": {
+                "problem": {"type": "string"}}}, extra=nf)},
+        "/snapshots/{id}/restore": {"post": _op(
+            "Restore it: into the running server, else by starting the server from it",
+            _resp("Accepted"), params=snap_id, ok_code="202",
+            extra={**nf, "409": "Not usable, or the server is queued"})},
+        "/sessions/{id}/snapshots": {
+            "get": _op("A session's snapshots (and those of sessions it resumed), retention, "
+                       "quota, open requests", listed, params=sid,
+                       extra={"404": "No such session"}),
+            "post": _op("Ask the running server for a snapshot now", _resp("Accepted"),
+                        params=sid, ok_code="202",
+                        extra={"404": "No such session", "409": "Not running"})},
+        "/sessions/{id}/requests/{request}": {
+            "get": _op("What became of a snapshot or restore request", _resp("Request"),
+                       params=[*sid, _path_param("request")]),
+            "post": _op("The request could not be carried out", _resp("Request"),
+                        params=[*sid, _path_param("request")], body={"type": "object"})},
+        "/sessions/{id}/restored": {"post": _op(
+            "A user's server reports what a restore brought back", _resp("Recorded"),
+            params=sid, body={"type": "object"}, extra={"404": "No such session"})},
+        "/sessions/{id}/lost": {"post": _op(
+            "No snapshot could be taken in time: the kernel state is lost", _resp("Recorded"),
+            params=sid, body={"type": "object", "required": ["reason"], "properties": {
+                "reason": {"type": "string"}, "kernels": {"type": "array"}}},
+            extra={"404": "No such session"})},
     }
 
 
@@ -203,9 +262,25 @@ def session_paths() -> dict:
                      "start at once (largest first)", "items": {"type": "object", "properties": {
                          "key": {"type": "string"}, "label": {"type": "string"},
                          "kind": {"type": "string"}, "fraction": NUM}}},
-        "inventory": {"type": "string", "enum": ["declared", "nvml"]}}}
+        "inventory": {"type": "string", "enum": ["declared", "nvml"]},
+        "snapshot": {**SNAPSHOT, "nullable": True,
+                     "description": "Its newest snapshot (or of a session it resumed)"},
+        "snapshot_count": {"type": "integer"},
+        "resumes": {"type": "object", "nullable": True, "description":
+                    "The session this one resumes and the snapshot it restores"},
+        "restored": {"type": "object", "nullable": True, "description":
+                     "What its restore brought back: per kernel, everything (CRIU) or the "
+                     "variables restored, recomputed and lost (namespace)"},
+        "snapshot_lost": {"type": "object", "nullable": True, "description":
+                          "Kernel state lost: no snapshot in the grace period (reason, at)"},
+        "hibernated": {"type": "object", "nullable": True},
+        "snapshot_requests": {"type": "array", "items": {"type": "object"}}}}
     body = {"type": "object", "required": ["user", "project"], "additionalProperties": False,
             "properties": {"user": NAME, "project": NAME,
+                           "resumes": {**WORKLOAD_ID, "description": "A session of the same "
+                                       "user that ended: this one restores its snapshot"},
+                           "restore": {"type": "string", "description": "The snapshot to "
+                                       "restore (default: the newest usable one)"},
                            "gpus": {"type": "integer", "minimum": 0, "maximum": 1024},
                            "slice": {"type": "string", "description": "cpu, gpu:N, "
                                      "mig:<profile> or <profile>, mps:<milli>[:<MiB>]"},
@@ -242,8 +317,15 @@ def session_paths() -> dict:
             "delete": _op("End a session and its charge", _resp("Session", session),
                           params=[*sid, {"name": "reason", "in": "query", "required": False,
                                          "schema": {"type": "string", "enum": sorted(
-                                             ["stop", "cull", "preempt", "failed", "timeout"])}}],
-                          extra=nf)},
+                                             ["stop", "cull", "preempt", "failed", "timeout",
+                                              "hibernate"])}},
+                                  {"name": "requeue", "in": "query", "required": False,
+                                   "description": "With reason=preempt: queue a session "
+                                   "that resumes from this snapshot", "schema": NAME},
+                                  {"name": "snapshot", "in": "query", "required": False,
+                                   "description": "With reason=hibernate: the snapshot it "
+                                   "resumes from", "schema": NAME}],
+                          extra={**nf, "409": "The snapshot is not usable"})},
         "/sessions/{id}/heartbeat": {"post": {
             **_op("The server is alive: checkpoint the charge", _resp("Session", session),
                   params=sid, extra={**nf, "400": "Malformed body (the field is named)"}),

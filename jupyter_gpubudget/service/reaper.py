@@ -105,8 +105,13 @@ def settle_with_hub(svc: GpuBudgetService, servers: list[dict], now: float) -> l
         if (sv.get("ready") or sv.get("pending")) and not sv.get("stopped"):
             live.add(state.get("gpubudget_session") or f"name:{sv['user']}/{sv['server']}")
     ended = []
+    # queued to resume a preempted session: the service itself asks the hub to spawn them
+    resuming = {d.workload for d in svc.ledger.decisions(kind="resume", limit=500)
+                if (d.detail or {}).get("spawn") == "service"}
     for row in svc.ledger.workloads(states=("pending", "running"), backend=SESSION_BACKEND):
         if row.id in live or f"name:{row.name}" in live:
+            continue
+        if row.state == "pending" and row.id in resuming:
             continue
         rec = stopped_at.get(row.id)
         at = None

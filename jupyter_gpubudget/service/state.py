@@ -19,8 +19,9 @@ from jupyter_gpubudget.core.model import (
 )
 from jupyter_gpubudget.core.scheduler import ClusterState
 from jupyter_gpubudget.ledger import Ledger
-from jupyter_gpubudget.ledger.models import WorkloadRow
 from jupyter_gpubudget.ledger.nodes import unhealthy_nodes
+from jupyter_gpubudget.ledger.snapshots import snapshot_history
+from jupyter_gpubudget.sim.costs import RESTORE_COST_S, SNAPSHOT_COST_S
 
 # only the constructor's fields (the core may add derived, non-init fields)
 _REQ_FIELDS = {f.name for f in fields(SliceRequest) if f.init}
@@ -44,18 +45,20 @@ def placement_from_list(items: list[dict]) -> Placement:
                            for d in items))
 
 
-def to_workload(row: WorkloadRow, idle: bool = False, stopping: bool = False,
-                sync_backends: frozenset[str] = frozenset({"local"})) -> Workload:
-    """A ledger row as the core sees it. Workloads of ``sync_backends`` are stopped by the
-    service itself before the next decision is carried out; any other (hub sessions, remote
-    engines, external usage) keeps its slice until reported gone."""
-    return Workload(
-        id=row.id, project=row.project, user=row.user, request=request_from_dict(row.request),
-        submitted_at=row.submitted_at, kind=row.kind, min_runtime=row.min_runtime,
-        resumable=row.resumable, time_limit=row.time_limit, started_at=row.started_at,
-        placement=placement_from_list(row.placement) if row.placement is not None else None,
-        backed=row.backed, protected_until=row.protected_until, idle=idle,
-        stops_at_once=row.backend in sync_backends, stopping=stopping)
+def snapshot_estimate(hist: dict | None, age_s: float) -> tuple[float, float]:
+    """What preempting an interactive session is expected to cost its user, in seconds, and
+    how reliable its snapshots are, from its user's measured snapshot history
+    (``ledger.snapshots.snapshot_history``): the mean dump and restore times (the
+    simulator's measured defaults when there are none yet), plus — for the share of
+    snapshots that did not save everything — the session's run so far, which a failed
+    snapshot loses. Reliability is ``(ok + 1) / (tries + 1)``: 1 until a snapshot fails."""
+    dump, restore, tries, ok = SNAPSHOT_COST_S, RESTORE_COST_S, 0, 0
+    if hist:
+        dump = hist.get("dump_s") if hist.get("dump_s") is not None else dump
+        restore = hist.get("restore_s") if hist.get("restore_s") is not None else restore
+        tries, ok = int(hist.get("tries") or 0), int(hist.get("ok") or 0)
+    reliability = min(1.0, (ok + 1) / (tries + 1))
+    return dump + restore + (1.0 - reliability) * max(0.0, age_s), reliability
 
 
 def tree_with_ledger_grants(tree: AccountTree, ledger: Ledger) -> AccountTree:
@@ -94,10 +97,17 @@ class LiveWorkloads:
         self._requests: dict[str, SliceRequest] = {}
 
     def convert(self, rows: list, idle: set[str], stopping: set[str],
-                sync_backends: frozenset[str]) -> list[Workload]:
+                sync_backends: frozenset[str], snapshots: dict | None = None,
+                now: float = 0.0) -> list[Workload]:
         out, fresh = [], {}
         for r in rows:
-            sig = (*r, r.id in idle, r.id in stopping, r.backend in sync_backends)
+            cost, reliability = 0.0, 1.0
+            if r.kind == "interactive":  # its snapshot's cost grows with the session's age
+                age = now - r.started_at if r.started_at is not None and now else 0.0
+                cost, reliability = snapshot_estimate((snapshots or {}).get(r.user),
+                                                      60.0 * (age // 60))
+            sig = (*r, r.id in idle, r.id in stopping, r.backend in sync_backends, cost,
+                   reliability)
             hit = self._cache.get(r.id)
             if hit is not None and hit[0] == sig:
                 w = hit[1]
@@ -119,7 +129,8 @@ class LiveWorkloads:
                              stopping=r.id in stopping,
                              checkpoint_interval=r.checkpoint_interval,
                              backfill_until=r.backfill_until,
-                             command=command_name(json.loads(r.command_json or "null")))
+                             command=command_name(json.loads(r.command_json or "null")),
+                             snapshot_cost=cost, snapshot_reliability=reliability)
             fresh[r.id] = (sig, w)
             out.append(w)
         self._cache = fresh
@@ -134,14 +145,18 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     rows = ledger.live()
     idle = ledger.idle_running()
     stopping = ledger.stop_requested_running()
-    workloads = (live or LiveWorkloads()).convert(rows, idle, stopping, sync_backends)
+    horizon = max(policy.window, 20 * policy.half_life if policy.half_life else 0.0)
+    # sessions' snapshot cost and reliability, from their users' snapshot history
+    snaps = snapshot_history(ledger, now - horizon) if any(
+        r.kind == "interactive" for r in rows) else {}
+    workloads = (live or LiveWorkloads()).convert(rows, idle, stopping, sync_backends,
+                                                  snaps, now)
     running = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "running" and w.placement is not None]
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits
     # (visible in the API) until the project is back or the job is cancelled
     pending = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "pending" and tree.is_project(r.project)]
-    horizon = max(policy.window, 20 * policy.half_life if policy.half_life else 0.0)
     charges = [ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", milli, start, end)
                for project, start, end, milli in ledger.usage_for_window(now - horizon)]
     charges += [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, None)

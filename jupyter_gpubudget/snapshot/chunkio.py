@@ -5,12 +5,22 @@ importable): the namespace backend sends its source into the kernel, which may r
 Python environment, and the kernel writes its chunks straight into the store with it.
 
 A chunk is at most ``CHUNK`` bytes of raw data, named by the SHA-256 of those raw bytes, stored
-as ``<root>/<hh>/<sha256>.zst`` (zstd) or ``.raw`` (when compression would not save 3%). It is
-written to a temporary name, fsynced and renamed (all of a writer's chunks at once, at
-``close``, so the disk writes back while the next chunks are hashed), so a chunk file is
-always complete; the same
-content is never written twice (that is the deduplication between successive snapshots).
-A reference to a chunk is the list ``[sha256, raw_length, codec]``.
+as ``<root>/<hh>/<sha256>.zst`` (zstd) or ``.raw`` (when compression would not save 3%; a 64 KiB
+probe decides first, so noise costs no compression; and, by default, only when compressing
+saves more disk time than it costs CPU time, as measured while writing: see
+``ChunkWriter._pays``). Each is written to a temporary name,
+fdatasynced and renamed by the thread that made it, so the disk writes while other threads
+hash and compress, and a chunk never has its final name before its bytes are durable; the
+directories are fsynced once, at ``close``. The same content is never written twice (that is
+the deduplication between successive snapshots).
+A reference to a chunk is the list ``[sha256, raw_length, codec, stored_length]`` (the last
+was added later: references without it are read the same; with it, a missing or truncated
+chunk is found without reading it).
+
+Reading checks every chunk: its length, and its content against its SHA-256 — or, for zstd
+chunks written with a frame checksum (every chunk since this format carries one), zstd's own
+XXH64 of the content, checked while decompressing (a truncated or corrupted chunk fails
+either way; it saves hashing the data a second time on restore).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 try:
@@ -52,17 +63,25 @@ class ChunkWriter:
     ``put(buffer)`` returns a list of futures of references, in order; ``refs(futures)`` waits.
     Buffers are sliced with memoryviews: nothing is copied before compression."""
 
-    def __init__(self, root: str, *, threads: int | None = None, compress: bool = True,
-                 fsync: bool = True) -> None:
+    def __init__(self, root: str, *, threads: int | None = None,
+                 compress: bool | str = "auto", fsync: bool = True) -> None:
         self.root = root
-        self.compress = compress and _zstd is not None
+        self.compress = bool(compress) and _zstd is not None
+        self.adaptive = compress == "auto"
+        # measured while writing (EWMA, bytes per second of a worker's own time): whether
+        # compressing a chunk saves more disk time than it costs CPU time
+        self.cpu_rate: float | None = None
+        self.disk_rate: float | None = None
+        self.compressed_chunks = self.raw_chunks = 0
         self.fsync = fsync
         # threads overlap hashing, compressing and writing (they release the GIL)
-        self._pool = ThreadPoolExecutor(max_workers=threads or max(2, min(4, os.cpu_count() or 1)))
+        self._pool = ThreadPoolExecutor(max_workers=_threads(threads))
         self._local = threading.local()
         self._dirs: set[str] = set()
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[str] = []  # temporary files being written
         self._lock = threading.Lock()
+        #: chunks this writer wrote and made durable: digest -> stored size
+        self.fresh: dict[str, int] = {}
         self.raw_bytes = 0
         self.written_bytes = 0  # stored bytes of the chunks this writer wrote (not deduplicated)
         self.reused = 0
@@ -70,7 +89,8 @@ class ChunkWriter:
     def _compressor(self):  # noqa: ANN202
         c = getattr(self._local, "c", None)
         if c is None:
-            c = self._local.c = _zstd.ZstdCompressor(level=LEVEL)
+            c = self._local.c = _zstd.ZstdCompressor(level=LEVEL, write_checksum=True,
+                                                     write_content_size=True)
         return c
 
     def _one(self, view: memoryview) -> list:
@@ -82,13 +102,20 @@ class ChunkWriter:
                 os.utime(chunk_path(self.root, digest, have))
             except OSError:
                 pass
+            try:
+                stored = os.path.getsize(chunk_path(self.root, digest, have))
+            except OSError:
+                stored = -1
             with self._lock:
                 self.raw_bytes += n
                 self.reused += 1
-            return [digest, n, have]
+            return [digest, n, have, stored] if stored >= 0 else [digest, n, have]
         codec, data = "raw", view
-        if self.compress and n >= 512 and self._worth_compressing(view):
+        ratio = self._probe(view) if self.compress and n >= 512 else 1.0
+        if ratio < 0.9 and self._pays(n, ratio):
+            t0 = time.perf_counter()
             z = self._compressor().compress(view)
+            self._learn("cpu_rate", n, time.perf_counter() - t0)
             if len(z) < 0.97 * n:
                 codec, data = "zst", z
         path = chunk_path(self.root, digest, codec)
@@ -98,28 +125,59 @@ class ChunkWriter:
             with self._lock:
                 self._dirs.add(d)
         tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}.{id(view):x}"
+        with self._lock:
+            self._pending.append(tmp)
+        t0 = time.perf_counter()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
         try:
             mv = memoryview(data)
             while mv:
                 k = os.write(fd, mv)
                 mv = mv[k:]
+            if self.fsync:  # durable before it has its name; other threads work meanwhile
+                os.fdatasync(fd)
         finally:
             os.close(fd)
-        # renamed (and fsynced first) in close(): the page cache writes back meanwhile, and a
-        # chunk never has its final name before its bytes are on disk
+        os.replace(tmp, path)
+        self._learn("disk_rate", len(data), time.perf_counter() - t0)
         with self._lock:
-            self._pending.append((tmp, path))
+            self._pending.remove(tmp)
             self.raw_bytes += n
             self.written_bytes += len(data)
-        return [digest, n, codec]
+            self.fresh[digest] = len(data)
+            if codec == "zst":
+                self.compressed_chunks += 1
+            else:
+                self.raw_chunks += 1
+        return [digest, n, codec, len(data)]
 
-    def _worth_compressing(self, view: memoryview) -> bool:
-        """A 64 KiB probe from the middle of the chunk: noise (random floats, compressed or
-        encrypted data) is stored raw without spending a core on it."""
+    def _learn(self, what: str, nbytes: int, seconds: float) -> None:
+        if nbytes < (256 << 10):
+            return  # too small to time
+        rate = nbytes / max(seconds, 1e-6)
+        with self._lock:
+            old = getattr(self, what)
+            setattr(self, what, rate if old is None else 0.7 * old + 0.3 * rate)
+
+    def _pays(self, n: int, ratio: float) -> bool:
+        """Compress when it saves more time writing than it costs compressing: per byte,
+        ``1/cpu_rate + ratio/disk_rate < 1/disk_rate`` (rates as this writer measured them,
+        under whatever else runs; until it has measured both, it compresses). A slow disk
+        gets compressed chunks, a fast one (or a page cache without fsync) raw ones."""
+        if not self.adaptive:
+            return True
+        cpu, disk = self.cpu_rate, self.disk_rate
+        if cpu is None or disk is None:
+            return True
+        return 1.0 / cpu + ratio / disk < 1.0 / disk
+
+    def _probe(self, view: memoryview) -> float:
+        """The compressed/raw ratio of a 64 KiB probe from the middle of the chunk: noise
+        (random floats, compressed or encrypted data) is stored raw without spending a core
+        on it."""
         n = len(view)
         probe = view[n // 2 - min(n // 2, 32768):n // 2 + min(n // 2, 32768)]
-        return len(self._compressor().compress(probe)) < 0.9 * len(probe)
+        return len(self._compressor().compress(probe)) / max(1, len(probe))
 
     def put(self, buffer) -> list:  # noqa: ANN001
         view = memoryview(buffer).cast("B")
@@ -131,23 +189,9 @@ class ChunkWriter:
         return [f.result() for f in futures]
 
     def close(self) -> None:
-        """Wait for every chunk, make it durable (fsync), give it its final name, and make
-        the renames durable (fsync the directories)."""
+        """Wait for every chunk (each already durable under its final name) and make the
+        renames durable (fsync the directories)."""
         self._pool.shutdown(wait=True)
-        pending, self._pending = self._pending, []
-
-        def sync(item: tuple[str, str]) -> None:
-            tmp, path = item
-            if self.fsync:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            os.replace(tmp, path)
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(sync, pending))
         if self.fsync:
             for d in sorted(self._dirs):
                 fd = os.open(d, os.O_RDONLY)
@@ -157,19 +201,21 @@ class ChunkWriter:
                     os.close(fd)
 
     def abandon(self) -> None:
-        """Drop what was written (a dump that failed half-way)."""
-        self._pool.shutdown(wait=True)
-        for tmp, _ in self._pending:
+        """Stop: what is being written is dropped (chunks already complete stay, for gc)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            pending, self._pending = list(self._pending), []
+        for tmp in pending:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
-        self._pending = []
 
 
 def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | None:
-    """Read one chunk, check its length and checksum; into ``out`` when given."""
-    digest, n, codec = ref
+    """Read one chunk, check its length and its content (SHA-256, or the zstd frame's own
+    checksum when it has one); into ``out`` when given."""
+    digest, n, codec = ref[0], ref[1], ref[2]
     if codec not in CODECS:
         raise ChunkError(f"chunk {digest[:12]}: unknown codec {codec!r}")
     path = chunk_path(root, digest, codec)
@@ -178,16 +224,19 @@ def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | N
             data = f.read()
     except FileNotFoundError:
         raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+    checked = False
     if codec == "zst":
         if _zstd is None:
             raise ChunkError("zstandard is not importable here: cannot read zstd chunks")
         try:
+            params = _zstd.get_frame_parameters(data)
+            checked = bool(params.has_checksum) and params.content_size == n
             data = _zstd.ZstdDecompressor().decompress(data, max_output_size=n)
         except _zstd.ZstdError as e:
             raise ChunkError(f"chunk {digest[:12]} is corrupt: {e}") from None
     if len(data) != n:
         raise ChunkError(f"chunk {digest[:12]} has {len(data)} bytes, expected {n}")
-    if hashlib.sha256(data).hexdigest() != digest:
+    if not checked and hashlib.sha256(data).hexdigest() != digest:
         raise ChunkError(f"chunk {digest[:12]} does not match its checksum")
     if out is None:
         return data
@@ -195,11 +244,21 @@ def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | N
     return None
 
 
+def _threads(threads: int | None) -> int:
+    """Hashing and (de)compressing release the GIL and every chunk ends in a write and an
+    fdatasync that wait on the disk: twice as many threads as CPUs (4..8) keep both busy."""
+    return threads or max(4, min(8, 2 * (os.cpu_count() or 1)))
+
+
 def read_refs(root: str, refs: list, *, threads: int | None = None) -> bytearray:
     """Reassemble chunks into one writable buffer (checked chunk by chunk)."""
     total = sum(r[1] for r in refs)
     buf = bytearray(total)
-    mv = memoryview(buf)
+    _read_into(root, refs, memoryview(buf), threads)
+    return buf
+
+
+def _read_into(root: str, refs: list, mv: memoryview, threads: int | None) -> None:
     offsets, pos = [], 0
     for r in refs:
         offsets.append(pos)
@@ -207,19 +266,68 @@ def read_refs(root: str, refs: list, *, threads: int | None = None) -> bytearray
     if len(refs) <= 1:
         for r, o in zip(refs, offsets, strict=True):
             read_chunk(root, r, mv[o:o + r[1]])
-        return buf
-    with ThreadPoolExecutor(max_workers=threads or min(4, os.cpu_count() or 1)) as pool:
-        for f in [pool.submit(read_chunk, root, r, mv[o:o + r[1]])
-                  for r, o in zip(refs, offsets, strict=True)]:
-            f.result()
-    return buf
+        return
+    with ThreadPoolExecutor(max_workers=_threads(threads)) as pool:
+        futures = [pool.submit(read_chunk, root, r, mv[o:o + r[1]])
+                   for r, o in zip(refs, offsets, strict=True)]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def read_refs_to_file(root: str, refs: list, path: str, mode: int = 0o600, *,
+                      threads: int | None = None) -> None:
+    """Reassemble chunks straight into a new file: several threads each read, check and
+    ``pwrite`` their chunks at their offsets (no copy of the whole content in memory)."""
+    offsets, pos = [], 0
+    for r in refs:
+        offsets.append(pos)
+        pos += r[1]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+
+    def one(ref: list, offset: int) -> None:
+        data = memoryview(read_chunk(root, ref))  # type: ignore[arg-type]
+        while data:
+            k = os.pwrite(fd, data, offset)
+            data, offset = data[k:], offset + k
+
+    try:
+        if len(refs) <= 1:
+            for r, o in zip(refs, offsets, strict=True):
+                one(r, o)
+            return
+        with ThreadPoolExecutor(max_workers=_threads(threads)) as pool:
+            futures = [pool.submit(one, r, o) for r, o in zip(refs, offsets, strict=True)]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        os.close(fd)
 
 
 def verify_refs(root: str, refs: list, *, deep: bool = True,
                 threads: int | None = None) -> list[str]:
     """Problems with these chunks (empty when all are present and, if ``deep``, intact)."""
     if not deep:
-        return [f"chunk {r[0][:12]} is missing" for r in refs if existing(root, r[0]) is None]
+        out = []
+        for r in refs:
+            try:
+                size = os.path.getsize(chunk_path(root, r[0], r[2]))
+            except (OSError, IndexError):
+                out.append(f"chunk {r[0][:12]} is missing")
+                continue
+            if len(r) > 3 and size != r[3]:
+                out.append(f"chunk {r[0][:12]} has {size} bytes stored, {r[3]} were written "
+                           "(truncated or damaged)")
+        return out
 
     def one(ref: list) -> str | None:
         try:
@@ -228,5 +336,5 @@ def verify_refs(root: str, refs: list, *, deep: bool = True,
             return str(e)
         return None
 
-    with ThreadPoolExecutor(max_workers=threads or min(4, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=_threads(threads)) as pool:
         return [p for p in pool.map(one, refs) if p is not None]

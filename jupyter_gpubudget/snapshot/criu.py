@@ -2,9 +2,21 @@
 
 These run as root, called in-process when the caller is root, otherwise through a privileged
 launcher (``python -m jupyter_gpubudget.snapshot.privileged criu-dump|criu-restore|criu-check``
-via sudo). Every argument is checked here, since the caller is less privileged than this code:
-the pid must be a kernel process (a session leader, as kernels started independent are) owned
-by the expected user, the images directory an absolute path.
+via sudo; :mod:`.privcall` builds that command). Every argument is checked here, since the
+caller is less privileged than this code: the pid must be a kernel process (a session leader,
+as kernels started independent are) owned by the expected user, the images directory an
+absolute path.
+
+A caller that reached root through sudo (``$SUDO_UID``) or a setuid launcher (real uid not 0)
+is *unprivileged*, and then: it may only dump, resume or kill its own processes (its uid
+overrides any ``expect_uid``); dump images are written into a fresh directory this code
+creates (never one the caller names) and handed to the caller; and every dump is **sealed**:
+an HMAC (key readable by root only, :data:`SEAL_KEY`) over the caller's uid and each image's
+SHA-256. A restore for an unprivileged caller copies the images into a private directory,
+checks the seal on that copy and restores from it, so only images this code dumped, of the
+caller's own processes, unchanged, are ever restored as root (CRIU restores the credentials
+an image names: an unchecked image would be a way to root). Nodes that restore each other's
+snapshots need the same key.
 
 CRIU >= 4.1 is needed on recent kernels (older ones fail on the vDSO); ``find_criu`` looks for
 it: ``$GPUBUDGET_CRIU``, then the build cache of ``.ci/build-criu.sh``, then ``PATH``.
@@ -15,15 +27,21 @@ refused with reason ``gpu_state`` rather than dumped half.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 NETWORK_LOCK = "nftables"
 MIN_VERSION = (4, 1)
+#: the key that seals dump images for unprivileged callers (created on first use, mode 0600)
+SEAL_KEY = "/var/lib/jupyter-gpubudget/criu-seal.key"
 
 
 class CriuError(Exception):
@@ -53,9 +71,20 @@ def criu_version(binary: str) -> tuple[int, ...] | None:
 
 
 def find_criu(explicit: str | None = None) -> str | None:
-    """A CRIU binary that runs and is >= 4.1, or None."""
-    cands = [explicit, os.environ.get("GPUBUDGET_CRIU"),
-             os.path.join(_cache_dir(), "criu-4.1", "tree", "criu", "criu"), shutil.which("criu")]
+    """A CRIU binary that runs and is >= 4.1, or None: ``explicit``, ``$GPUBUDGET_CRIU``, the
+    newest build of ``.ci/build-criu.sh`` in the cache, the PATH."""
+    import glob
+    import pwd
+
+    caches = {_cache_dir()}
+    try:  # the account's own home too ($HOME may be a user's, e.g. in a server run as root)
+        caches.add(os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "jupyter-gpubudget"))
+    except KeyError:
+        pass
+    built = sorted((p for c in caches
+                    for p in glob.glob(os.path.join(c, "criu-4.1*", "tree", "criu", "criu"))),
+                   key=lambda p: os.path.getmtime(p), reverse=True)
+    cands = [explicit, os.environ.get("GPUBUDGET_CRIU"), *built, shutil.which("criu")]
     for c in cands:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             v = criu_version(c)
@@ -83,6 +112,75 @@ def uses_gpu(pid: int) -> bool:
             return any("libcuda.so" in line for line in f)
     except (FileNotFoundError, PermissionError):
         return False
+
+
+def caller_uid() -> int:
+    """The account this code acts for: 0 when root called it directly, else the real uid of
+    a setuid launch, else sudo's ``$SUDO_UID``."""
+    if os.getuid() != 0:
+        return os.getuid()
+    raw = os.environ.get("SUDO_UID", "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def _seal_key() -> bytes:
+    path = SEAL_KEY
+    if caller_uid() == 0 and os.environ.get("GPUBUDGET_SEAL_KEY"):
+        path = os.environ["GPUBUDGET_SEAL_KEY"]  # only root itself may point elsewhere
+    try:
+        with open(path, "rb") as f:
+            key = f.read()
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        key = os.urandom(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+    if len(key) < 32:
+        raise CriuError("bad_input", f"seal key {path} is shorter than 32 bytes")
+    return key
+
+
+def _digests(images_dir: str) -> list[tuple[str, int, str]]:
+    out = []
+    for name in sorted(os.listdir(images_dir)):
+        if not name.endswith(".img"):
+            continue
+        path = os.path.join(images_dir, name)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        h, n = hashlib.sha256(), 0
+        with os.fdopen(fd, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+                n += len(chunk)
+        out.append((name, n, h.hexdigest()))
+    return out
+
+
+def _mac(uid: int, digests: list[tuple[str, int, str]]) -> str:
+    body = json.dumps({"uid": uid, "images": digests}, sort_keys=True).encode()
+    return hmac.new(_seal_key(), body, hashlib.sha256).hexdigest()
+
+
+def seal(images_dir: str, uid: int) -> str:
+    """The seal of a dump's images for ``uid`` (see the module's docstring)."""
+    return _mac(uid, _digests(images_dir))
+
+
+def _private_copy(images_dir: str) -> str:
+    """A copy of the ``*.img`` files of ``images_dir`` that only root can change."""
+    need = sum(os.path.getsize(os.path.join(images_dir, n)) for n in os.listdir(images_dir)
+               if n.endswith(".img"))
+    base = "/dev/shm" if shutil.disk_usage("/dev/shm").free > 2 * need + (64 << 20) else None
+    dest = tempfile.mkdtemp(prefix="gpubudget-criu-restore-", dir=base)
+    for name in os.listdir(images_dir):
+        if not name.endswith(".img"):
+            continue
+        src = os.open(os.path.join(images_dir, name), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(src, "rb") as fi, open(os.path.join(dest, name), "wb") as fo:
+            shutil.copyfileobj(fi, fo, 8 << 20)
+    return dest
 
 
 def _tree(pid: int) -> list[int]:
@@ -154,20 +252,64 @@ def _wait_stopped(pid: int, timeout: float = 10) -> None:
         time.sleep(0.005)
 
 
-def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
+def _new_images_dir(pid: int) -> str:
+    """A fresh directory (mode 0700, root's) for a dump: in /dev/shm when it has room for
+    twice the tree's resident memory, else the system's temporary directory."""
+    need = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                need += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and \
+        shutil.disk_usage("/dev/shm").free > 2 * need + (64 << 20) else None
+    return tempfile.mkdtemp(prefix="gpubudget-criu-", dir=base)
+
+
+def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = False,
               keep_stopped: bool = False, expect_uid: int | None = None,
               owner: tuple[int, int] | None = None, criu: str | None = None,
               cuda_checkpoint: str | None = None, timeout: float = 600) -> dict:
     """Dump the process tree rooted at ``pid`` (a kernel) into ``images_dir`` (created, mode
-    0700). The kernel is gone afterwards, unless ``leave_running`` (it runs on) or
+    0700; None: a fresh one, which is always the case for an unprivileged caller). The kernel
+    is gone afterwards, unless ``leave_running`` (it runs on) or
     ``keep_stopped``: its process group is stopped (SIGSTOP) before the dump and stays stopped
     after it, so that the caller can store and verify the images and only then end it, or let
     it go on if that failed (:func:`criu_finish`). ``owner`` (uid, gid): the images are handed
-    to this account (the unprivileged service ingests them). GPU state is captured with
-    cuda-checkpoint when the tree uses a GPU; without it the dump is refused.
-    Returns ``{"pid", "seconds", "bytes", "gpu", "criu"}``."""
+    to this account (the unprivileged service ingests them; an unprivileged caller always gets
+    them). GPU state is captured with cuda-checkpoint when the tree uses a GPU; without it the
+    dump is refused. Returns ``{"pid", "seconds", "bytes", "gpu", "criu", "images_dir"}`` and,
+    for an unprivileged caller, the images' ``"seal"``."""
+    caller = caller_uid()
+    if caller != 0:
+        expect_uid = caller  # an unprivileged caller dumps its own processes only
+        if images_dir is not None:
+            raise CriuError("bad_input", "images_dir: chosen here for an unprivileged caller "
+                            "(leave it out)")
+        import pwd
+
+        try:
+            owner = (caller, pwd.getpwuid(caller).pw_gid)
+        except KeyError:
+            owner = (caller, caller)
     pid = _check_kernel_pid(pid, expect_uid)
+    created = images_dir is None
+    if images_dir is None:
+        images_dir = _new_images_dir(pid)
     images_dir = _check_dir(images_dir, must_exist=False)
+    try:
+        return _dump(pid, images_dir, leave_running, keep_stopped, caller, owner, criu,
+                     cuda_checkpoint, timeout)
+    except BaseException:
+        if created:  # nobody else knows where it is: not left behind
+            shutil.rmtree(images_dir, ignore_errors=True)
+        raise
+
+
+def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, caller: int,
+          owner: tuple[int, int] | None, criu: str | None, cuda_checkpoint: str | None,
+          timeout: float) -> dict:
     binary = find_criu(criu)
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
@@ -210,6 +352,10 @@ def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
             os.killpg(pid, signal.SIGCONT)
         log = _log_tail(os.path.join(images_dir, "dump.log"))
         raise CriuError("dump_failed", f"criu dump of {pid} failed (exit {p.returncode})", log)
+    out = {"pid": pid, "seconds": seconds, "gpu": bool(gpu_pids), "criu": binary,
+           "images_dir": images_dir}
+    if caller != 0:
+        out["seal"] = seal(images_dir, caller)
     size = 0
     for name in os.listdir(images_dir):
         path = os.path.join(images_dir, name)
@@ -218,13 +364,15 @@ def criu_dump(pid: int, images_dir: str, *, leave_running: bool = False,
             os.chown(path, *owner)
     if owner is not None:
         os.chown(images_dir, *owner)
-    return {"pid": pid, "seconds": seconds, "bytes": size, "gpu": bool(gpu_pids),
-            "criu": binary}
+    out["bytes"] = size
+    return out
 
 
 def criu_finish(pid: int, *, kill: bool, expect_uid: int | None = None) -> dict:
     """End a kernel dumped with ``keep_stopped`` (``kill``: its snapshot is safe) or let it go
     on (SIGCONT: its snapshot failed, the session keeps its kernel)."""
+    if caller_uid() != 0:
+        expect_uid = caller_uid()
     pid = _check_kernel_pid(pid, expect_uid)
     os.killpg(pid, signal.SIGKILL if kill else signal.SIGCONT)
     return {"pid": pid, "killed": kill}
@@ -232,14 +380,34 @@ def criu_finish(pid: int, *, kill: bool, expect_uid: int | None = None) -> dict:
 
 def criu_restore(images_dir: str, *, criu: str | None = None,
                  cuda_checkpoint: str | None = None, gpu: bool = False,
-                 timeout: float = 600) -> int:
+                 timeout: float = 600, seal_hex: str | None = None) -> int:
     """Restore a dumped process tree, detached (its parent is init), with its TCP connections
     and listening sockets (the kernel's ZMQ ports); returns the root pid. ``gpu``: the dump
-    carried GPU state, given back to the GPU with cuda-checkpoint after the restore."""
+    carried GPU state, given back to the GPU with cuda-checkpoint after the restore. For an
+    unprivileged caller the images must carry their dump's seal (``seal_hex``), checked on a
+    private copy that is what CRIU restores."""
     images_dir = _check_dir(images_dir, must_exist=True)
     binary = find_criu(criu)
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
+    caller = caller_uid()
+    if caller == 0:
+        return _restore(images_dir, binary, cuda_checkpoint, gpu, timeout)
+    if not isinstance(seal_hex, str) or not re.fullmatch(r"[0-9a-f]{64}", seal_hex):
+        raise CriuError("bad_input", "seal: required for an unprivileged caller (the seal its "
+                        "dump returned)")
+    private = _private_copy(images_dir)
+    try:
+        if not hmac.compare_digest(_mac(caller, _digests(private)), seal_hex):
+            raise CriuError("bad_input", "seal: the images do not match the seal of a dump of "
+                            "this account's processes (changed, or not dumped here)")
+        return _restore(private, binary, cuda_checkpoint, gpu, timeout)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: bool,
+             timeout: float) -> int:
     tool = None
     if gpu:
         tool = find_cuda_checkpoint() if cuda_checkpoint is None else cuda_checkpoint
@@ -282,4 +450,4 @@ def criu_check(criu: str | None = None) -> dict:
     binary = find_criu(criu)
     return {"criu": binary, "version": ".".join(map(str, criu_version(binary) or ()))
             if binary else None, "cuda_checkpoint": find_cuda_checkpoint(),
-            "root": os.geteuid() == 0}
+            "root": os.geteuid() == 0, "caller_uid": caller_uid()}

@@ -1,9 +1,10 @@
 """The CRIU backend: the kernel's whole process tree, everything restored as it was.
 
-The privileged steps (:func:`criu.criu_dump`, :func:`criu.criu_restore`) run in-process when
-this process is root, else through ``launcher`` (a command prefix such as
-``["sudo", "-n", "/path/python", "-m", "jupyter_gpubudget.snapshot.privileged"]``). The images
-go through the store like every snapshot (chunked, checksummed, compressed, verified).
+The privileged steps (:func:`criu.criu_dump`, :func:`criu.criu_restore`) go through
+:class:`~.privcall.Privileged` (in-process when this process is root, else a command prefix
+such as ``sudo -n``). The images go through the store like every snapshot (chunked,
+checksummed, compressed, verified); for an unprivileged caller the dump's seal travels in the
+manifest and is handed back to the restore.
 
 A dump ends the kernel (it is preemption's snapshot) unless ``leave_running`` ("snapshot
 now"). The kernel is stopped (SIGSTOP) for the dump and killed only after its snapshot is
@@ -19,29 +20,27 @@ import json
 import mmap
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 
-from traitlets import Bool, Float, List, Unicode
+from traitlets import Bool, Float, Instance, Unicode
 from traitlets.config import LoggingConfigurable
 
 from . import chunkio, kernels
 from .base import Availability, KernelRef, RestoreReport, Snapshot, SnapshotError
-from .criu import (
-    CriuError,
-    criu_dump,
-    criu_finish,
-    criu_restore,
-    find_criu,
-    find_cuda_checkpoint,
-)
+from .criu import find_criu, find_cuda_checkpoint, uses_gpu
+from .privcall import Privileged, PrivilegedError
 from .store import Store
 
 
-def gpu_verdict(kernel: KernelRef, cuda_checkpoint: str | None) -> str | None:
-    """Why the kernel's GPU state cannot be captured by CRIU here, or None when it can."""
+def gpu_verdict(kernel: KernelRef, cuda_checkpoint: str | None,
+                in_use: bool | None = None) -> str | None:
+    """Why the kernel's GPU state cannot be captured by CRIU here, or None when it can.
+    ``in_use``: whether the kernel's processes have a GPU open (None: unknown, assume they
+    may); a kernel that was given a slice but never touched it has no GPU state to lose."""
     if not kernel.gpu_devices and not kernel.mps:
+        return None
+    if in_use is False:
         return None
     if any(d.startswith("MIG-") for d in kernel.gpu_devices):
         return "the kernel runs on a MIG slice: cuda-checkpoint does not support MIG"
@@ -53,14 +52,46 @@ def gpu_verdict(kernel: KernelRef, cuda_checkpoint: str | None) -> str | None:
     return None
 
 
+def _uses_gpu_tree(pid: int) -> bool | None:
+    """Whether any process of the kernel's tree has a GPU open; None when this account may
+    not look (another user's kernel)."""
+    try:
+        pids, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            pids.append(p)
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        os.listdir(f"/proc/{pid}/fd")
+    except PermissionError:
+        return None
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return any(uses_gpu(p) for p in pids)
+
+
+def _parent_bound(pid: int) -> bool:
+    """Whether the kernel exits when its parent goes (ipykernel's ``JPY_PARENT_PID``): it
+    would die as soon as CRIU restores it under another parent."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(v.startswith(b"JPY_PARENT_PID=") and v != b"JPY_PARENT_PID=1"
+                       for v in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
 class CriuSnapshotter(LoggingConfigurable):
     method = "criu"
-    launcher = List(Unicode(), help="Command prefix that runs "
-                    "`python -m jupyter_gpubudget.snapshot.privileged` as root (e.g. sudo -n "
-                    "...). Empty: call CRIU in-process (this process must be root).").tag(
-        config=True)
+    privileged = Instance(Privileged, allow_none=True, help="How CRIU's privileged steps "
+                          "are run (see Privileged.command_prefix; default: configured "
+                          "from this object's config).")
     leave_running = Bool(False, help="Keep the kernel running after a dump (a snapshot on "
                          "request); preemption's dump stops it.").tag(config=True)
+    keep_stopped = Bool(False, help="After a dump that is stored and verified, leave the "
+                        "kernel stopped (SIGSTOP) instead of ending it: whoever took the "
+                        "snapshot ends it (or lets it go on) once everything else it saves "
+                        "with it is safe too. Ignored with leave_running.").tag(config=True)
     images_tmp = Unicode("/dev/shm", help="Where CRIU's images are written before they go "
                          "into the store (a tmpfs saves a disk round trip); the store's "
                          "staging directory when this has too little room.").tag(config=True)
@@ -70,44 +101,23 @@ class CriuSnapshotter(LoggingConfigurable):
     def __init__(self, store: Store, **kw) -> None:  # noqa: ANN003
         super().__init__(**kw)
         self.store = store
+        if self.privileged is None:
+            self.privileged = Privileged(parent=self)
 
     # ------------------------------------------------------------ privileged calls
     def _privileged(self, cmd: str, **args: object) -> dict:
-        if not self.launcher:
-            if os.geteuid() != 0:
-                raise SnapshotError("unavailable", "CRIU needs root: configure "
-                                    "CriuSnapshotter.launcher")
-            try:
-                if cmd == "criu-dump":
-                    return criu_dump(timeout=self.timeout, **args)  # type: ignore[arg-type]
-                if cmd == "criu-finish":
-                    return criu_finish(**args)  # type: ignore[arg-type]
-                return {"pid": criu_restore(timeout=self.timeout, **args)}  # type: ignore[arg-type]
-            except CriuError as e:
-                raise self._error(cmd, e.reason, e.message, e.log) from None
-        argv = [*self.launcher, cmd]
-        for k, v in args.items():
-            flag = "--" + k.replace("_", "-")
-            if isinstance(v, bool):
-                argv += [flag] if v else []
-            elif isinstance(v, tuple):
-                argv += [flag, ":".join(map(str, v))]
-            elif v is not None:
-                argv += [flag, str(v)]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout + 30)
+        if cmd in ("criu-dump", "criu-restore") and self.privileged.in_process:
+            args["timeout"] = self.timeout
         try:
-            out = json.loads(p.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise SnapshotError("unavailable", f"the privileged launcher failed (exit "
-                                f"{p.returncode}): {p.stderr.strip()[-500:]}") from None
-        if "error" in out:
-            raise self._error(cmd, out["error"], out["message"], out.get("log", ""))
-        return out
+            return self.privileged.call(cmd, **args)
+        except PrivilegedError as e:
+            raise self._error(cmd, e.reason, e.message, e.log) from None
 
     @staticmethod
     def _error(cmd: str, reason: str, message: str, log: str) -> SnapshotError:
         mapped = {"no_criu": "unavailable", "gpu_state": "unavailable",
-                  "not_a_kernel": "unavailable", "pid_in_use": "pid_in_use"}.get(
+                  "not_a_kernel": "unavailable", "pid_in_use": "pid_in_use",
+                  "launcher": "unavailable"}.get(
             reason, "dump_failed" if cmd == "criu-dump" else "restore_failed")
         return SnapshotError(mapped, message + (f"\n{log}" if log else ""))
 
@@ -119,11 +129,12 @@ class CriuSnapshotter(LoggingConfigurable):
                 "other_node": "same pids must be free there", "restores_into": "the same process"}
 
     def available(self, kernel: KernelRef) -> Availability:
-        if not self.launcher and os.geteuid() != 0:
-            return Availability(False, "CRIU needs root and no privileged launcher is set")
+        problem = self.privileged.problem()
+        if problem:
+            return Availability(False, problem)
         if find_criu() is None:
             return Availability(False, "no CRIU >= 4.1 on this machine")
-        why = gpu_verdict(kernel, find_cuda_checkpoint())
+        why = gpu_verdict(kernel, find_cuda_checkpoint(), _uses_gpu_tree(kernel.pid))
         if why:
             return Availability(False, why)
         try:
@@ -132,31 +143,15 @@ class CriuSnapshotter(LoggingConfigurable):
                                     "launcher (own session)")
         except ProcessLookupError:
             return Availability(False, f"no kernel process {kernel.pid}")
+        if _parent_bound(kernel.pid):
+            return Availability(False, "the kernel exits when its parent does "
+                                "(JPY_PARENT_PID): it would not survive a restore")
         return Availability(True)
-
-    def _images_dir(self, fallback: str, need: int) -> str:
-        """A directory (not yet created) for ``need`` bytes of images: in ``images_tmp`` when
-        it has twice that free, else ``fallback``."""
-        base = self.images_tmp
-        if base and os.path.isdir(base) and shutil.disk_usage(base).free > 2 * need:
-            return os.path.join(base, f"gpubudget-criu-{os.getpid()}-{time.time_ns():x}")
-        return fallback
-
-    @staticmethod
-    def _rss(pid: int) -> int:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return 1 << 30
 
     def dump(self, kernel: KernelRef) -> Snapshot:
         staging = self.store.begin(kernel.session, kernel.project, self.method)
-        images = self._images_dir(os.path.join(staging.dir, "images"),
-                                  self._rss(kernel.pid) + (64 << 20))
-        owner = (os.geteuid(), os.getegid())
         uid = kernel.uid
-        if uid is None and not self.launcher:  # in-process, as root: the kernel's own owner
+        if uid is None and self.privileged.in_process:  # as root: the kernel's own owner
             try:
                 uid = os.stat(f"/proc/{kernel.pid}").st_uid
             except FileNotFoundError:
@@ -165,12 +160,12 @@ class CriuSnapshotter(LoggingConfigurable):
         # the kernel is stopped, dumped, and ended only once its snapshot is stored and
         # verified; if that fails it simply goes on: a failed snapshot never costs the kernel
         try:
-            res = self._privileged("criu-dump", pid=kernel.pid, images_dir=images,
-                                   keep_stopped=True, owner=owner, expect_uid=uid)
+            res = self._privileged("criu-dump", pid=kernel.pid, keep_stopped=True,
+                                   owner=(os.geteuid(), os.getegid()), expect_uid=uid)
         except SnapshotError:
             self.store.abort(staging)
-            shutil.rmtree(images, ignore_errors=True)
             raise
+        images = res["images_dir"]
         t_dump = time.perf_counter() - t0
         if self.leave_running:
             self._privileged("criu-finish", pid=kernel.pid, kill=False, expect_uid=uid)
@@ -186,14 +181,15 @@ class CriuSnapshotter(LoggingConfigurable):
                                 "dump_failed", msg) from None
         finally:
             shutil.rmtree(images, ignore_errors=True)
-        if not self.leave_running:
+        if not self.leave_running and not self.keep_stopped:
             self._privileged("criu-finish", pid=kernel.pid, kill=True, expect_uid=uid)
         return snap
 
     def _store_images(self, kernel: KernelRef, staging, images: str, res: dict,  # noqa: ANN001
                       t_dump: float) -> Snapshot:
         t0 = time.perf_counter()
-        w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync)
+        w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync,
+                                compress=self.store.compress_arg)
         files, futures, maps = [], [], []
         try:
             for name in sorted(os.listdir(images)):
@@ -229,13 +225,14 @@ class CriuSnapshotter(LoggingConfigurable):
         payload = {"files": files, "pid": kernel.pid, "gpu": res["gpu"],
                    "connection_file": kernel.connection_file, "connection": conn,
                    "cwd": kernel.cwd, "gpu_devices": list(kernel.gpu_devices),
-                   "uid": kernel.uid}
+                   "uid": kernel.uid, "seal": res.get("seal")}
         refs = [r for e in files for r in e["chunks"]]
         return self.store.commit(
             staging, payload, refs, raw_bytes=sum(e["size"] for e in files),
             written_bytes=w.written_bytes,
             seconds={"criu_dump": t_dump, "store": time.perf_counter() - t0},
-            summary={"pid": kernel.pid, "gpu": res["gpu"], "left_running": self.leave_running})
+            summary={"pid": kernel.pid, "gpu": res["gpu"], "left_running": self.leave_running},
+            fresh=w.fresh)
 
     def restore(self, snapshot: Snapshot, target: KernelRef | None = None) -> RestoreReport:
         if target is not None:
@@ -249,21 +246,19 @@ class CriuSnapshotter(LoggingConfigurable):
         p = m["payload"]
         t0 = time.perf_counter()
         need = sum(e["size"] for e in p["files"])
-        images = self._images_dir("", need) or tempfile.mkdtemp(prefix="gpubudget-criu-")
-        os.makedirs(images, mode=0o700, exist_ok=True)
+        base = self.images_tmp if self.images_tmp and os.path.isdir(self.images_tmp) and \
+            shutil.disk_usage(self.images_tmp).free > 2 * need + (64 << 20) else None
+        images = tempfile.mkdtemp(prefix="gpubudget-criu-", dir=base)
         try:
             for e in p["files"]:
-                path = os.path.join(images, e["name"])
                 try:
-                    data = chunkio.read_refs(self.store.chunk_root, e["chunks"])
+                    chunkio.read_refs_to_file(self.store.chunk_root, e["chunks"],
+                                              os.path.join(images, e["name"]),
+                                              e["mode"] or 0o600)
                 except chunkio.ChunkError as err:
                     self.store.mark_bad(snapshot.id, str(err))
                     raise SnapshotError("verify_failed", f"snapshot {snapshot.id}: {err}") \
                         from None
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, e["mode"] or 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                del data
             t_images = time.perf_counter() - t0
             if p.get("connection") and not os.path.exists(p["connection_file"]):
                 os.makedirs(os.path.dirname(p["connection_file"]), exist_ok=True)
@@ -271,7 +266,8 @@ class CriuSnapshotter(LoggingConfigurable):
                     json.dump(p["connection"], f)
                 os.chmod(p["connection_file"], 0o600)
             t1 = time.perf_counter()
-            pid = self._privileged("criu-restore", images_dir=images, gpu=p["gpu"])["pid"]
+            pid = self._privileged("criu-restore", images_dir=images, gpu=p["gpu"],
+                                   seal=p.get("seal"))["pid"]
             t_criu = time.perf_counter() - t1
         finally:
             shutil.rmtree(images, ignore_errors=True)

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from traitlets import Bool, Float, Int
+from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
 from . import kernels
@@ -47,8 +47,7 @@ class NamespaceSnapshotter(LoggingConfigurable):
         config=True)
     threads = Int(0, help="Threads hashing, compressing and writing chunks in the kernel "
                   "(0: up to 4, as many as CPUs).").tag(config=True)
-    compress = Bool(True, help="Compress chunks with zstd where it saves space (when the "
-                    "kernel can import zstandard).").tag(config=True)
+
 
     def __init__(self, store: Store, **kw) -> None:  # noqa: ANN003
         super().__init__(**kw)
@@ -65,7 +64,7 @@ class NamespaceSnapshotter(LoggingConfigurable):
         return Availability(True)
 
     def _options(self) -> dict:
-        return {"threads": self.threads or None, "compress": self.compress,
+        return {"threads": self.threads or None, "compress": self.store.compress_arg,
                 "fsync": self.store.fsync}
 
     def dump(self, kernel: KernelRef) -> Snapshot:
@@ -86,6 +85,7 @@ class NamespaceSnapshotter(LoggingConfigurable):
             self.store.abort(staging)
             raise SnapshotError("dump_failed", f"namespace dump failed in the kernel: {r.error}")
         payload = json.loads(kernels.expression_str(r.expressions.get("p")))
+        fresh = payload.pop("fresh", None) or {}
         t_kernel = time.perf_counter() - t0
         refs = list(payload["stream"]) + [ref for b in payload["buffers"] for ref in b]
         summary = {"variables": sorted(payload["variables"]), "unsaved": payload["unsaved"],
@@ -96,7 +96,7 @@ class NamespaceSnapshotter(LoggingConfigurable):
             written_bytes=payload["written_bytes"],
             seconds={"kernel": t_kernel, **{f"kernel_{k}": v
                                             for k, v in payload["seconds"].items()}},
-            summary=summary)
+            summary=summary, fresh=fresh)
 
     def restore(self, snapshot: Snapshot, target: KernelRef | None = None) -> RestoreReport:
         if target is None:

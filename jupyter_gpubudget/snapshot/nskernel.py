@@ -199,7 +199,7 @@ def dump(chunk_root: str, options: dict) -> None:
     _pickle(values, buffers, devices, stream)
     t_pickle = time.perf_counter() - t0
     w = ChunkWriter(chunk_root, threads=options.get("threads"),
-                    compress=options.get("compress", True), fsync=options.get("fsync", True))
+                    compress=options.get("compress", "auto"), fsync=options.get("fsync", True))
     try:
         fut_stream = w.put(stream.getbuffer())
         fut_bufs = [w.put(b) for b in buffers]
@@ -219,6 +219,7 @@ def dump(chunk_root: str, options: dict) -> None:
         "cells": cells, "execution_count": ip.execution_count,
         "gpu_tensors": devices,
         "raw_bytes": w.raw_bytes, "written_bytes": w.written_bytes, "reused_chunks": w.reused,
+        "fresh": w.fresh,
         "seconds": {"pickle": t_pickle, "total": time.perf_counter() - t0},
     }
     last_json = json.dumps(payload)

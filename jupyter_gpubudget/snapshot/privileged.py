@@ -1,10 +1,14 @@
 """Command line for the privileged launcher: ``python -m jupyter_gpubudget.snapshot.privileged``.
 
     criu-check
-    criu-dump --pid PID --images-dir DIR [--leave-running | --keep-stopped] [--expect-uid UID]
-              [--owner UID:GID]
+    criu-dump --pid PID [--images-dir DIR] [--leave-running | --keep-stopped]
+              [--expect-uid UID] [--owner UID:GID]
     criu-finish --pid PID (--kill | --resume) [--expect-uid UID]
-    criu-restore --images-dir DIR [--gpu]
+    criu-restore --images-dir DIR [--gpu] [--seal HEX]
+
+Run through sudo (or any launcher that leaves the caller's uid in ``$SUDO_UID`` or the real
+uid), the caller is unprivileged: see :mod:`.criu` for what that restricts (own processes only,
+images in a directory chosen here, sealed dumps, restores only of sealed images).
 
 Each prints one JSON object on stdout: the result, or ``{"error": reason, "message", "log"}``
 with exit status 2. Only :mod:`criu` (standard library) is imported: nothing of the service.
@@ -30,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("criu-check")
     d = sub.add_parser("criu-dump")
     d.add_argument("--pid", type=int, required=True)
-    d.add_argument("--images-dir", required=True)
+    d.add_argument("--images-dir")
     d.add_argument("--leave-running", action="store_true")
     d.add_argument("--keep-stopped", action="store_true")
     d.add_argument("--expect-uid", type=int)
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("criu-restore")
     r.add_argument("--images-dir", required=True)
     r.add_argument("--gpu", action="store_true")
+    r.add_argument("--seal")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "criu-check":
@@ -54,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "criu-finish":
             out = criu_finish(a.pid, kill=a.kill, expect_uid=a.expect_uid)
         else:
-            out = {"pid": criu_restore(a.images_dir, gpu=a.gpu)}
+            out = {"pid": criu_restore(a.images_dir, gpu=a.gpu, seal_hex=a.seal)}
     except CriuError as e:
         print(json.dumps({"error": e.reason, "message": e.message, "log": e.log}))
+        return 2
+    except (OSError, ValueError) as e:  # reported as an error object, never a traceback
+        print(json.dumps({"error": "failed", "message": f"{type(e).__name__}: {e}", "log": ""}))
         return 2
     print(json.dumps(out))
     return 0

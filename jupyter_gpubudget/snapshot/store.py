@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from traitlets import Bool, Dict, Int, Unicode
+from traitlets import Bool, Dict, Enum, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from . import chunkio
@@ -87,7 +87,8 @@ class Store(LoggingConfigurable):
         config=True)
     keep_last = Int(3, help="Good snapshots kept per session (older ones are deleted after a "
                     "new one is committed; snapshots that failed verification are kept and "
-                    "not counted).").tag(config=True)
+                    "not counted). 0: none deleted here (snapshot sets keep their own).").tag(
+        config=True)
     project_quota = Dict(value_trait=Int(), per_key_traits=None, help="Bytes a project's "
                          "snapshots may occupy, by project name (chunks shared between "
                          "snapshots are counted once).").tag(config=True)
@@ -95,6 +96,17 @@ class Store(LoggingConfigurable):
                         "(0: no quota).").tag(config=True)
     fsync = Bool(True, help="fsync chunks and manifests before a snapshot counts as taken "
                  "(turn off only for throwaway stores).").tag(config=True)
+    compress = Enum(["auto", "always", "never"], "auto", help="Compress chunks with zstd: "
+                    "'auto' when it saves more disk time than it costs CPU time (measured "
+                    "while writing: a slow disk gets compressed chunks, a fast one raw ones); "
+                    "'always' whenever it saves space; 'never'. Noise is never compressed."
+                    ).tag(config=True)
+    verify_on_commit = Enum(["written", "full"], "written", help="How a new snapshot is "
+                            "verified before it counts as taken. 'written': the chunks it "
+                            "wrote itself were hashed from the data, written and fdatasynced, "
+                            "so they are checked for presence and size; the chunks it reuses "
+                            "from earlier snapshots are read back and checked in full. 'full': "
+                            "every chunk is read back and checked.").tag(config=True)
     gc_min_age = Int(3600, help="Seconds an unreferenced chunk is kept before garbage "
                      "collection removes it (longer than any snapshot takes: a snapshot being "
                      "taken may reuse it).").tag(config=True)
@@ -132,6 +144,11 @@ class Store(LoggingConfigurable):
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
+    @property
+    def compress_arg(self) -> bool | str:
+        """``compress`` as ChunkWriter takes it."""
+        return {"auto": "auto", "always": True, "never": False}[self.compress]
+
     def quota_of(self, project: str) -> int:
         return int(self.project_quota.get(project, self.default_quota))
 
@@ -153,14 +170,28 @@ class Store(LoggingConfigurable):
 
     def commit(self, staging: Staging, payload: dict, refs: list[list], *, raw_bytes: int,
                written_bytes: int, seconds: dict | None = None,
-               summary: dict | None = None) -> Snapshot:
-        """Verify and publish a snapshot: every chunk read back and checked, the manifest
-        written, fsynced, loaded again and renamed into place. Then retention and quota.
-        On any failure nothing is published and :class:`SnapshotError` says why."""
+               summary: dict | None = None, fresh: dict[str, int] | None = None) -> Snapshot:
+        """Verify and publish a snapshot: its chunks checked (see ``verify_on_commit``;
+        ``fresh``: digest -> stored size of the chunks this snapshot wrote and synced), the
+        manifest written, fsynced, loaded again and renamed into place. Then retention and
+        quota. On any failure nothing is published and :class:`SnapshotError` says why."""
         seconds = dict(seconds or {})
         t0 = time.perf_counter()
         unique = {r[0]: r for r in refs}
-        problems = chunkio.verify_refs(self.chunk_root, list(unique.values()), deep=True)
+        fresh = fresh if self.verify_on_commit == "written" and fresh else {}
+        problems = []
+        for d, size in fresh.items():
+            if d not in unique:
+                continue
+            try:
+                st = os.stat(chunkio.chunk_path(self.chunk_root, d, unique[d][2]))
+                if st.st_size != size:
+                    problems.append(f"chunk {d[:12]} has {st.st_size} bytes stored, "
+                                    f"{size} were written")
+            except FileNotFoundError:
+                problems.append(f"chunk {d[:12]} is missing")
+        problems += chunkio.verify_refs(self.chunk_root, [r for d, r in unique.items()
+                                                          if d not in fresh], deep=True)
         if problems:
             self.abort(staging)
             raise SnapshotError("verify_failed", f"snapshot {staging.id} failed verification: "
@@ -353,8 +384,10 @@ class Store(LoggingConfigurable):
 
     def apply_retention(self, session: str, _locked: bool = False) -> list[str]:
         """Delete good snapshots of a session beyond the newest ``keep_last``; returns ids."""
+        if self.keep_last <= 0:  # kept by whoever groups them (snapshot sets)
+            return []
         good = [s for s in self.list(session=session) if s.status == "ok"]
-        pruned = [s.id for s in good[max(self.keep_last, 1):]]
+        pruned = [s.id for s in good[self.keep_last:]]
         for sid in pruned:
             self.delete(sid, f"retention: keep the last {self.keep_last}", _locked=_locked)
         return pruned

@@ -58,6 +58,105 @@ export interface ISession extends IWorkload {
   inventory?: 'declared' | 'nvml' | string;
   /** When the server will be stopped after a preemption was asked for. */
   preempt_deadline?: Epoch | null;
+  /** Its newest snapshot (or of the session it resumed). */
+  snapshot?: ISnapshotSet | null;
+  snapshot_count?: number;
+  /** The session this one resumes, and the snapshot it restores. */
+  resumes?: { session: string; snapshot: string; reason: string | null; at: Epoch } | null;
+  /** What its restore brought back. */
+  restored?: IRestoreReport | null;
+  /** Kernel state lost: no snapshot could be taken in the grace period. */
+  snapshot_lost?: { reason: string; at: Epoch } | null;
+  hibernated?: { snapshot: string; at: Epoch } | null;
+}
+
+/** One kernel of a snapshot: what it saved (or why not). */
+export interface ISnapshotKernel {
+  kernel_name: string;
+  notebooks: string[];
+  method: 'criu' | 'namespace' | string | null;
+  saved: boolean;
+  error: string | null;
+  variables: number;
+  /** Variables that could not be saved, and why. */
+  unsaved: Record<string, string>;
+  raw_bytes: number;
+  stored_bytes: number;
+}
+
+/** A snapshot: every kernel of the server, saved together. */
+export interface ISnapshotSet {
+  id: string;
+  session: string;
+  project: string;
+  created_at: Epoch;
+  method: string;
+  status: 'ok' | 'bad' | 'deleted' | string;
+  problem: string;
+  stored_bytes: number;
+  raw_bytes: number;
+  seconds: number;
+  reason: 'user' | 'preempt' | 'hibernate' | string | null;
+  kernels: ISnapshotKernel[];
+  saved: number | null;
+  count: number | null;
+}
+
+/** What a restore brought back, kernel by kernel. */
+export interface IRestoredKernel {
+  kernel_name: string;
+  notebooks: string[];
+  method: string | null;
+  /** CRIU: the kernel's processes came back as they were. */
+  everything: boolean;
+  restored: string[];
+  recomputed: Record<string, string>;
+  lost: Record<string, string>;
+  unsaved?: Record<string, string>;
+  notes: string[];
+  error: string | null;
+}
+
+export interface IRestoreReport {
+  snapshot: string | null;
+  asked: string | null;
+  summary: string;
+  kernels: IRestoredKernel[];
+  skipped: Array<{ id: string; problem: string }>;
+  taken_at: Epoch | null;
+  error: string | null;
+  at: Epoch;
+}
+
+/** GET sessions/{id}/snapshots: this session's snapshots and the store's rules. */
+export interface ISnapshotList {
+  session: string;
+  snapshots: ISnapshotSet[];
+  keep_last: number;
+  quota_bytes: number | null;
+  project_bytes: number;
+}
+
+/** What this server answers when it took a snapshot. */
+export interface ITakenSnapshot {
+  id: string;
+  created_at: Epoch;
+  methods: string[];
+  kernels: number;
+  saved: number;
+  stored_bytes: number;
+  raw_bytes: number;
+  status: string;
+}
+
+/** GET gpubudget/api/snapshots: what this server can do. */
+export interface IServerSnapshots {
+  session: string | null;
+  enabled: boolean;
+  problem: string | null;
+  methods: string[];
+  kernels: number;
+  taking: boolean;
 }
 
 export interface IGrant {
@@ -260,4 +359,39 @@ export class GpuBudgetClient {
   async cancelSession(id: string): Promise<ISession> {
     return this.request<ISession>(`v1/sessions/${seg(id, 'session')}`, { method: 'DELETE' });
   }
+
+  /** This session's snapshots (and those of the session it resumed), via the service. */
+  async snapshots(id: string): Promise<ISnapshotList> {
+    return this.request<ISnapshotList>(`v1/sessions/${seg(id, 'session')}/snapshots`);
+  }
+
+  /** What this server can do about snapshots (its own endpoint). */
+  serverSnapshots(): Promise<IServerSnapshots> {
+    return this.request<IServerSnapshots>('snapshots');
+  }
+
+  /** "Snapshot now": every kernel of this server; they run on. */
+  snapshotNow(): Promise<ITakenSnapshot> {
+    return this.request<ITakenSnapshot>('snapshots', {
+      method: 'POST',
+      body: JSON.stringify({ reason: 'user', freeze: false }),
+      headers: { 'Content-Type': 'application/json' }
+    });
+  }
+
+  /** Restore a snapshot into this server: its notebooks get the restored kernels. */
+  restore(snapshot: string): Promise<IRestoreReport> {
+    if (!SNAPSHOT_ID.test(snapshot)) {
+      return Promise.reject(
+        new ApiError(400, `snapshot: ${JSON.stringify(snapshot)} is not a snapshot id`, 'snapshot')
+      );
+    }
+    return this.request<IRestoreReport>('restore', {
+      method: 'POST',
+      body: JSON.stringify({ snapshot }),
+      headers: { 'Content-Type': 'application/json' }
+    });
+  }
 }
+
+const SNAPSHOT_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,47}--[0-9a-f]{11,13}-[0-9a-f]{6}$/;

@@ -102,6 +102,13 @@ export class BudgetModel {
                 : Promise.resolve(null)
             ])
           : [null, null];
+        const [snapshots, server] =
+          info.features.snapshots && info.session
+            ? await Promise.all([
+                settle(this.client.snapshots(info.session), prev.snapshots),
+                settle(this.client.serverSnapshots(), prev.server)
+              ])
+            : [null, null];
         snap = {
           receivedAt,
           offsetMs,
@@ -112,6 +119,8 @@ export class BudgetModel {
           daily,
           work: mine.filter(w => w.id !== info.session),
           notices,
+          snapshots,
+          server,
           error: errors.length ? errors[0] : null
         };
       }

@@ -5,7 +5,7 @@
 import { Dialog, ReactWidget, showDialog, Notification } from '@jupyterlab/apputils';
 import React from 'react';
 
-import type { IAccount, IJobLog, IWorkload } from './api';
+import type { IAccount, IJobLog, IRestoreReport, ISnapshotSet, IWorkload } from './api';
 import {
   describePlacement,
   formatClock,
@@ -21,6 +21,15 @@ import {
   standingWords
 } from './format';
 import { BudgetModel } from './model';
+import {
+  formatBytes,
+  kernelWhere,
+  methodWords,
+  restoredWords,
+  restoreLostSomething,
+  snapshotLine,
+  unsavedWords
+} from './snapshots';
 import {
   costSoFar,
   grantLeft,
@@ -130,7 +139,10 @@ function SessionSection(props: IProps) {
                   (toLocalMs(s.preempt_deadline, snap.offsetMs) - now) / 1000
                 )}.`
               : 'This server will be stopped shortly.'}{' '}
-            Save your work now.
+            {snap.info?.features.snapshots && snap.server?.enabled
+              ? 'Its kernels are being saved first: the session is queued again and they ' +
+                'are restored when it starts. Save your notebooks.'
+              : 'Save your work now.'}
           </div>
         </div>
       );
@@ -458,6 +470,190 @@ function NoticesSection(props: IProps) {
   );
 }
 
+// ------------------------------------------------------------------ snapshots
+function RestoredView(props: { r: IRestoreReport; now: number; offsetMs: number }) {
+  const r = props.r;
+  const lost = restoreLostSomething(r);
+  return (
+    <div
+      className={`jp-GpuBudget-restored jp-GpuBudget-${lost ? 'warn' : 'ok'}`}
+      role="status"
+      aria-label="what the restore brought back"
+    >
+      <div>
+        <strong>Restored</strong>{' '}
+        {formatClock(toLocalMs(r.at, props.offsetMs), props.now)}
+        {r.taken_at !== null && r.taken_at !== undefined
+          ? ` from the snapshot taken ${formatClock(toLocalMs(r.taken_at, props.offsetMs), props.now)}`
+          : ''}
+        {r.error && !r.kernels.length ? `: nothing restored (${r.error})` : ':'}
+      </div>
+      {r.skipped?.length ? (
+        <div className="jp-GpuBudget-muted">
+          The newest snapshot failed verification and was not used ({r.skipped[0].problem}).
+        </div>
+      ) : null}
+      <ul className="jp-GpuBudget-restoredList">
+        {r.kernels.map((k, i) => (
+          <li key={i}>
+            <span className="jp-GpuBudget-mono">{kernelWhere(k)}</span>: {restoredWords(k)}
+            {Object.keys(k.lost ?? {}).length > 0 && (
+              <ul className="jp-GpuBudget-lost">
+                {Object.entries(k.lost).map(([name, why]) => (
+                  <li key={name}>
+                    <span className="jp-GpuBudget-mono">{name}</span> — {why}
+                  </li>
+                ))}
+              </ul>
+            )}
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+function SnapshotItem(props: IProps & { s: ISnapshotSet; busy: boolean; onRestore: () => void }) {
+  const { s, model, now } = props;
+  const snap = model.snapshot;
+  const unsaved = unsavedWords(s);
+  return (
+    <li className={`jp-GpuBudget-snapshot jp-GpuBudget-snapshot-${s.status}`}>
+      <div>
+        {snapshotLine(s, now, snap.offsetMs)}
+        {s.status !== 'ok' && (
+          <span className="jp-GpuBudget-state jp-GpuBudget-state-failed"> {s.status}</span>
+        )}
+      </div>
+      {s.problem && <div className="jp-GpuBudget-muted">{s.problem}</div>}
+      {unsaved.length > 0 && (
+        <div className="jp-GpuBudget-muted" title={unsaved.join('\n')}>
+          not saveable: {unsaved.slice(0, 3).join('; ')}
+          {unsaved.length > 3 ? ` and ${unsaved.length - 3} more` : ''}
+        </div>
+      )}
+      {s.status === 'ok' && (
+        <button
+          className="jp-GpuBudget-button"
+          disabled={props.busy || !snap.server?.enabled}
+          onClick={props.onRestore}
+          aria-label={`Restore the snapshot of ${formatClock(toLocalMs(s.created_at, snap.offsetMs), now)}`}
+        >
+          Restore
+        </button>
+      )}
+    </li>
+  );
+}
+
+function SnapshotSection(props: IProps) {
+  const snap = props.model.snapshot;
+  const s = snap.session;
+  const [busy, setBusy] = React.useState<string | null>(null);
+  if (!s || !snap.info?.features.snapshots) {
+    return null;
+  }
+  const server = snap.server;
+  const list = snap.snapshots?.snapshots ?? [];
+  const take = async () => {
+    setBusy('snapshot');
+    try {
+      const out = await props.model.api.snapshotNow();
+      const missing = out.kernels - out.saved;
+      Notification.emit(
+        `Snapshot taken: ${out.saved} of ${out.kernels} kernel${out.kernels === 1 ? '' : 's'} ` +
+          `saved (${formatBytes(out.stored_bytes)}, ${out.methods.map(methodWords).join(' + ') || 'nothing saved'})` +
+          (missing ? `; ${missing} could not be saved (see the list).` : '.'),
+        missing ? 'warning' : 'success',
+        { autoClose: 6000 }
+      );
+    } catch (e: any) {
+      Notification.error(`The snapshot was not taken: ${e?.message ?? e}`);
+    } finally {
+      setBusy(null);
+      void props.model.refresh();
+    }
+  };
+  const restore = async (item: ISnapshotSet) => {
+    const when = formatClock(toLocalMs(item.created_at, snap.offsetMs), props.now);
+    const where = item.kernels.flatMap(k => k.notebooks).join(', ') || 'its notebooks';
+    const result = await showDialog({
+      title: `Restore the snapshot of ${when}?`,
+      body:
+        `The kernels of ${where} are replaced by the ones saved at ${when}; what they hold ` +
+        'now is lost unless you take a snapshot first.',
+      buttons: [Dialog.cancelButton({ label: 'Keep them' }), Dialog.warnButton({ label: 'Restore' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    setBusy(item.id);
+    try {
+      // what came back is told once, from the service's record of it (the notifications)
+      await props.model.api.restore(item.id);
+    } catch (e: any) {
+      Notification.error(`The snapshot was not restored: ${e?.message ?? e}`);
+    } finally {
+      setBusy(null);
+      void props.model.refresh();
+    }
+  };
+  return (
+    <Section title="Snapshots" id="jp-GpuBudget-snapshots">
+      {s.restored && <RestoredView r={s.restored} now={props.now} offsetMs={snap.offsetMs} />}
+      {s.snapshot_lost && (
+        <div className="jp-GpuBudget-error" role="alert">
+          Kernel state lost {formatClock(toLocalMs(s.snapshot_lost.at, snap.offsetMs), props.now)}:{' '}
+          {s.snapshot_lost.reason}
+        </div>
+      )}
+      {server && !server.enabled && (
+        <p className="jp-GpuBudget-muted">Snapshots are not available in this server: {server.problem}</p>
+      )}
+      {server?.enabled && (
+        <p className="jp-GpuBudget-muted">
+          Your kernels are saved ({server.methods.map(methodWords).join(', then ')}) before a
+          preemption stops this server, and restored when the session starts again.
+        </p>
+      )}
+      <div className="jp-GpuBudget-actions">
+        <button
+          className="jp-GpuBudget-button"
+          onClick={() => void take()}
+          disabled={busy !== null || !server?.enabled || server.taking}
+          title="Save every kernel of this server now; they run on"
+        >
+          {busy === 'snapshot' || server?.taking ? 'Taking a snapshot…' : 'Snapshot now'}
+        </button>
+      </div>
+      {list.length ? (
+        <ul className="jp-GpuBudget-snapshots" aria-label="snapshots of this session">
+          {list.slice(0, 8).map(item => (
+            <SnapshotItem
+              key={item.id}
+              {...props}
+              s={item}
+              busy={busy !== null}
+              onRestore={() => void restore(item)}
+            />
+          ))}
+        </ul>
+      ) : (
+        <p className="jp-GpuBudget-muted">No snapshot of this session yet.</p>
+      )}
+      {snap.snapshots && (
+        <p className="jp-GpuBudget-muted">
+          The last {snap.snapshots.keep_last} are kept
+          {snap.snapshots.quota_bytes
+            ? `; the project's snapshots may use ${formatBytes(snap.snapshots.quota_bytes)} (now ${formatBytes(snap.snapshots.project_bytes)})`
+            : ''}
+          .
+        </p>
+      )}
+    </Section>
+  );
+}
+
 // ------------------------------------------------------------------ panel
 export function BudgetView(props: IProps) {
   const snap = props.model.snapshot;
@@ -487,6 +683,7 @@ export function BudgetView(props: IProps) {
       {info && info.service.configured && info.service.reachable && (
         <>
           <SessionSection {...props} />
+          <SnapshotSection {...props} />
           <NoticesSection {...props} />
           <BudgetSection {...props} />
           <WorkSection {...props} />

@@ -10,7 +10,9 @@ import type {
   IAccount,
   IInfo,
   INotice,
+  IServerSnapshots,
   ISession,
+  ISnapshotList,
   IUsage,
   IUsageDaily,
   IWorkload
@@ -23,6 +25,7 @@ import {
   IClockOptions,
   placementFraction
 } from './format';
+import { restoreLostSomething, restoreMessage } from './snapshots';
 
 export interface ISettings {
   /** Seconds between refreshes from the service. */
@@ -75,6 +78,9 @@ export interface ISnapshot {
   /** My other running and queued work (this session excluded). */
   work: IWorkload[];
   notices: INotice[];
+  /** This session's snapshots (when the service has them), and what this server can do. */
+  snapshots: ISnapshotList | null;
+  server: IServerSnapshots | null;
   /** Why the last refresh failed, in words (the previous figures are kept). */
   error: string | null;
 }
@@ -90,6 +96,8 @@ export function emptySnapshot(now: number): ISnapshot {
     daily: null,
     work: [],
     notices: [],
+    snapshots: null,
+    server: null,
     error: null
   };
 }
@@ -370,13 +378,26 @@ export class NoticeTracker {
         const when =
           deadline !== null
             ? `It will be stopped ${formatRelative((deadline - now) / 1000)} ` +
-              `(${formatClock(deadline, now, clock)}).`
+              `(${formatClock(deadline, now, clock)}) at the latest.`
             : 'It will be stopped shortly.';
+        const saved =
+          snap.info?.features.snapshots && snap.server?.enabled
+            ? ' Its kernels are being saved first: the session is queued again and they are ' +
+              'restored when it starts. Save your notebooks.'
+            : ' Save your work now.';
         add({
           key: `preempt:${s.id}`,
           type: 'error',
           sticky: true,
-          message: `Preemption scheduled for this GPU session (${s.preempt_requested}). ${when} Save your work now.`
+          message: `Preemption scheduled for this GPU session (${s.preempt_requested}). ${when}${saved}`
+        });
+      }
+      if (s.restored && s.restored.at >= this.since - 600) {
+        add({
+          key: `restored:${s.id}:${s.restored.at}`,
+          type: restoreLostSomething(s.restored) ? 'warning' : 'success',
+          sticky: restoreLostSomething(s.restored),
+          message: restoreMessage(s.restored, now, snap.offsetMs)
         });
       }
     }

@@ -179,3 +179,32 @@ describe('BudgetModel.refresh', () => {
     expect(t.calls.filter(c => c.path === 'info').length).toBe(1);
   });
 });
+
+describe('snapshots through the server', () => {
+  it('snapshot now and restore go to the server itself; a bad id never leaves the browser', async () => {
+    const bodies: unknown[] = [];
+    const t = transport({
+      snapshots: init => {
+        bodies.push(JSON.parse(String(init?.body)));
+        return json(200, { id: 's1--18f0000000a-abcdef', created_at: 1, methods: ['criu'],
+                           kernels: 1, saved: 1, stored_bytes: 10, raw_bytes: 20, status: 'ok' });
+      },
+      restore: init => {
+        bodies.push(JSON.parse(String(init?.body)));
+        return json(200, { snapshot: 's1--18f0000000a-abcdef', kernels: [], skipped: [],
+                           summary: 'x', asked: null, taken_at: 1, error: null, at: 2 });
+      },
+      'v1/sessions/s1/snapshots': () => json(200, { session: 's1', snapshots: [], keep_last: 3,
+                                                     quota_bytes: null, project_bytes: 0 })
+    });
+    const c = new GpuBudgetClient(t.fetcher);
+    expect((await c.snapshotNow()).saved).toBe(1);
+    await c.restore('s1--18f0000000a-abcdef');
+    expect((await c.snapshots('s1')).keep_last).toBe(3);
+    expect(bodies).toEqual([{ reason: 'user', freeze: false }, { snapshot: 's1--18f0000000a-abcdef' }]);
+    await expect(c.restore('../../etc/passwd')).rejects.toMatchObject({ status: 400, field: 'snapshot' });
+    expect(t.calls.map(x => `${x.method} ${x.path}`)).toEqual([
+      'POST snapshots', 'POST restore', 'GET v1/sessions/s1/snapshots'
+    ]);
+  });
+});

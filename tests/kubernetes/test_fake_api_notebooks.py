@@ -75,6 +75,9 @@ def start_hub(d: Path, api: FakeApiServer) -> DemoHub:
                                         + (["--allow-root"] if os.geteuid() == 0 else [])),
         "GPUBUDGET_K8S_SNAPSHOT_CMD": json.dumps(SNAPSHOT),
         "GPUBUDGET_K8S_STOP_GRACE": "10",
+        # only the pod's preStop hook saves here: with both sessions unprotected, a requeued
+        # (snapshotted) session would preempt its preemptor in turn
+        "GPUBUDGET_SNAPSHOT_ON_PREEMPT": "0",
         "PATH": str(bindir) + os.pathsep + os.environ.get("PATH", ""),
     })
     e.pop("KUBERNETES_SERVICE_HOST", None)

@@ -12,6 +12,7 @@ import pytest
 from jupyter_gpubudget.snapshot import KernelRef, SnapshotError, choose, chunkio, kernels
 from jupyter_gpubudget.snapshot.criusnap import CriuSnapshotter
 from jupyter_gpubudget.snapshot.namespace import NamespaceSnapshotter
+from jupyter_gpubudget.snapshot.privcall import Privileged
 from jupyter_gpubudget.snapshot.store import Store
 
 from .state import CHECKS, cells
@@ -105,7 +106,7 @@ def test_through_the_privileged_launcher_command(criu_bin, kernelset, store):
         assert out["message"].split(":")[0] in ("pid", "images_dir")
     km, k1 = kernelset.start("k1")
     kernelset.run(k1, "word = 'through sudo, one day'")
-    cs = CriuSnapshotter(store, launcher=LAUNCHER)
+    cs = CriuSnapshotter(store, privileged=Privileged(command_prefix=["env"]))
     k1.uid = os.geteuid()
     snap = cs.dump(k1)
     reap(km)
@@ -116,20 +117,32 @@ def test_through_the_privileged_launcher_command(criu_bin, kernelset, store):
 
 
 def test_criu_declines_gpu_kernels_it_cannot_capture_and_namespace_takes_over(
-        criu_bin, kernelset, store):
+        criu_bin, kernelset, store, tmp_path):
     _, k1 = kernelset.start("k1")
     cs, ns = CriuSnapshotter(store), NamespaceSnapshotter(store)
     assert choose(k1, [cs, ns])[0] is cs
-    mig = KernelRef(**{**{f: getattr(k1, f) for f in k1.__slots__},
-                       "gpu_devices": ("MIG-4f1c6a2e-0000-5000-8000-000000000001",)})
+
+    def given(**kw):  # noqa: ANN003, ANN202
+        return KernelRef(**{**{f: getattr(k1, f) for f in k1.__slots__}, **kw})
+
+    mig = given(gpu_devices=("MIG-4f1c6a2e-0000-5000-8000-000000000001",))
+    whole = given(gpu_devices=("GPU-4f1c6a2e-0000-5000-8000-000000000002",))
+    mps = given(mps=True)
+    # given a slice but never touched it: no GPU state, CRIU captures it whole
+    for k in (mig, whole, mps):
+        assert cs.available(k).ok
+    # once the kernel has the CUDA driver mapped (a stand-in library: no GPU here), its GPU
+    # state must be captured, which only cuda-checkpoint does, for whole GPUs only
+    fake = tmp_path / "libcuda.so.1"
+    fake.write_bytes(b"\0" * 4096)
+    r = kernelset.run(k1, f"import mmap\n_f = open({str(fake)!r}, 'rb')\n"
+                          "_m = mmap.mmap(_f.fileno(), 0, prot=mmap.PROT_READ)")
+    assert r.status == "ok", r.error
     chosen, why = choose(mig, [cs, ns])
     assert chosen is ns and "MIG" in why[0]
-    whole = KernelRef(**{**{f: getattr(k1, f) for f in k1.__slots__},
-                         "gpu_devices": ("GPU-4f1c6a2e-0000-5000-8000-000000000002",)})
     if cs.capabilities()["cuda_checkpoint"] is None:  # detected, not assumed
         chosen, why = choose(whole, [cs, ns])
         assert chosen is ns and "cuda-checkpoint is not installed" in why[0]
-    mps = KernelRef(**{**{f: getattr(k1, f) for f in k1.__slots__}, "mps": True})
     assert "MPS" in cs.available(mps).reason
-    dependent = KernelRef(**{**{f: getattr(k1, f) for f in k1.__slots__}, "pid": os.getpid()})
+    dependent = given(pid=os.getpid())
     assert not cs.available(dependent).ok

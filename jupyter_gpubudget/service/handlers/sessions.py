@@ -16,6 +16,13 @@ from jupyter_gpubudget.ledger.models import WorkloadRow
 from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
+from ..resume import (
+    pop_resume_fields,
+    requeue_session,
+    resume_target,
+    snapshot_fields,
+    usable_set_or_400,
+)
 from ..state import request_from_dict, request_to_dict
 from ..validate import check_offered, duration, parse_session, request_from_choice
 from ..views import finite, workload_json
@@ -23,7 +30,7 @@ from ..views import finite, workload_json
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
 END_REASONS = {"stop": ("done", "stop"), "cull": ("done", "cull"),
                "preempt": ("preempted", "preempt"), "failed": ("failed", "exit"),
-               "timeout": ("cancelled", "cancel")}
+               "timeout": ("cancelled", "cancel"), "hibernate": ("done", "hibernate")}
 
 
 class _SessionBase(BaseHandler):
@@ -71,6 +78,7 @@ class _SessionBase(BaseHandler):
                     out["preempt_deadline"] = d.at + self.svc.policy().stop_grace
                 if d.kind == "idle" and out["idle_reported"] is None:
                     out["idle_reported"] = d.at
+        out.update(snapshot_fields(self.svc, row))
         if row.state == "pending":
             out["free_now"] = self.free_now(row, now)
         out["inventory"] = self.svc.inventory.source
@@ -187,7 +195,10 @@ class SessionsHandler(_SessionBase):
 
     async def post(self) -> None:
         c = await self.caller()
-        sess = parse_session(self.body())
+        body = self.body()
+        extra = pop_resume_fields(body)
+        sess = parse_session(body)
+        sess.update(extra)
         user, project = sess["user"], sess["project"]
         if user != c.name and not c.is_admin:
             raise Denied(f"only gpubudget admins may start a session for another user ({user!r})")
@@ -205,13 +216,19 @@ class SessionsHandler(_SessionBase):
             raise ApiError(403, f"user {user!r} is not a member of project {project!r} "
                                 f"(their projects: {', '.join(mine) or 'none'})", "project")
         now = self.svc.clock()
+        resumes = await self.db(resume_target, self.svc, sess, user)
 
         def apply(s):  # noqa: ANN001, ANN202
             row = self.svc.ledger.submit(
                 project=project, user=user, kind="interactive", now=now,
                 request=request_to_dict(sess["request"]), command=None, env=None,
-                min_runtime=sess["min_runtime"], resumable=False, time_limit=None,
-                backend=SESSION_BACKEND, name=sess["name"], s=s)
+                min_runtime=sess["min_runtime"], resumable=resumes is not None,
+                time_limit=None, backend=SESSION_BACKEND, name=sess["name"], s=s)
+            if resumes is not None:
+                self.svc.ledger.record_decision(
+                    now=now, kind="resume", workload=row.id, actor=c.name,
+                    reason=f"resumes session {resumes['resumes']} from snapshot "
+                           f"{resumes['snapshot']}", detail={**resumes, "spawn": "hub"}, s=s)
             return 201, {"id": row.id}
 
         key = self.idem_key(c)
@@ -256,10 +273,21 @@ class SessionHandler(_SessionBase):
         state, closed_by = END_REASONS[reason]
         if row.state == "pending":
             state, closed_by = "cancelled", "cancel"
+        requeue = self.get_query_argument("requeue", None)
+        keep = self.get_query_argument("snapshot", None)
+        if requeue is not None and (reason != "preempt" or row.state != "running"):
+            raise ApiError(400, "requeue: only a running session that is preempted is "
+                                "requeued", "requeue")
+        if keep is not None and reason != "hibernate":
+            raise ApiError(400, "snapshot: only with reason=hibernate", "snapshot")
+        svc = self.svc
+        for name, sid in (("requeue", requeue), ("snapshot", keep)):
+            if sid is not None:
+                await self.db(usable_set_or_400, svc, sid, wid, name)
+        requeued_as = None
         if row.state in ("pending", "running"):
-            svc = self.svc
 
-            def work() -> None:
+            def work() -> str | None:
                 with svc.loop.lock:
                     try:
                         svc.ledger.stop(wid, now=svc.clock(), state=state, closed_by=closed_by,
@@ -267,10 +295,29 @@ class SessionHandler(_SessionBase):
                     except LedgerError as e:
                         if e.status != 409:
                             raise
+                        return None
+                    if keep is not None:
+                        svc.ledger.record_decision(
+                            now=svc.clock(), kind="hibernate", workload=wid, actor=c.name,
+                            reason=f"idle: snapshot {keep} taken, slice released",
+                            detail={"snapshot": keep})
+                    if requeue is not None:
+                        return requeue_session(svc, row, requeue, c.name)
+                    return None
 
-            await self.db(work)
+            requeued_as = await self.db(work)
             self.svc.kick()
-        await self.send_session(wid)
+            if requeued_as or keep:
+                self.svc.wake_resumer()
+
+        def read() -> dict:
+            fresh = svc.ledger.get(wid)
+            assert fresh is not None
+            out = self.session_json(fresh)
+            out["requeued_as"] = requeued_as
+            return out
+
+        self.send(await self.db(read))
 
 
 class HeartbeatHandler(_SessionBase):

@@ -56,7 +56,8 @@ class NoticesHandler(BaseHandler):
         notices = await self.db(self.svc.ledger.notices_for, c.name)
         self.send({"notices": [
             {"kind": d.kind, "workload": w.id, "name": w.name, "project": w.project, "at": d.at,
-             "reason": d.reason, "requeued": bool((d.detail or {}).get("requeued")),
+             "reason": d.reason, "requeued": d.kind == "requeue"
+             or bool((d.detail or {}).get("requeued")),
              "state": w.state}
             for d, w in notices]})
 

@@ -126,6 +126,10 @@ class FakeSpawner:
         self._changed = asyncio.Event()
         self.placement = [{"node": "a", "gpu": 3, "kind": "mig", "profile": "3g.40gb"}]
         self.child = None
+        self._progress_watchers = 0
+        self._resuming: dict | None = None  # not a resumed (snapshotted) session
+        self._restore: dict | None = None
+        self._restore_told = asyncio.Event()
 
     def say(self, **session) -> None:
         self._session = {"id": "s1", "project": "astro", "request": {"kind": "gpu", "gpus": 1},

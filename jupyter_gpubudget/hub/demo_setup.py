@@ -166,19 +166,44 @@ def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | No
     return path
 
 
+#: the demo users' group: their notebook servers may run the CRIU steps of a snapshot as root
+#: (the privileged side acts only on the caller's own kernels; docs/snapshot.md)
+USERS_GROUP = "gpubudget-users"
+
+
 def sudoers_line(user: str, python: str, config: Path) -> str:
     """The one command the service user may run as root."""
     return (f"{user} ALL=(root) NOPASSWD: {python} -I -m jupyter_gpubudget.launcher "
             f"--config {config} *")
 
 
-def install_sudoers(user: str, python: str, config: Path) -> Path:
+def snapshot_sudoers_line(group: str, python: str) -> str:
+    """What the users' servers may run as root: the snapshot module's CRIU verbs."""
+    return (f"%{group} ALL=(root) NOPASSWD: {python} -I -m "
+            f"jupyter_gpubudget.snapshot.privileged *")
+
+
+def ensure_users_group(members: list[str], group: str = USERS_GROUP) -> None:
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        _run(["groupadd", "--system", group], ok=(0, 9))
+    have = set(grp.getgrnam(group).gr_mem)
+    for m in members:
+        if m not in have:
+            _run(["usermod", "-aG", group, m])
+
+
+def install_sudoers(user: str, python: str, config: Path, users_group: str | None = None
+                    ) -> Path:
     """A drop-in in /etc/sudoers.d (checked with visudo first), removed when the hub exits."""
     line = sudoers_line(user, python, config)
+    if users_group:
+        line += "\n" + snapshot_sudoers_line(users_group, python)
     name = "gpubudget-" + hashlib.sha256(str(config).encode()).hexdigest()[:12]
     path = SUDOERS_DIR / name
     text = (f"# gpubudget demo hub ({config.parent}): the service may run the launcher as "
-            f"root\n{line}\n")
+            f"root; the users' servers the CRIU steps of their own snapshots\n{line}\n")
     SUDOERS_DIR.mkdir(exist_ok=True)
     tmp = SUDOERS_DIR / f".{name}.tmp"  # names with a '.' are ignored by sudo
     tmp.write_text(text)

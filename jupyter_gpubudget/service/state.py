@@ -105,7 +105,7 @@ class LiveWorkloads:
             if r.kind == "interactive":  # its snapshot's cost grows with the session's age
                 age = now - r.started_at if r.started_at is not None and now else 0.0
                 cost, reliability = snapshot_estimate((snapshots or {}).get(r.user),
-                                                      60.0 * (age // 60))
+                                                      10.0 * (age // 10))
             sig = (*r, r.id in idle, r.id in stopping, r.backend in sync_backends, cost,
                    reliability)
             hit = self._cache.get(r.id)

@@ -6,7 +6,7 @@ user inside their server). A :class:`Privileged` runs the verbs of
 ``criu-restore``):
 
 - in this process when it is root and ``command_prefix`` is empty (tests, a root service);
-- else as ``[*command_prefix, python, "-m", VERB_MODULE, verb, --flags...]``, e.g. with
+- else as ``[*command_prefix, python, "-I", "-m", VERB_MODULE, verb, --flags...]``, e.g. with
   ``command_prefix = ["sudo", "-n"]`` and a sudoers line allowing exactly that command.
 
 When the CRIU verbs move into the project's privileged launcher (``python -m
@@ -46,7 +46,7 @@ class Privileged(LoggingConfigurable):
 
     command_prefix = List(Unicode(), help=(
         "Command prefix that runs the privileged snapshot verbs as root, e.g. ['sudo', '-n'] "
-        "with a sudoers line allowing `<python> -m jupyter_gpubudget.snapshot.privileged *` "
+        "with a sudoers line allowing `<python> -I -m jupyter_gpubudget.snapshot.privileged *` "
         "(see docs/snapshot.md). Empty: call them in this process, which must then be root. "
         "Default: empty when this process is root, else ['sudo', '-n'].")).tag(config=True)
     python = Unicode(help="The Python that runs the privileged module (default: this "
@@ -77,7 +77,8 @@ class Privileged(LoggingConfigurable):
         """The command line of one privileged call."""
         if verb not in VERBS:
             raise ValueError(f"verb: unknown privileged verb {verb!r}")
-        argv = [*self.command_prefix, self.python, "-m", VERB_MODULE, verb]
+        # -I: as root, import nothing from the caller's directory or PYTHON* variables
+        argv = [*self.command_prefix, self.python, "-I", "-m", VERB_MODULE, verb]
         for k, v in args.items():
             flag = "--" + k.replace("_", "-")
             if isinstance(v, bool):

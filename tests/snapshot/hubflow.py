@@ -101,7 +101,9 @@ class Notebook:
     def client(self) -> BlockingKernelClient:
         kid = self.kernel_id()
         assert kid, f"no kernel attached to {self.path}"
-        home = self.hub.dir / "state" / "home" / self.user
+        # the server's own home (as root the demo runs it as the user's own Unix account)
+        home = Path(self.hub.server_env(self.user).get("HOME")
+                    or self.hub.dir / "state" / "home" / self.user)
         conn = home / ".local" / "share" / "jupyter" / "runtime" / f"kernel-{kid}.json"
         wait(conn.exists, f"no connection file {conn}", self.hub, 30)
         kc = BlockingKernelClient(connection_file=str(conn))
@@ -128,7 +130,7 @@ class Notebook:
 
 
 def ledger(hub: DemoHub) -> Ledger:
-    return Ledger(connect(f"sqlite:///{hub.dir / 'state' / 'ledger.sqlite'}", read_only=True))
+    return Ledger(connect(hub.ledger_url, read_only=True))
 
 
 def job(hub: DemoHub, token: str, project: str, name: str, gpus: int = 1) -> dict:
@@ -163,3 +165,17 @@ def write_config(d: Path, budgets: str, inventory: str) -> tuple[Path, Path]:
 
 def dump(obj: object) -> str:
     return json.dumps(obj, indent=1, default=str)[:6000]
+
+
+def users_dir(hub, user: str, name: str) -> Path:  # noqa: ANN001
+    """A fresh directory the user's server (their own Unix account, as root) may write, in
+    their home: what the notebook's cells open."""
+    import os
+    import uuid
+
+    home = Path(hub.server_env(user).get("HOME") or hub.dir / "state" / "home" / user)
+    d = home / f"{name}-{uuid.uuid4().hex[:6]}"
+    d.mkdir(parents=True)
+    st = home.stat()
+    os.chown(d, st.st_uid, st.st_gid)
+    return d

@@ -30,6 +30,7 @@ from .hubflow import (
     sessions,
     stop_everything,
     user_token,
+    users_dir,
     wait,
     write_config,
 )
@@ -91,7 +92,7 @@ def test_idle_session_hibernates_frees_its_slice_and_comes_back_restored(hub, tm
         first = ready_session_id(hub, "alice")
         nb = Notebook(hub, "alice", alice)
         nb.open()
-        for c in cells(str(tmp_path), 64):
+        for c in cells(str(users_dir(hub, "alice", "notes")), 64):
             nb.run(c)
         # carol waits for the only GPU
         st, body = http("POST", f"{hub.api}/users/carol/server", hub.token,

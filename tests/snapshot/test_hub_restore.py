@@ -31,6 +31,7 @@ from .hubflow import (
     session,
     stop_everything,
     user_token,
+    users_dir,
     wait,
     write_config,
 )
@@ -98,8 +99,7 @@ def _scenario(hub, method: str, alice: str, carol: str, tmp_path) -> None:  # no
     first = ready_session_id(hub, "alice")
     nb = Notebook(hub, "alice", alice)
     nb.open()
-    notes = tmp_path / "notes"
-    notes.mkdir()
+    notes = users_dir(hub, "alice", "notes")
     for c in cells(str(notes), SIZES[method]):
         nb.run(c)
     before = session(hub, first)

@@ -105,6 +105,12 @@ class Backend(LoggingConfigurable):
     # Engines that know their nodes (Slurm, Kubernetes) report them here; the local backend
     # leaves the service's inventory source (NVML or the declared file) in charge.
 
+    def use_inventory(self, inventory: Any) -> None:
+        """The core ``Inventory`` the service schedules on (NVML, declared, or the engine's
+        own), given once it is known: backends that set ``CUDA_VISIBLE_DEVICES`` take the
+        device ids from it (``backends/devices.py``)."""
+        return None
+
     def discover_inventory(self) -> Any:
         """The engine's nodes and GPUs as a core ``Inventory``, or None: the service's own
         inventory source (NVML or the declared file) applies."""

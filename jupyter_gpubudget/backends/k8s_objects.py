@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from jupyter_gpubudget.backends.devices import mps_env
 from jupyter_gpubudget.core import mig as migtab
 from jupyter_gpubudget.core.inventory import GpuSpec, Inventory, NodeSpec
 from jupyter_gpubudget.inventory.nvml import model_name
@@ -239,6 +240,7 @@ def pod_plan(node: str, slices: list[dict], naming: Naming) -> PodPlan:
     plan = PodPlan(node)
     whole: list[dict] = []
     migs: dict[str, list[dict]] = {}
+    shares: list[dict] = []
     cpu_milli = memory_mib = 0
     for s in slices:
         kind = s.get("kind", "gpu")
@@ -256,10 +258,10 @@ def pod_plan(node: str, slices: list[dict], naming: Naming) -> PodPlan:
             count = math.ceil(milli * naming.shared_replicas / 1000)
             prev = int(plan.limits.get(naming.shared_resource, "0"))
             plan.limits[naming.shared_resource] = str(prev + count)
-            plan.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(milli / 10)))
-            if _int(s, "gpu_memory_mib"):
-                plan.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={s['gpu_memory_mib']}M"
+            shares.append(s)
             plan.gpus += 1
+    # the device plugin picks the devices; the MPS limits come from the one builder
+    plan.env.update(mps_env(enumerate(shares)))
     if whole:
         plan.gpus += len(whole)
         if naming.mode == "dra":

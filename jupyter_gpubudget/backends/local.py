@@ -1,8 +1,9 @@
 """Local backend: a batch job's command runs on this machine as the submitting user's Unix
 account, started by the privileged launcher (``jupyter_gpubudget.launcher``).
 
-The placement becomes ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, or MIG UUIDs for MIG slices) and,
-for MPS shares, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``.
+The placement becomes the job's devices through the one builder (``backends/devices.py``):
+``CUDA_VISIBLE_DEVICES`` = ``GPU-<uuid>`` / ``MIG-<uuid>`` from the service's NVML inventory
+(derived stand-ins for a declared one, logged once), and for MPS shares the MPS variables.
 The launcher keeps each attempt's records in ``<jobs root>/<workload>/<attempt>/`` (pid,
 exit, output.log); jobs survive a restart of the service and are found again there.
 
@@ -34,31 +35,12 @@ from pathlib import Path
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
+from jupyter_gpubudget.core.inventory import Inventory
 from jupyter_gpubudget.launcher.policy import DEFAULT_JOB_PATH
 from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
+from . import devices as dev
 from .base import Backend, BackendStatus, Launch, LogChunk
-
-
-def cuda_env(placement: list[dict], uuids: dict[tuple[str, int], str] | None = None) -> dict[str, str]:
-    """Environment selecting the placed devices. ``uuids`` maps (node, gpu index) to a UUID."""
-    uuids = uuids or {}
-    devices: list[str] = []
-    env: dict[str, str] = {}
-    for s in placement:
-        if s.get("gpu", -1) < 0:
-            continue
-        gpu_id = uuids.get((s["node"], s["gpu"]), str(s["gpu"]))
-        if s.get("kind") == "mig":
-            devices.append(f"MIG-{gpu_id}/{s.get('profile')}/{s.get('mig_start')}")
-        else:
-            devices.append(gpu_id)
-        if s.get("kind") == "mps":
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(s.get("milli", 0) / 10)))
-            if s.get("gpu_memory_mib"):
-                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={s['gpu_memory_mib']}M"
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    return env
 
 
 class CommandError(ValueError):
@@ -80,8 +62,10 @@ class LocalBackend(Backend):
     extra_env = Dict({}, help="Extra environment variables for every job. The names a job may "
                      "not set are refused here too; loader variables an admin needs "
                      "(LD_LIBRARY_PATH) go in the launcher config's 'env'.").tag(config=True)
-    gpu_uuids = Dict({}, help="Map 'node/index' to the GPU UUID put in CUDA_VISIBLE_DEVICES "
-                     "(default: the index).").tag(config=True)
+    gpu_uuids = Dict({}, help="Map 'node/index' to the GPU UUID put in CUDA_VISIBLE_DEVICES, "
+                     "for a declared inventory on a machine that has the GPUs (an NVML "
+                     "inventory knows its UUIDs; without either, jobs get derived ids that "
+                     "are not CUDA ids).").tag(config=True)
     allowed_commands = List(Unicode(), [], help="Regular expressions; when set, a job is "
                             "accepted only if its command fully matches one: the shell string "
                             "of a string command, or the argv joined by spaces with the "
@@ -129,6 +113,8 @@ class LocalBackend(Backend):
             self.isolation = "off"
         self._records_uid = 0 if self.isolation in ("root", "sudo") else os.geteuid()
         self._watch = _ExitWatch(self)
+        self._declared_told = False
+        self.use_inventory(None)
         if self.isolation == "off":
             self.log.warning(
                 "LocalBackend: isolation is OFF: the service is not root and has no launcher "
@@ -144,6 +130,23 @@ class LocalBackend(Backend):
             self.log.info("LocalBackend: jobs run as their users' accounts through "
                           "'sudo -n %s -I -m jupyter_gpubudget.launcher --config %s'",
                           self.launcher_python, self.launcher_config)
+
+    def use_inventory(self, inventory: Inventory | None) -> None:
+        overrides: dict[tuple[str, int], str] = {}
+        for key, uuid in self.gpu_uuids.items():
+            node, _, idx = str(key).rpartition("/")
+            if not node or not idx.isdigit():
+                raise ValueError(f"LocalBackend.gpu_uuids: key {key!r} is not 'node/index'")
+            overrides[(node, int(idx))] = str(uuid)
+        self.devices = dev.device_map(inventory, overrides)
+
+    def job_devices(self, placement: list[dict]) -> dict[str, str]:
+        """The job's device environment (see ``backends/devices.py``)."""
+        built = dev.build(placement, self.devices)
+        if built.declared and not self._declared_told:
+            self._declared_told = True
+            self.log.warning("LocalBackend: %s", dev.DECLARED_NOTE)
+        return built.env
 
     # ------------------------------------------------------------------ who and what
     @property
@@ -234,9 +237,7 @@ class LocalBackend(Backend):
         return out
 
     def launch(self, launch: Launch) -> str:
-        uuids = {tuple(k.split("/", 1)): v for k, v in self.gpu_uuids.items()}
-        uuids = {(n, int(i)): v for (n, i), v in uuids.items()}
-        job_env = cuda_env(launch.placement, uuids)
+        job_env = self.job_devices(launch.placement)
         job_env.update({"GPUBUDGET_WORKLOAD": launch.workload,
                         "GPUBUDGET_PROJECT": launch.project, "GPUBUDGET_USER": launch.user,
                         "GPUBUDGET_ATTEMPT": str(launch.attempt),

@@ -44,6 +44,10 @@ class GpuSpec:
     #: MIG GPUs: the instances that exist, (profile, start slot) — the only MIG slices the
     #: core places on; None: carved freely (dynamic MIG)
     mig_layout: tuple[tuple[str, int], ...] | None = None
+    #: MIG GPUs discovered through NVML: (profile, start slot, UUID) of each instance that
+    #: exists, so a placement on it names the instance's ``MIG-<uuid>`` (a declared
+    #: inventory has none: its device ids are derived, not CUDA ids)
+    mig_uuids: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def layout(self) -> frozenset[tuple[str, int]] | None:

@@ -112,7 +112,8 @@ def discover(nvml: Any = None, node_name: str | None = None,
             found = _mig_instances(nv, h, i, model) if mig_on else []
             layout = (None if dynamic_mig or not mig_on else
                       tuple(sorted((m.profile, m.start) for m in found)))
-            gpus.append(GpuSpec(i, model, mem // 2**20, mig_on, uuid, layout))
+            gpus.append(GpuSpec(i, model, mem // 2**20, mig_on, uuid, layout,
+                                tuple((m.profile, m.start, m.uuid) for m in found)))
             uuids[i] = uuid
             migs.extend(found)
             if _nvlink_active(nv, h):

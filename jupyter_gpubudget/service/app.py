@@ -299,6 +299,7 @@ class GpuBudgetService(Application):
                 dynamic_mig=self.dynamic_mig)
         self.log.info("gpubudget inventory: %s (%d GPUs)", self.inventory_message,
                       self.inventory.gpu_count)
+        self.backend.use_inventory(self.inventory)
         private_sqlite(self.db_url)
         upgrade(self.db_url)  # Alembic migrations on every start (a no-op when current)
         self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous,

@@ -7,13 +7,17 @@ import types
 
 import pytest
 
+from jupyter_gpubudget.backends.devices import DeviceError
 from jupyter_gpubudget.core.inventory import load_inventory
 from jupyter_gpubudget.core.offer import slice_choices
 from jupyter_gpubudget.hub.idle import gpu_busy
 from jupyter_gpubudget.hub.placement import describe, placement_env
 from jupyter_gpubudget.hub.spawner import BudgetSpawner, normalise_slice
+from jupyter_gpubudget.inventory.nvml import discover
 from jupyter_gpubudget.service.handlers.sessions import check_offered
 from jupyter_gpubudget.service.validate import Invalid, parse_session, request_from_choice
+
+from ..inventory import fake_nvml
 
 GPU = {"node": "n1", "gpu": 3, "kind": "gpu", "milli": 1000, "mig_start": -1, "profile": None}
 MIG = {"node": "n1", "gpu": 6, "kind": "mig", "milli": 143, "mig_start": 2, "profile": "1g.10gb"}
@@ -41,11 +45,11 @@ def test_cpu_only_hides_every_gpu():
 
 
 def test_nvml_discovery_gives_real_uuids():
-    disc = types.SimpleNamespace(
-        gpu_uuids={3: "GPU-aaaa", 6: "GPU-bbbb"},
-        mig_uuid=lambda gpu, profile, start: "MIG-cccc" if (gpu, profile, start) == (
-            6, "1g.10gb", 2) else None)
-    assert placement_env([GPU, MIG], disc)["CUDA_VISIBLE_DEVICES"] == "GPU-aaaa,MIG-cccc"
+    disc = discover(fake_nvml.FakeNvml(fake_nvml.hgx_h200()), node_name="n1")
+    mig = {**MIG, "profile": "1g.18gb", "mig_start": 6}
+    assert placement_env([GPU, mig], disc)["CUDA_VISIBLE_DEVICES"] == "GPU-fake-03,MIG-fake-6-c"
+    with pytest.raises(DeviceError, match="no MIG instance 1g.10gb at slot 2"):
+        placement_env([MIG], disc)  # not in NVML's layout: never a made-up id
 
 
 def test_describe():

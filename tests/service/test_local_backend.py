@@ -7,8 +7,9 @@ import time
 
 from jupyter_gpubudget.backends.base import Launch
 from jupyter_gpubudget.backends.local import LocalBackend as _LocalBackend
-from jupyter_gpubudget.backends.local import cuda_env
+from jupyter_gpubudget.inventory.nvml import discover
 from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
+from tests.inventory.fake_nvml import FakeNvml, hgx_h200
 
 
 def LocalBackend(**kw):  # noqa: ANN003, ANN201, N802 - as root, bob's jobs run as gbt-bob
@@ -18,18 +19,28 @@ def LocalBackend(**kw):  # noqa: ANN003, ANN201, N802 - as root, bob's jobs run 
     return _LocalBackend(**kw)
 
 
-def test_cuda_env_for_whole_mig_and_mps():
-    assert cuda_env([{"node": "n", "gpu": 1, "kind": "gpu"}, {"node": "n", "gpu": 3}]) == {
-        "CUDA_VISIBLE_DEVICES": "1,3"}
-    env = cuda_env([{"node": "n", "gpu": 0, "kind": "gpu"}], {("n", 0): "GPU-abc"})
-    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc"
-    env = cuda_env([{"node": "n", "gpu": 2, "kind": "mig", "profile": "1g.18gb", "mig_start": 4}],
-                   {("n", 2): "GPU-x"})
-    assert env["CUDA_VISIBLE_DEVICES"] == "MIG-GPU-x/1g.18gb/4"
-    env = cuda_env([{"node": "n", "gpu": 0, "kind": "mps", "milli": 250, "gpu_memory_mib": 4096}])
-    assert env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+def test_job_devices_for_whole_mig_and_mps(caplog):
+    b = _LocalBackend(gpu_uuids={"n/0": "GPU-abc"})
+    # a declared inventory (none given): derived ids, said once in the log
+    assert b.job_devices([{"node": "n", "gpu": 1, "kind": "gpu"}, {"node": "n", "gpu": 3}]) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-n-1,GPU-n-3"}
+    assert caplog.text.count("device ids are not CUDA ids") == 1
+    assert b.job_devices([{"node": "n", "gpu": 0, "kind": "gpu"}]) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-abc"}  # the admin's mapping
+    # a MIG slice is its instance's id, never '<gpu>/<profile>/<start>'
+    env = b.job_devices([{"node": "n", "gpu": 2, "kind": "mig", "profile": "1g.18gb",
+                          "mig_start": 4}])
+    assert env == {"CUDA_VISIBLE_DEVICES": "MIG-n-2-1g.18gb-4"}
+    b.use_inventory(discover(FakeNvml(hgx_h200()), node_name="n").inventory)
+    env = b.job_devices([{"node": "n", "gpu": 6, "kind": "mig", "profile": "2g.35gb",
+                          "mig_start": 4}])
+    assert env == {"CUDA_VISIBLE_DEVICES": "MIG-fake-6-b"}
+    env = b.job_devices([{"node": "n", "gpu": 1, "kind": "mps", "milli": 250,
+                          "gpu_memory_mib": 4096}])
+    assert env == {"CUDA_VISIBLE_DEVICES": "GPU-fake-01", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"}
-    assert cuda_env([{"node": "n", "gpu": -1, "kind": "cpu"}]) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert b.job_devices([{"node": "n", "gpu": -1, "kind": "cpu"}]) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert caplog.text.count("device ids are not CUDA ids") == 1
 
 
 def _wait(pred, timeout=20.0):  # noqa: ANN001, ANN202

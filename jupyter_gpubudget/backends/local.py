@@ -41,6 +41,7 @@ from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
 from . import devices as dev
 from .base import Backend, BackendStatus, Launch, LogChunk
+from .mps import CONTROL, MpsDaemons, MpsUnavailable
 
 
 class CommandError(ValueError):
@@ -66,6 +67,16 @@ class LocalBackend(Backend):
                      "for a declared inventory on a machine that has the GPUs (an NVML "
                      "inventory knows its UUIDs; without either, jobs get derived ids that "
                      "are not CUDA ids).").tag(config=True)
+    mps_state_dir = Unicode("gpubudget-mps", help="Directory of the MPS control daemons the "
+                            "backend runs, one per GPU carrying MPS shares of jobs "
+                            "(<dir>/<gpu id>/pipe and /log). Only for an NVML inventory: a "
+                            "declared one has no real GPUs to run them for.").tag(config=True)
+    mps_control = Unicode(CONTROL, help="The MPS control program (a name on the service's "
+                          "PATH, or a path). When it or the NVIDIA driver is missing, a job on "
+                          "an MPS share fails to start with a message saying so.").tag(config=True)
+    mps_check_interval = Float(10.0, help="Seconds between checks that the MPS control daemon "
+                               "of a GPU with running shares still answers (it is started "
+                               "again when it died).").tag(config=True)
     allowed_commands = List(Unicode(), [], help="Regular expressions; when set, a job is "
                             "accepted only if its command fully matches one: the shell string "
                             "of a string command, or the argv joined by spaces with the "
@@ -115,6 +126,11 @@ class LocalBackend(Backend):
         self._watch = _ExitWatch(self)
         self._declared_told = False
         self.use_inventory(None)
+        # jobs of other users (root / sudo isolation) reach the daemon's pipe directory; the
+        # daemon must then be root to start their MPS servers (refused, and said, otherwise)
+        self.mps = MpsDaemons(self.mps_state_dir, self.mps_control,
+                              other_users=self.isolation != "off", logger=self.log)
+        self._mps_checked: dict[str, float] = {}
         if self.isolation == "off":
             self.log.warning(
                 "LocalBackend: isolation is OFF: the service is not root and has no launcher "
@@ -140,13 +156,39 @@ class LocalBackend(Backend):
             overrides[(node, int(idx))] = str(uuid)
         self.devices = dev.device_map(inventory, overrides)
 
-    def job_devices(self, placement: list[dict]) -> dict[str, str]:
-        """The job's device environment (see ``backends/devices.py``)."""
+    def job_devices(self, placement: list[dict], holder: str | None = None) -> dict[str, str]:
+        """The job's device environment (see ``backends/devices.py``). With ``holder`` (the
+        attempt), MPS shares on real GPUs hold their GPU's MPS control daemon (started for
+        the first share; ``release_devices`` lets it go)."""
         built = dev.build(placement, self.devices)
         if built.declared and not self._declared_told:
             self._declared_told = True
             self.log.warning("LocalBackend: %s", dev.DECLARED_NOTE)
-        return built.env
+        if holder is None or not built.mps_gpus or built.declared:
+            return built.env
+        pipes: dict[str, str] = {}
+        try:
+            dev.build(placement, self.devices, dict.fromkeys(built.mps_gpus, "-"))  # one GPU
+            for gpu in built.mps_gpus:
+                pipes[gpu] = self.mps.acquire(gpu, holder)
+        except MpsUnavailable as e:
+            self.mps.release(holder)
+            raise MpsUnavailable(f"MPS share on {', '.join(built.mps_gpus)}: {e}") from None
+        return dev.build(placement, self.devices, pipes).env
+
+    def release_devices(self, workload: str, attempt: int) -> None:
+        """The attempt has ended: let go of the MPS daemons it held (idempotent)."""
+        self.mps.release(f"{workload}.{attempt}")
+
+    def _supervise_mps(self, workload: str, attempt: int) -> None:
+        now = time.monotonic()
+        for gpu in self.mps.held_by(f"{workload}.{attempt}"):
+            if now - self._mps_checked.get(gpu, float("-inf")) >= self.mps_check_interval:
+                self._mps_checked[gpu] = now
+                try:
+                    self.mps.ensure(gpu)
+                except MpsUnavailable as e:
+                    self.log.error("MPS control daemon for %s: %s", gpu, e)
 
     # ------------------------------------------------------------------ who and what
     @property
@@ -237,7 +279,8 @@ class LocalBackend(Backend):
         return out
 
     def launch(self, launch: Launch) -> str:
-        job_env = self.job_devices(launch.placement)
+        holder = f"{launch.workload}.{launch.attempt}"
+        job_env = self.job_devices(launch.placement, holder)
         job_env.update({"GPUBUDGET_WORKLOAD": launch.workload,
                         "GPUBUDGET_PROJECT": launch.project, "GPUBUDGET_USER": launch.user,
                         "GPUBUDGET_ATTEMPT": str(launch.attempt),
@@ -247,7 +290,11 @@ class LocalBackend(Backend):
                 "command": self.resolve_command(list(launch.command)),
                 "env": {**self.extra_env, **launch.env}, "job_env": job_env,
                 "time_limit": launch.time_limit, "grace": self.stop_grace}
-        out = self._launcher("launch", spec=spec)
+        try:
+            out = self._launcher("launch", spec=spec)
+        except BaseException:
+            self.mps.release(holder)
+            raise
         self._watch.add(int(out["monitor_pid"]))
         self.log.info("launched %s attempt %d as %s, pid %s", launch.workload, launch.attempt,
                       out.get("user"), out["pid"])
@@ -257,6 +304,14 @@ class LocalBackend(Backend):
         return self.jobs_root / workload / str(attempt)
 
     def status(self, workload: str, attempt: int) -> BackendStatus:
+        st = self._status(workload, attempt)
+        if st.alive:
+            self._supervise_mps(workload, attempt)
+        elif st.launched:
+            self.release_devices(workload, attempt)
+        return st
+
+    def _status(self, workload: str, attempt: int) -> BackendStatus:
         d = self._dir(workload, attempt)
         rec = read_record(d / "exit", self._records_uid)
         if rec is not None:

@@ -49,7 +49,8 @@ def test_job_runs_with_placement_env_and_is_charged(service, tokens):
                     "the job to finish")
     assert done["exit_code"] == 0 and done["placement"][0]["node"] == "n1"
     out = (service.dir / "jobs" / job["id"] / "1" / "output.log").read_text().split()
-    assert out == [str(done["placement"][0]["gpu"]), "lattice"]
+    # a declared inventory: the derived id, not an index (CUDA would take that for a GPU)
+    assert out == [f"GPU-n1-{done['placement'][0]['gpu']}", "lattice"]
     usage = http("GET", service.api + "/accounts/lattice/usage", bob)[1]
     assert usage["account"] == "lattice" and usage["grant_hours"] == 60
     jobs = http("GET", service.api + "/jobs?state=done", bob)[1]["jobs"]

@@ -29,7 +29,13 @@ from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import BACKFILL_QUANTILE, plan_reservation, predict_runtime, predicted_end
+from .backfill import (
+    BACKFILL_QUANTILE,
+    RESERVE_QUANTILE,
+    plan_reservation,
+    predict_runtime,
+    predicted_end,
+)
 from .capacity import CapacityError, Cluster
 from .inventory import Inventory
 from .model import (
@@ -130,6 +136,9 @@ class Scheduler:
         # per gang constraints the smallest gang that found no reservation
         self._ends: list[tuple[float, str]] | None = None
         self._ends_at = float("nan")
+        # the same ends at RESERVE_QUANTILE, for the list of _running_ends they were made from
+        self._reserve_ends: tuple[list[tuple[float, str]], list[tuple[float, str]]] | None = None
+        self._by_features_reserve: dict[tuple[object, ...], tuple[int, float]] = {}
         self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
 
@@ -567,7 +576,7 @@ class Scheduler:
             no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib)
             if self._no_plan.get(no_plan, INF) <= req.gpus:
                 return  # a gang this large or smaller found no reservation in this cycle
-            plan = plan_reservation(self.cluster, req, now, self._running_ends(now))
+            plan = plan_reservation(self.cluster, req, now, self._reservation_ends(now))
             if plan is None:
                 self._no_plan[no_plan] = min(self._no_plan.get(no_plan, INF), req.gpus)
             if plan is not None:
@@ -668,6 +677,29 @@ class Scheduler:
                                 for wid, wr in self.running.items())
             self._ends_at = now
         return self._ends
+
+    def _reservation_ends(self, now: float) -> list[tuple[float, str]]:
+        """(cautious predicted end, id) of running work, ascending: when a blocked gang can
+        count on their GPUs (``RESERVE_QUANTILE`` of past runs); kept as long as
+        :meth:`_running_ends` is."""
+        ends = self._running_ends(now)
+        if self._reserve_ends is None or self._reserve_ends[0] is not ends:
+            version = self.history.kind_version
+            cautious = []
+            for _, wid in ends:
+                wr = self.running[wid]
+                sig = (wr.user, wr.project, wr.kind, wr.request.shape, wr.command,
+                       wr.time_limit)
+                hit = self._by_features_reserve.get(sig)
+                if hit is not None and hit[0] == version.get(wr.kind, 0):
+                    p = hit[1]
+                else:
+                    p = predict_runtime(wr, self.history, self.policy, RESERVE_QUANTILE)
+                    self._by_features_reserve[sig] = (version.get(wr.kind, 0), p)
+                cautious.append((predicted_end(wr, now, p), wid))
+            cautious.sort()
+            self._reserve_ends = (ends, cautious)
+        return self._reserve_ends[1]
 
     def next_free(self, req: SliceRequest, now: float) -> float:
         """Seconds until running work is predicted to free capacity of the kind ``req`` needs

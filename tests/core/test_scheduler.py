@@ -2,6 +2,8 @@
 
 import copy
 
+import pytest
+
 from jupyter_gpubudget.core.model import (
     HOUR,
     ChargeInterval,
@@ -360,3 +362,33 @@ def test_idle_session_yields_to_any_backed_work():
                              charges=base.meter.charges())
         ds = schedule(state, NOW + 60)
         assert [x.workload for x in ds if isinstance(x, Preempt)] == expect
+
+
+def test_reservation_is_planned_at_the_cautious_end_of_running_work():
+    """b's 1-GPU runs took 1 h six times, 2 h three times and 4 h once: r1 is typically done
+    in 2 h (the 0.6 quantile), but a gang waits for its GPUs until RESERVE_QUANTILE (0.9)
+    says they are surely free: NOW + 4 h. "mid" (declared 3 h) ends before that, so it runs
+    on a reserved GPU meanwhile instead of leaving it idle; "long" (5 h) would delay the gang."""
+    from jupyter_gpubudget.core.backfill import RESERVE_QUANTILE
+    from jupyter_gpubudget.core.model import RuntimeHistory
+
+    assert RESERVE_QUANTILE == 0.9
+    history = RuntimeHistory()
+    past = job("past", "b", user="ben", limit=None)
+    for hours in (1, 1, 1, 1, 1, 1, 2, 2, 2, 4):
+        history.add_run(past, hours * HOUR)
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1), history)
+    assert starts(s.submit(job("r1", "b", user="ben", limit=None), NOW)) == ["r1"]
+    assert s.predict(s.running["r1"]) == pytest.approx(2 * HOUR)
+    # a full cycle from scratch (submitted one by one, "long" would take a free GPU at once)
+    ds = schedule(ClusterState(s.accounts, s.inventory, s.policy, running=[s.running["r1"]],
+                               pending=[job("gang", "a", gpus=4, at=1, limit=8 * HOUR),
+                                        job("long", "a", at=2, limit=5 * HOUR),
+                                        job("mid", "a", at=3, limit=3 * HOUR)],
+                               history=history), NOW)
+    res = [d for d in ds if isinstance(d, Reserve)]
+    assert [r.workload for r in res] == ["gang"]
+    assert res[0].at == pytest.approx(NOW + 4 * HOUR)
+    started = {d.workload: d for d in ds if isinstance(d, Start)}
+    assert list(started) == ["mid"]
+    assert started["mid"].backfill_until == pytest.approx(NOW + 4 * HOUR)

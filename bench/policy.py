@@ -18,9 +18,9 @@ Runs, each the same as the ``gpubudget simulate`` command shown next to it:
    (``jupyter_gpubudget/sim/predictions.py``).
 
 The policy's weights (core/model.py Policy: preemption_margin, preemption_toll,
-max_reservations; core/backfill.py: PREDICT_QUANTILE, BACKFILL_QUANTILE) were chosen on
-synthetic seeds 1 and 2 (``--seed 1``, ``--seed 2``); the figures to report are seed 0, the
-seed the commands above use. ITP cluster01 is one trace: it was looked at while tuning too.
+max_reservations; core/backfill.py: PREDICT_QUANTILE, BACKFILL_QUANTILE, RESERVE_QUANTILE)
+were chosen on synthetic seeds 1 and 2 (``--seed 1``, ``--seed 2``); the figures to report are
+seed 0, the seed the commands above use. ITP cluster01 is one trace: it was looked at while tuning too.
 
 Timings are wall-clock and CPU seconds of this process on a shared machine: read them with
 that in mind. Prints a table, then one JSON line (keys listed in ``KEYS``).

@@ -39,7 +39,7 @@ _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", 
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
-                "stop_grace"}
+                "short_lane_hold", "stop_grace"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -312,6 +312,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, preemption_toll=fields["preemption_toll"].number(minimum=0))
     if "short_lane_cost" in fields:
         policy = replace(policy, short_lane_cost=fields["short_lane_cost"].number(minimum=0))
+    if "short_lane_hold" in fields:
+        policy = replace(policy, short_lane_hold=int(
+            fields["short_lane_hold"].number(minimum=0, integer=True)))
     if "short_lane" in fields:
         policy = replace(policy, short_lane=fields["short_lane"].duration())
     if "whole_gpu_on_mig" in fields:

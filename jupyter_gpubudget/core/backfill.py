@@ -35,6 +35,12 @@ MIN_RUNS = 3
 #: the quantile placement checks against a gang's reservation: work goes onto reserved GPUs
 #: only when this cautious prediction ends before the reservation
 BACKFILL_QUANTILE = 0.6
+#: the quantile a gang's reservation is planned with: running work is expected to free its
+#: GPUs at this cautious prediction of its end. A gang waits for the last of several runs,
+#: so ends planned at the typical quantile are nearly always too early: the reservation
+#: keeps slipping while the GPUs freed first sit idle, open only to work predicted to end
+#: before it (0.9: bench/policy.py, seeds 1-2)
+RESERVE_QUANTILE = 0.9
 
 
 def predict_runtime(w: Workload, history: RuntimeHistory, policy: Policy,

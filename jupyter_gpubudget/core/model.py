@@ -267,6 +267,11 @@ class Policy:
     # preemption loses at most this many GPU-hours (toll included), i.e. work that has just
     # saved its progress (0: never)
     short_lane_cost: float = 0.35
+    # whole GPUs that, standing free when a cycle begins, are kept for short work until the
+    # next cycle: work predicted to run past ``short_lane`` is not placed there (a gang
+    # still may), so a debug run that arrives finds a GPU instead of waiting for long work
+    # to end; only once debug work has been seen (0: keep nothing back)
+    short_lane_hold: int = 1
     #: seconds a preempted workload that does not stop at once (``Workload.stops_at_once``)
     #: is expected to take to release its slice (a notebook's snapshot grace period)
     stop_grace: float = 120.0

@@ -29,8 +29,14 @@ from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import BACKFILL_QUANTILE, plan_reservation, predict_runtime, predicted_end
-from .capacity import CapacityError, Cluster
+from .backfill import (
+    BACKFILL_QUANTILE,
+    RESERVE_QUANTILE,
+    plan_reservation,
+    predict_runtime,
+    predicted_end,
+)
+from .capacity import CapacityError, Cluster, Gpu
 from .inventory import Inventory
 from .model import (
     HOUR,
@@ -130,6 +136,13 @@ class Scheduler:
         # per gang constraints the smallest gang that found no reservation
         self._ends: list[tuple[float, str]] | None = None
         self._ends_at = float("nan")
+        # the same ends at RESERVE_QUANTILE, for the list of _running_ends they were made from
+        self._reserve_ends: tuple[list[tuple[float, str]], list[tuple[float, str]]] | None = None
+        self._by_features_reserve: dict[tuple[object, ...], tuple[int, float]] = {}
+        # GPUs kept for the short lane in this cycle (Policy.short_lane_hold), and until when
+        self._lane_held: list[Gpu] = []
+        self._lane_until = INF
+        self._lane_room = 0  # healthy whole GPUs outside MIG mode that are not kept
         self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
 
@@ -335,8 +348,11 @@ class Scheduler:
                out: list[Decision]) -> None:
         # on GPUs another gang has reserved (the placement ends before the reservation):
         # a backfill, which must be gone by then
-        until = min((self.cluster.by_name[sl.node].gpus[sl.gpu].reserved_at
-                     for sl in placement.slices if sl.gpu >= 0), default=INF)
+        # (not those only kept for the short lane: short work is not reclaimed from them)
+        until = min((g.reserved_at for g in (self.cluster.by_name[sl.node].gpus[sl.gpu]
+                                             for sl in placement.slices if sl.gpu >= 0)
+                     if g.reserved_at != self._lane_until or g not in self._lane_held),
+                    default=INF)
         backfill_until = until if until < INF else None
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
@@ -469,6 +485,7 @@ class Scheduler:
         self._demand.clear()
         st = self._standings(now)
         self.cluster.clear_reservations()
+        self._hold_for_lane(now)
         self.reservations.clear()
         self._ends = None
         self._no_plan = {}
@@ -509,7 +526,13 @@ class Scheduler:
             if not self.is_backed(w, now):
                 later.append((w, -1))
                 continue
-            self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool, out)
+            if self._lane_held and req.kind == "gpu" and req.gpus > self._lane_room:
+                with self._lane_lifted():  # a gang that needs the kept GPUs to fit at all
+                    self._consider(w, True, now, res_times, failed, preempt_failed,
+                                   eligible_pool, out)
+            else:
+                self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool,
+                               out)
         # then unbacked work on whatever is idle (it never preempts), and anything whose shape
         # may fit again after a preemption or reservation reset the memo
         gen = self._memo_gen
@@ -567,7 +590,7 @@ class Scheduler:
             no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib)
             if self._no_plan.get(no_plan, INF) <= req.gpus:
                 return  # a gang this large or smaller found no reservation in this cycle
-            plan = plan_reservation(self.cluster, req, now, self._running_ends(now))
+            plan = plan_reservation(self.cluster, req, now, self._reservation_ends(now))
             if plan is None:
                 self._no_plan[no_plan] = min(self._no_plan.get(no_plan, INF), req.gpus)
             if plan is not None:
@@ -578,6 +601,41 @@ class Scheduler:
                 failed.clear()  # memo keys depend on reservation times
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
+
+    def _hold_for_lane(self, now: float) -> None:
+        """Keep up to ``policy.short_lane_hold`` whole GPUs that stand free for the short
+        lane until the next cycle: work is placed there only when predicted to end within
+        ``policy.short_lane`` (as on GPUs reserved from then), and a gang is placed and
+        reserved around them unless it needs them to fit at all. The GPUs on the nodes with
+        the fewest free GPUs are kept, so that free nodes stay whole for gangs. Nothing is
+        kept until debug work has been seen."""
+        self._lane_held = []
+        hold, lane = self.policy.short_lane_hold, self.policy.short_lane
+        if hold <= 0 or lane <= 0 or not self.history.kind_version.get("debug"):
+            return
+        free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
+                      for i in n.free_whole)
+        self._lane_until = now + lane
+        self._lane_room = sum(1 for n in self.cluster.nodes if n.healthy
+                              for g in n.gpus if not g.mig) - min(hold, len(free))
+        for _, idx, i in free[:hold]:
+            g = self.cluster.nodes[idx].gpus[i]
+            g.reserved_at = self._lane_until
+            self._lane_held.append(g)
+
+    @contextmanager
+    def _lane_lifted(self) -> Iterator[None]:
+        """The lane's hold lifted for a while (a gang may use the kept GPUs, to start or to
+        reserve them); kept again afterwards where still free."""
+        held = [g for g in self._lane_held if g.reserved_at == self._lane_until]
+        for g in held:
+            g.reserved_at = INF
+        try:
+            yield
+        finally:
+            for g in held:
+                if g.free:
+                    g.reserved_at = min(g.reserved_at, self._lane_until)
 
     def _lane_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
                       out: list[Decision]) -> bool:
@@ -668,6 +726,29 @@ class Scheduler:
                                 for wid, wr in self.running.items())
             self._ends_at = now
         return self._ends
+
+    def _reservation_ends(self, now: float) -> list[tuple[float, str]]:
+        """(cautious predicted end, id) of running work, ascending: when a blocked gang can
+        count on their GPUs (``RESERVE_QUANTILE`` of past runs); kept as long as
+        :meth:`_running_ends` is."""
+        ends = self._running_ends(now)
+        if self._reserve_ends is None or self._reserve_ends[0] is not ends:
+            version = self.history.kind_version
+            cautious = []
+            for _, wid in ends:
+                wr = self.running[wid]
+                sig = (wr.user, wr.project, wr.kind, wr.request.shape, wr.command,
+                       wr.time_limit)
+                hit = self._by_features_reserve.get(sig)
+                if hit is not None and hit[0] == version.get(wr.kind, 0):
+                    p = hit[1]
+                else:
+                    p = predict_runtime(wr, self.history, self.policy, RESERVE_QUANTILE)
+                    self._by_features_reserve[sig] = (version.get(wr.kind, 0), p)
+                cautious.append((predicted_end(wr, now, p), wid))
+            cautious.sort()
+            self._reserve_ends = (ends, cautious)
+        return self._reserve_ends[1]
 
     def next_free(self, req: SliceRequest, now: float) -> float:
         """Seconds until running work is predicted to free capacity of the kind ``req`` needs

@@ -13,6 +13,7 @@ GOOD = textwrap.dedent("""\
     policy:
       min_runtime_cap: {interactive: 4h}
       max_reservations: 3
+      short_lane_hold: 2
     accounts:
       physics:
         grant: 1000
@@ -41,6 +42,7 @@ def test_good_file_loads_tree_policy_and_people():
     assert b.policy.cap_for("interactive") == 4 * HOUR
     assert b.policy.cap_for("batch") == 2 * DAY  # default kept
     assert b.policy.max_reservations == 3
+    assert b.policy.short_lane_hold == 2
     assert b.admins == {"root"}
     grants = t.effective_grants(cluster_gpu_hours=8000)
     assert grants["astro"] == pytest.approx(400)
@@ -73,6 +75,8 @@ BAD = [
     ("accounts:\n  a: {parent: nowhere}\n", "accounts.a.parent", 2, "not a defined account"),
     ("window: soon\naccounts: {a: {grant: 1}}\n", "window", 1, "duration"),
     ("window: 0\naccounts: {a: {grant: 1}}\n", "window", 1, "longer than zero"),
+    ("policy: {short_lane_hold: 1.5}\naccounts: {a: {grant: 1}}\n", "policy.short_lane_hold", 1,
+     "whole number"),
     ("grants: 5\naccounts: {a: {grant: 1}}\n", "grants", 1, "unknown key"),
     ("accounts:\n  a: {grant: 1, members: [bob, 7]}\n", "accounts.a.members[1]", 2, "string"),
     ("accounts:\n  'bad name!': {grant: 1}\n", "accounts.bad name!", 2, "account name"),

@@ -2,6 +2,8 @@
 
 import copy
 
+import pytest
+
 from jupyter_gpubudget.core.model import (
     HOUR,
     ChargeInterval,
@@ -360,3 +362,74 @@ def test_idle_session_yields_to_any_backed_work():
                              charges=base.meter.charges())
         ds = schedule(state, NOW + 60)
         assert [x.workload for x in ds if isinstance(x, Preempt)] == expect
+
+
+def test_reservation_is_planned_at_the_cautious_end_of_running_work():
+    """b's 1-GPU runs took 1 h six times, 2 h three times and 4 h once: r1 is typically done
+    in 2 h (the 0.6 quantile), but a gang waits for its GPUs until RESERVE_QUANTILE (0.9)
+    says they are surely free: NOW + 4 h. "mid" (declared 3 h) ends before that, so it runs
+    on a reserved GPU meanwhile instead of leaving it idle; "long" (5 h) would delay the gang."""
+    from jupyter_gpubudget.core.backfill import RESERVE_QUANTILE
+    from jupyter_gpubudget.core.model import RuntimeHistory
+
+    assert RESERVE_QUANTILE == 0.9
+    history = RuntimeHistory()
+    past = job("past", "b", user="ben", limit=None)
+    for hours in (1, 1, 1, 1, 1, 1, 2, 2, 2, 4):
+        history.add_run(past, hours * HOUR)
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1), history)
+    assert starts(s.submit(job("r1", "b", user="ben", limit=None), NOW)) == ["r1"]
+    assert s.predict(s.running["r1"]) == pytest.approx(2 * HOUR)
+    # a full cycle from scratch (submitted one by one, "long" would take a free GPU at once)
+    ds = schedule(ClusterState(s.accounts, s.inventory, s.policy, running=[s.running["r1"]],
+                               pending=[job("gang", "a", gpus=4, at=1, limit=8 * HOUR),
+                                        job("long", "a", at=2, limit=5 * HOUR),
+                                        job("mid", "a", at=3, limit=3 * HOUR)],
+                               history=history), NOW)
+    res = [d for d in ds if isinstance(d, Reserve)]
+    assert [r.workload for r in res] == ["gang"]
+    assert res[0].at == pytest.approx(NOW + 4 * HOUR)
+    started = {d.workload: d for d in ds if isinstance(d, Start)}
+    assert list(started) == ["mid"]
+    assert started["mid"].backfill_until == pytest.approx(NOW + 4 * HOUR)
+
+
+def _debug_seen():
+    from jupyter_gpubudget.core.model import RuntimeHistory
+
+    history = RuntimeHistory()
+    history.add_run(job("d0", "b", kind="debug", limit=None), 600)
+    return history
+
+
+def test_a_free_gpu_is_kept_for_the_short_lane_until_the_next_cycle():
+    """Four free GPUs, four 4-hour jobs waiting: once debug work has been seen, the cycle
+    starts three and keeps one GPU (Policy.short_lane_hold) for short work: a debug run
+    that arrives after the cycle starts at once there; a long job arriving then does not."""
+    longs = [job(f"long{i}", "a", at=i, limit=4 * HOUR) for i in range(4)]
+    s = Scheduler.from_state(ClusterState(tree(), inventory(gpus=4), Policy(),
+                                          pending=longs, history=_debug_seen()))
+    assert starts(s.cycle(NOW)) == ["long0", "long1", "long2"]
+    assert starts(s.submit(job("late", "a", at=5, limit=4 * HOUR), NOW + 60)) == []
+    ds = s.submit(job("dbg", "b", at=6, kind="debug", limit=20 * 60), NOW + 60)
+    assert starts(ds) == ["dbg"]
+    assert ds[0].backfill_until is None  # kept for the lane, not borrowed from a gang
+
+
+def test_nothing_is_kept_for_the_lane_without_debug_work_or_when_turned_off():
+    longs = [job(f"long{i}", "a", at=i, limit=4 * HOUR) for i in range(4)]
+    for history, policy in ((None, Policy()), (_debug_seen(), Policy(short_lane_hold=0))):
+        state = ClusterState(tree(), inventory(gpus=4), policy, pending=longs, history=history)
+        assert len(starts(schedule(state, NOW))) == 4
+
+
+def test_a_gang_that_needs_every_gpu_is_not_kept_out_by_the_lane():
+    state = ClusterState(tree(), inventory(gpus=4), Policy(), history=_debug_seen(),
+                         pending=[job("gang", "a", gpus=4, limit=4 * HOUR),
+                                  job("pair", "a", gpus=2, at=1, limit=4 * HOUR)])
+    assert starts(schedule(state, NOW)) == ["gang"]
+    # a smaller gang is placed around the kept GPU
+    state = ClusterState(tree(), inventory(gpus=4), Policy(), history=_debug_seen(),
+                         pending=[job("three", "a", gpus=3, limit=4 * HOUR),
+                                  job("one", "a", at=1, limit=4 * HOUR)])
+    assert starts(schedule(state, NOW)) == ["three"]

@@ -353,13 +353,16 @@ class SlurmBackend(Backend):
         if jobs:
             self.log.warning("slurm: %s still in Slurm %.0f s after scancel", name,
                              self.stop_grace)
+        # when it left the queue: its end, should its accounting record be late (slurmdbd
+        # writes a heterogeneous job's components one by one)
+        gone_at = time.time()
         st = self.status(workload, attempt)
         while st.alive and time.monotonic() < deadline:  # its accounting record
             time.sleep(0.2)
             with self._lock:
                 self._queue = None
             st = self.status(workload, attempt)
-        return st if not st.alive else BackendStatus(False, None, time.time())
+        return st if not st.alive else BackendStatus(False, None, gone_at)
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         out = []

@@ -178,9 +178,19 @@ def sudoers_line(user: str, python: str, config: Path) -> str:
 
 
 def snapshot_sudoers_line(group: str, python: str) -> str:
-    """What the users' servers may run as root: the snapshot module's CRIU verbs."""
-    return (f"%{group} ALL=(root) NOPASSWD: {python} -I -m "
-            f"jupyter_gpubudget.snapshot.privileged *")
+    """What the users' servers may run as root: the snapshot module's CRIU verbs. A server
+    calls them with its own interpreter, which the environment's scripts name ``python3``
+    where the hub runs as ``python``: both spellings of the same environment's interpreter
+    are allowed (sudo compares the path as written)."""
+    spellings = [python]
+    here = os.path.dirname(python)
+    for name in ("python", "python3", f"python3.{sys.version_info[1]}"):
+        alt = os.path.join(here, name)
+        if alt not in spellings and os.path.exists(alt) and \
+                os.path.realpath(alt) == os.path.realpath(python):
+            spellings.append(alt)
+    cmds = ", ".join(f"{p} -I -m jupyter_gpubudget.snapshot.privileged *" for p in spellings)
+    return f"%{group} ALL=(root) NOPASSWD: {cmds}"
 
 
 def ensure_users_group(members: list[str], group: str = USERS_GROUP) -> None:

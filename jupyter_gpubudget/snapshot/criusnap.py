@@ -122,8 +122,27 @@ class CriuSnapshotter(LoggingConfigurable):
         return SnapshotError(mapped, message + (f"\n{log}" if log else ""))
 
     # ------------------------------------------------------------ Snapshotter
+    def criu_binary(self) -> str | None:
+        """The CRIU that the dumps would run: found here when the verbs run in this process;
+        otherwise the privileged side's answer (root has its own environment and home, where
+        ``make criu`` builds it), asked once a minute at most."""
+        if self.privileged.in_process:
+            return find_criu()
+        now = time.monotonic()
+        cached = getattr(self, "_criu_seen", None)
+        if cached is not None and now - cached[0] < 60.0:
+            return cached[1]
+        try:
+            found = self.privileged.call("criu-check").get("criu")
+        except PrivilegedError as e:
+            self.log.info("criu-check through %s: %s", self.privileged.command_prefix,
+                          e.message)
+            found = None
+        self._criu_seen = (now, found if isinstance(found, str) else None)
+        return self._criu_seen[1]
+
     def capabilities(self) -> dict:
-        criu = find_criu()
+        criu = self.criu_binary()
         return {"method": self.method, "whole_process": True, "criu": criu,
                 "cuda_checkpoint": find_cuda_checkpoint(), "mig": False, "mps": False,
                 "other_node": "same pids must be free there", "restores_into": "the same process"}
@@ -132,7 +151,7 @@ class CriuSnapshotter(LoggingConfigurable):
         problem = self.privileged.problem()
         if problem:
             return Availability(False, problem)
-        if find_criu() is None:
+        if self.criu_binary() is None:
             return Availability(False, "no CRIU >= 4.1 on this machine")
         why = gpu_verdict(kernel, find_cuda_checkpoint(), _uses_gpu_tree(kernel.pid))
         if why:

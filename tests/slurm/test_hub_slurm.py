@@ -113,7 +113,10 @@ def wait_for(pred, timeout: float, what: str, hub=None):  # noqa: ANN001
         if last:
             return last
         time.sleep(0.25)
-    tail = hub.logtail(4000) if hub is not None else ""
+    tail = ""
+    if hub is not None:  # why the core keeps work waiting, then the hub's log
+        st, queue = http("GET", hub.svc + "/queue", hub.token)
+        tail = f"queue ({st}): {json.dumps(queue, indent=1)[:3000]}\n{hub.logtail(3000)}"
     raise AssertionError(f"timed out after {timeout}s: {what} (last: {last!r})\n{tail}")
 
 
@@ -258,8 +261,9 @@ def test_uneven_gang_is_a_heterogeneous_job_and_a_preempted_resumable_job_restar
         n: f"gres:gpu:h100:{k}" for n, k in per_node.items()}
     assert {c["id"].split("+")[1] for c in comps} == {"0", "1"}
     # a backed job needs 2 GPUs: the unbacked victim is preempted (scancel) and requeued
-    backed = submit(hub, "gpb-ana", project="lattice", gpus=2, time_limit="5m", name="backed",
-                    command="sleep 3")
+    # (protected for 20 min: what it gains outweighs the victim's restart, 3 GPUs x 2 min)
+    backed = submit(hub, "gpb-ana", project="lattice", gpus=2, time_limit="30m",
+                    min_runtime="20m", name="backed", command="sleep 3")
     wait_for(lambda: state_is(hub, backed["id"], "running", "done"), 30, "backed starts", hub)
     v = wait_for(lambda: (x := workload(hub, victim["id"])) and x["preemptions"] >= 1 and x,
                  30, "victim preempted", hub)

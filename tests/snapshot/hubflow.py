@@ -28,7 +28,10 @@ def wait(pred, what: str, hub: DemoHub, timeout: float = 90, every: float = 0.25
         v = pred()
         if v:
             return v
-        assert time.monotonic() < deadline, f"{what}\n{hub.logtail(12000)}"
+        if time.monotonic() >= deadline:  # why the core keeps work waiting, then the log
+            st, queue = http("GET", hub.svc + "/queue", hub.token)
+            raise AssertionError(f"{what}\nqueue ({st}): {json.dumps(queue)[:3000]}\n"
+                                 f"{hub.logtail(9000)}")
         time.sleep(every)
 
 

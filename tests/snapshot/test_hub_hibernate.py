@@ -54,14 +54,28 @@ accounts:
 INVENTORY = "nodes:\n  - {name: solo, model: H100-80GB, gpus: 1}\n"
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hibernate")
+def _start(tmp_path_factory, name: str):  # noqa: ANN001, ANN202
+    d = tmp_path_factory.mktemp(name)
     budgets, inventory = write_config(d, BUDGETS, INVENTORY)
-    h = start_demo_hub(d, budgets, inventory, env={
+    return start_demo_hub(d, budgets, inventory, env={
         "GPUBUDGET_SLOW_SPAWN": "0.5", "GPUBUDGET_HEARTBEAT": "0.5",
         "GPUBUDGET_POLL_INTERVAL": "1", "GPUBUDGET_IDLE_LIMIT": str(IDLE),
         "GPUBUDGET_IDLE_ACTION": "hibernate", "GPUBUDGET_SNAPSHOT_METHODS": "namespace"})
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = _start(tmp_path_factory, "hibernate")
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def fresh_hub(tmp_path_factory):
+    """A hub with no history: the sessions the other tests ran for a minute or two would
+    make the core predict any session to end within a minute or two, and a preemption that
+    buys so little does not pay for the restart (the core waits instead)."""
+    h = _start(tmp_path_factory, "hibernate-fresh")
     yield h
     h.stop()
 
@@ -141,7 +155,8 @@ def test_idle_session_hibernates_frees_its_slice_and_comes_back_restored(hub, tm
              "servers still running", hub)
 
 
-def test_a_snapshot_that_fails_waits_for_the_grace_period_and_records_the_loss(hub):
+def test_a_snapshot_that_fails_waits_for_the_grace_period_and_records_the_loss(fresh_hub):
+    hub = fresh_hub
     alice, carol = user_token(hub, "alice"), user_token(hub, "carol")
     active = Active(hub, "alice")  # not idle: this session must not hibernate
     active.start()

@@ -115,7 +115,8 @@ def _scenario(hub, method: str, alice: str, carol: str, tmp_path) -> None:  # no
     a = wait(lambda: (x := session(hub, first))["state"] == "preempted" and x,
              "alice not preempted", hub, timeout=150)
     snap = a["snapshot"]
-    assert snap and snap["status"] == "ok" and snap["saved"] == snap["count"] == 1, snap
+    assert snap and snap["status"] == "ok" and snap["saved"] == snap["count"] == 1, (
+        snap and (snap["problem"], [k.get("error") for k in snap["kernels"]]))
     assert snap["method"] == method and snap["reason"] == "preempt"
     wait(lambda: job_state(hub, carol, urgent["id"]) == "running", "urgent not running", hub)
     resumed = [s for s in (http("GET", hub.svc + "/sessions?user=alice", hub.token)[1]

@@ -17,18 +17,21 @@ Chromium and the playwright package; with CI=true a missing part fails the test.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.hub.hubproc import http, require, start_demo_hub
+from tests.hub.hubproc import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    http,
+    require_browser,
+    start_demo_hub,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = CHROMIUM_FLAGS
 SHOTS = Path(os.environ.get("GPUBUDGET_ARTIFACTS", ROOT / "out" / "screenshots")) / "admin-pages"
 HOUR, DAY = 3600, 86400
 GPUS = 16  # the demo inventory: what may be charged per second at most
@@ -36,13 +39,7 @@ GPUS = 16  # the demo inventory: what may be charged per second at most
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    try:
-        import playwright.sync_api  # noqa: F401
-        have_pw = True
-    except ImportError:
-        have_pw = False
-    require(have_pw, "the playwright Python package (pip install playwright)")
-    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+    require_browser()
     SHOTS.mkdir(parents=True, exist_ok=True)
     h = start_demo_hub(tmp_path_factory.mktemp("admin-pages"),
                        env={"GPUBUDGET_SESSION_STALE_S": "3600"})

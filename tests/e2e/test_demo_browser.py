@@ -7,27 +7,22 @@ not downloaded: the system Chromium is used). With CI=true a missing part fails 
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
-from tests.hub.hubproc import http, require, start_demo_hub
+from tests.hub.hubproc import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    http,
+    require_browser,
+    start_demo_hub,
+)
 
-CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = CHROMIUM_FLAGS
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    try:
-        import playwright.sync_api  # noqa: F401
-        have_pw = True
-    except ImportError:
-        have_pw = False
-    require(have_pw, "the playwright Python package (pip install playwright)")
-    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+    require_browser()
     h = start_demo_hub(tmp_path_factory.mktemp("demo"), via_cli=True,
                        env={"GPUBUDGET_SLOW_SPAWN": "1"})
     yield h

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,12 +26,17 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.hub.hubproc import http, require, start_demo_hub
+from tests.hub.hubproc import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    http,
+    require,
+    require_browser,
+    start_demo_hub,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = CHROMIUM_FLAGS
 SHOTS = Path(os.environ.get("GPUBUDGET_ARTIFACTS", ROOT / "out" / "screenshots"))
 TZ = "Europe/Berlin"  # the browser's zone (not the machine's): times must be shown in it
 HOUR, DAY = 3600, 86400
@@ -40,13 +44,7 @@ HOUR, DAY = 3600, 86400
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    try:
-        import playwright.sync_api  # noqa: F401
-        have_pw = True
-    except ImportError:
-        have_pw = False
-    require(have_pw, "the playwright Python package (pip install playwright)")
-    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+    require_browser()
     require((ROOT / "jupyter_gpubudget" / "labextension" / "package.json").exists(),
             "the built JupyterLab extension (make lab)")
     h = start_demo_hub(tmp_path_factory.mktemp("labhub"), env={"GPUBUDGET_SLOW_SPAWN": "1"})

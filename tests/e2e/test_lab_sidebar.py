@@ -23,12 +23,10 @@ import pytest
 from jupyter_gpubudget.backends.local import LocalBackend
 from tests.fixtures.hub import ServiceProc, http, start_hub
 from tests.fixtures.jupyter import start_jupyter
-from tests.hub.hubproc import require
+from tests.hub.hubproc import CHROMIUM, CHROMIUM_FLAGS, require, require_browser
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = CHROMIUM_FLAGS
 SHOTS = Path(os.environ.get("GPUBUDGET_ARTIFACTS", ROOT / "out" / "screenshots"))
 SERVER_SCOPES = ["custom:gpubudget:read", "custom:gpubudget:submit",
                  "access:services!service=gpubudget"]
@@ -37,13 +35,7 @@ HOUR, DAY = 3600, 86400
 
 @pytest.fixture(scope="module")
 def parts():
-    try:
-        import playwright.sync_api  # noqa: F401
-        have_pw = True
-    except ImportError:
-        have_pw = False
-    require(have_pw, "the playwright Python package (pip install playwright)")
-    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+    require_browser()
     require((ROOT / "jupyter_gpubudget" / "labextension" / "package.json").exists(),
             "the built JupyterLab extension (make lab)")
     import jupyterlab  # noqa: F401

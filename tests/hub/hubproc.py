@@ -164,6 +164,24 @@ def _shared_state(d: Path, budgets: Path | None, inventory: Path | None
     return state, out[0], out[1]
 
 
+#: the browser the end-to-end tests drive (playwright with the system's Chromium)
+CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"]
+
+
+def require_browser() -> None:
+    """playwright and Chromium, or (under CI=true) a failure saying which is missing."""
+    try:
+        import playwright.sync_api  # noqa: F401
+        have_pw = True
+    except ImportError:
+        have_pw = False
+    require(have_pw, "the playwright Python package (pip install playwright)")
+    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+
+
 def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None = None,
                    env: dict | None = None, via_cli: bool = False) -> DemoHub:
     require_hub_parts()
@@ -186,7 +204,6 @@ def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None 
     e.update(env or {})
     port = int(e["GPUBUDGET_HUB_PORT"])
     token = e["GPUBUDGET_TEST_TOKEN"]
-    log = d / "hub.log"
     if via_cli:
         cmd = [sys.executable, "-m", "jupyter_gpubudget.cli", "hub", "--port", str(port),
                "--dir", e["GPUBUDGET_HUB_DIR"]]
@@ -196,10 +213,18 @@ def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None 
             cmd += ["--inventory", str(inventory)]
     else:
         cmd = [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)]
-    proc = subprocess.Popen(cmd, cwd=d, env=e, stdout=open(log, "ab"),  # noqa: SIM115
+    return launch_hub(cmd, d, e, port, token)
+
+
+def launch_hub(cmd: list[str], d: Path, env: dict, port: int, token: str,
+               timeout: float = 90) -> DemoHub:
+    """Start a hub (its output in ``d/hub.log``) and wait until its gpubudget service
+    answers ``/healthz``; a hub that exits or is not up in time fails with its log."""
+    log = d / "hub.log"
+    proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=open(log, "ab"),  # noqa: SIM115
                             stderr=subprocess.STDOUT, start_new_session=True)
     hub = DemoHub(d, f"http://127.0.0.1:{port}", token, proc, log)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"hub exited with {proc.returncode}:\n{hub.logtail()}")
@@ -208,7 +233,7 @@ def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None 
             return hub
         if time.monotonic() > deadline:
             hub.stop()
-            raise TimeoutError(f"hub not up in 90 s:\n{hub.logtail()}")
+            raise TimeoutError(f"hub not up in {timeout:g} s:\n{hub.logtail()}")
         time.sleep(0.2)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpubudget.backends import k8s_objects as ko
-from tests.hub.hubproc import ROOT, DemoHub, _up, free_port, http, require_hub_parts
+from tests.hub.hubproc import ROOT, DemoHub, free_port, http, launch_hub, require_hub_parts
 from tests.kubernetes.conftest import gpu_node, need
 from tests.kubernetes.fakeapi import FakeApiServer, kubeconfig
 
@@ -81,22 +80,8 @@ def start_hub(d: Path, api: FakeApiServer) -> DemoHub:
         "PATH": str(bindir) + os.pathsep + os.environ.get("PATH", ""),
     })
     e.pop("KUBERNETES_SERVICE_HOST", None)
-    log = d / "hub.log"
-    proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)], cwd=d,
-                            env=e, stdout=open(log, "ab"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    hub = DemoHub(d, f"http://127.0.0.1:{port}", token, proc, log)
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"hub exited with {proc.returncode}:\n{hub.logtail()}")
-        st, _ = http("GET", hub.svc + "/healthz", timeout=5) if _up(port) else (0, None)
-        if st == 200:
-            return hub
-        if time.monotonic() > deadline:
-            hub.stop()
-            raise TimeoutError(f"hub not up in 90 s:\n{hub.logtail()}")
-        time.sleep(0.2)
+    return launch_hub([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)], d, e, port,
+                      token)
 
 
 @pytest.fixture(scope="module")

@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import http.server as httpserver
 import os
-import shutil
 import threading
 
 import pytest
 
 from jupyter_gpubudget.service.auth import CUSTOM_SCOPES
 from tests.fixtures.hub import ServiceProc, free_port, http, start_hub
-from tests.hub.hubproc import require
+from tests.hub.hubproc import CHROMIUM, CHROMIUM_FLAGS, require_browser
 
-CHROMIUM = os.environ.get("GPUBUDGET_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = CHROMIUM_FLAGS
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    try:
-        import playwright.sync_api  # noqa: F401
-        have_pw = True
-    except ImportError:
-        have_pw = False
-    require(have_pw, "the playwright Python package")
-    require(os.path.exists(CHROMIUM), "Chromium (apt-get install -y chromium)")
+    require_browser()
     d = tmp_path_factory.mktemp("csrf")
     port, token = free_port(), "csrf-service-token-" + os.urandom(8).hex()
     service = {"name": "gpubudget", "url": f"http://127.0.0.1:{port}", "api_token": token,

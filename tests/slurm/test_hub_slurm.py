@@ -30,7 +30,7 @@ import pytest
 
 from jupyter_gpubudget.backends.slurm_map import parse_sacct
 from jupyter_gpubudget.ledger import Ledger, connect
-from tests.hub.hubproc import DemoHub, _up, free_port, http, require_hub_parts
+from tests.hub.hubproc import DemoHub, free_port, http, launch_hub, require_hub_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "hub_config" / "jupyterhub_config.slurm.py"
@@ -63,22 +63,8 @@ def start_slurm_hub(d: Path, budgets: Path, cluster) -> DemoHub:  # noqa: ANN001
         "GPUBUDGET_SLURM_JOB_BIN": str(cluster.job_python()),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     })
-    log = d / "hub.log"
-    proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)], cwd=d,
-                            env=e, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            start_new_session=True)
-    hub = DemoHub(d, f"http://127.0.0.1:{port}", token, proc, log)
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"hub exited with {proc.returncode}:\n{hub.logtail()}")
-        st, _ = http("GET", hub.svc + "/healthz", timeout=5) if _up(port) else (0, None)
-        if st == 200:
-            return hub
-        if time.monotonic() > deadline:
-            hub.stop()
-            raise TimeoutError(f"hub not up in 90 s:\n{hub.logtail()}")
-        time.sleep(0.2)
+    return launch_hub([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)], d, e, port,
+                      token)
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,8 @@ def test_the_cli_works_in_the_users_server_with_no_setup(demo, tmp_path):
     wid = m.group(1)
     r = gpubudget("logs", wid, "--follow", "--interval=0.2")
     assert r.returncode == 0, r.stderr
-    assert re.fullmatch(r"training on GPUs \d+,\d+\n", r.stdout), r.stdout
+    # the demo's declared inventory: stable declared ids, not CUDA indices
+    assert re.fullmatch(r"training on GPUs GPU-[\w-]+-\d+,GPU-[\w-]+-\d+\n", r.stdout), r.stdout
     assert f"job {wid} done" in r.stderr
     r = gpubudget("jobs")
     assert r.returncode == 0, r.stderr

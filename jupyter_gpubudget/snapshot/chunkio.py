@@ -39,7 +39,7 @@ try:
 except ImportError:  # the kernel's environment may lack it: chunks are then stored raw
     _zstd = None
 
-CHUNK = 8 << 20
+CHUNK = 32 << 20  # fewer, larger files: 1 GiB in 32 fdatasyncs (8 MiB chunks: ~20% slower)
 # Raw chunks of large writable buffers are written with O_DIRECT, straight from the buffer's
 # memory to the disk: no copy into the page cache (that copy costs as much CPU as hashing
 # does, and a GiB of dirty pages gets the writer throttled). O_DIRECT needs the memory

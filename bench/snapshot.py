@@ -12,7 +12,8 @@ For each size and data kind, in real ipykernel kernels:
 - **dill** on the same state (the same data, made the same way in its own kernel):
   ``dill.dump_session`` to a file then ``fsync``; ``dill.load_session`` in a fresh kernel.
 - The disk's sequential write speed (1 GiB of incompressible data, fsync) is measured just
-  before each size, on the store's filesystem: the physical limit of writing these bytes.
+  before each size, on the store's filesystem, through the page cache and with O_DIRECT; the
+  faster of the two is the physical limit of writing these bytes (``disk_write_mb_s``).
 
 The comparison is fair: every dump ends with its bytes durable (fsync) and is measured from
 outside the work it does. ``--no-fsync`` measures both without it (then page-cache speed).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -53,17 +55,28 @@ def load() -> str:
     return f"{a:.1f} {b:.1f} {c:.1f}"
 
 
-def disk_write_mb_s(directory: str, nbytes: int) -> float:
-    block = os.urandom(16 << 20)
+def disk_write_mb_s(directory: str, nbytes: int, direct: bool = False) -> float | None:
+    """Sequential write of ``nbytes`` of noise, then fsync: through the page cache, or with
+    O_DIRECT from page-aligned memory (None where the filesystem refuses O_DIRECT)."""
+    block = mmap.mmap(-1, 16 << 20)  # page-aligned, as O_DIRECT needs
+    block[:] = os.urandom(len(block))
     path = os.path.join(directory, "disk-probe.bin")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        return None
     t0 = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
+    try:
         for _ in range(nbytes // len(block)):
-            f.write(block)
-        os.fsync(f.fileno())
-    dt = time.perf_counter() - t0
-    os.unlink(path)
-    return nbytes / dt / 1e6
+            os.write(fd, block)
+        os.fsync(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return nbytes / (time.perf_counter() - t0) / 1e6
 
 
 def run(ref, code: str, timeout: float = 1800) -> str:  # noqa: ANN001
@@ -258,9 +271,16 @@ def main() -> None:
                     print(f"{gib} GiB {kind}: skipped: {avail / GIB:.1f} GiB of memory "
                           f"available, {2.6 * gib:.1f} needed")
                     continue
-                disk = disk_write_mb_s(str(work), GIB)
+                # the physical limit: the faster of a page-cache write and an O_DIRECT one
+                # (the namespace backend writes large buffers O_DIRECT; a shared machine's
+                # dirty-page throttling can slow buffered writers far below the device)
+                buffered = disk_write_mb_s(str(work), GIB)
+                direct = disk_write_mb_s(str(work), GIB, direct=True)
+                disk = max(buffered, direct or 0.0)
                 disks.append(disk)
-                print(f"disk: sequential write {disk:.0f} MB/s (1 GiB, fsync); load {load()}",
+                print(f"disk: sequential write {disk:.0f} MB/s (1 GiB, fsync; buffered "
+                      f"{buffered:.0f}, O_DIRECT "
+                      f"{'refused' if direct is None else f'{direct:.0f}'}); load {load()}",
                       flush=True)
                 case = Case(work, gib, kind, fsync=not a.no_fsync)
                 try:

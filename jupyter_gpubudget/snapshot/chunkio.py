@@ -25,7 +25,10 @@ either way; it saves hashing the data a second time on restore).
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import hashlib
+import mmap
 import os
 import threading
 import time
@@ -36,7 +39,15 @@ try:
 except ImportError:  # the kernel's environment may lack it: chunks are then stored raw
     _zstd = None
 
-CHUNK = 8 << 20
+CHUNK = 32 << 20  # fewer, larger files: 1 GiB in 32 fdatasyncs (8 MiB chunks: ~20% slower)
+# Raw chunks of large writable buffers are written with O_DIRECT, straight from the buffer's
+# memory to the disk: no copy into the page cache (that copy costs as much CPU as hashing
+# does, and a GiB of dirty pages gets the writer throttled). O_DIRECT needs the memory
+# address, file offset and length aligned: chunks of such a buffer start at ALIGN-aligned
+# addresses (a short head chunk first), and a chunk's unaligned tail is written buffered.
+ALIGN = 4096
+DIRECT_MIN = 1 << 20  # buffers smaller than this are chunked from their start, written buffered
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 LEVEL = 1  # zstd's fastest ordinary level: ~1 GB/s per core, incompressible data costs little
 CODECS = ("zst", "raw")
 
@@ -64,8 +75,12 @@ class ChunkWriter:
     Buffers are sliced with memoryviews: nothing is copied before compression."""
 
     def __init__(self, root: str, *, threads: int | None = None,
-                 compress: bool | str = "auto", fsync: bool = True) -> None:
+                 compress: bool | str = "auto", fsync: bool = True,
+                 direct: bool = True) -> None:
         self.root = root
+        # O_DIRECT for aligned raw chunks; off for good once the filesystem refuses it
+        self.direct = bool(direct and _O_DIRECT)
+        self.direct_bytes = 0
         self.compress = bool(compress) and _zstd is not None
         self.adaptive = compress == "auto"
         # measured while writing (EWMA, bytes per second of a worker's own time): whether
@@ -85,6 +100,12 @@ class ChunkWriter:
         self.raw_bytes = 0
         self.written_bytes = 0  # stored bytes of the chunks this writer wrote (not deduplicated)
         self.reused = 0
+        #: seconds the workers spent, summed over threads: where a dump's time goes
+        self.busy = {"hash": 0.0, "compress": 0.0, "write": 0.0, "sync": 0.0}
+
+    def _busy(self, what: str, seconds: float) -> None:
+        with self._lock:
+            self.busy[what] += seconds
 
     def _compressor(self):  # noqa: ANN202
         c = getattr(self._local, "c", None)
@@ -93,8 +114,10 @@ class ChunkWriter:
                                                      write_content_size=True)
         return c
 
-    def _one(self, view: memoryview) -> list:
+    def _one(self, view: memoryview, aligned: bool = False) -> list:
+        t0 = time.perf_counter()
         digest = hashlib.sha256(view).hexdigest()
+        self._busy("hash", time.perf_counter() - t0)
         n = len(view)
         have = existing(self.root, digest)
         if have is not None:
@@ -111,11 +134,14 @@ class ChunkWriter:
                 self.reused += 1
             return [digest, n, have, stored] if stored >= 0 else [digest, n, have]
         codec, data = "raw", view
+        t0 = time.perf_counter()
         ratio = self._probe(view) if self.compress and n >= 512 else 1.0
+        self._busy("compress", time.perf_counter() - t0)
         if ratio < 0.9 and self._pays(n, ratio):
             t0 = time.perf_counter()
             z = self._compressor().compress(view)
             self._learn("cpu_rate", n, time.perf_counter() - t0)
+            self._busy("compress", time.perf_counter() - t0)
             if len(z) < 0.97 * n:
                 codec, data = "zst", z
         path = chunk_path(self.root, digest, codec)
@@ -128,17 +154,22 @@ class ChunkWriter:
         with self._lock:
             self._pending.append(tmp)
         t0 = time.perf_counter()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        fd, direct = self._open(tmp, aligned and codec == "raw" and n >= ALIGN)
         try:
             mv = memoryview(data)
+            if direct:
+                mv = self._write_direct(fd, mv)
             while mv:
                 k = os.write(fd, mv)
                 mv = mv[k:]
+            t1 = time.perf_counter()
+            self._busy("write", t1 - t0)
             if self.fsync:  # durable before it has its name; other threads work meanwhile
                 os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        self._busy("sync", time.perf_counter() - t1)
         self._learn("disk_rate", len(data), time.perf_counter() - t0)
         with self._lock:
             self._pending.remove(tmp)
@@ -150,6 +181,33 @@ class ChunkWriter:
             else:
                 self.raw_chunks += 1
         return [digest, n, codec, len(data)]
+
+    def _open(self, tmp: str, direct: bool) -> tuple[int, bool]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        if direct and self.direct:
+            try:
+                return os.open(tmp, flags | _O_DIRECT, 0o640), True
+            except OSError:  # this filesystem does not do O_DIRECT: buffered from now on
+                self.direct = False
+        return os.open(tmp, flags, 0o640), False
+
+    def _write_direct(self, fd: int, mv: memoryview) -> memoryview:
+        """Write the aligned body of ``mv`` with O_DIRECT; return what is left (its unaligned
+        tail, or more if the device refused), with O_DIRECT cleared for the buffered rest."""
+        body = len(mv) - len(mv) % ALIGN
+        done = 0
+        try:
+            while done < body:
+                k = os.write(fd, mv[done:body])
+                done += k
+                if k % ALIGN:
+                    break  # a short, unaligned write: the rest goes buffered
+        except OSError:  # alignment this device does not accept: buffered from now on
+            self.direct = False
+        with self._lock:
+            self.direct_bytes += done
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+        return mv[done:]
 
     def _learn(self, what: str, nbytes: int, seconds: float) -> None:
         if nbytes < (256 << 10):
@@ -181,8 +239,16 @@ class ChunkWriter:
 
     def put(self, buffer) -> list:  # noqa: ANN001
         view = memoryview(buffer).cast("B")
-        return [self._pool.submit(self._one, view[i:i + CHUNK])
-                for i in range(0, max(len(view), 1), CHUNK)] if len(view) else []
+        n = len(view)
+        if not n:
+            return []
+        addr = _address(view) if self.direct and n >= DIRECT_MIN else None
+        head = 0 if addr is None else -addr % ALIGN
+        starts = ([0] if head else []) + list(range(head, n, CHUNK))
+        ends = starts[1:] + [n]
+        return [self._pool.submit(self._one, view[a:b],
+                                  addr is not None and (addr + a) % ALIGN == 0)
+                for a, b in zip(starts, ends, strict=True)]
 
     @staticmethod
     def refs(futures: list) -> list:
@@ -212,6 +278,63 @@ class ChunkWriter:
                 pass
 
 
+def _address(view: memoryview) -> int | None:
+    """The memory address of a writable buffer (None for a read-only one)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return None
+
+
+def _read_raw_into(path: str, digest: str, n: int, out: memoryview) -> None:
+    """A raw chunk read straight into its place in ``out`` (no intermediate copy; with
+    O_DIRECT, not even through the page cache, when ``out`` is page-aligned), then checked
+    there against its SHA-256."""
+    addr = _address(out) if _O_DIRECT and n >= ALIGN else None
+    fd = -1
+    if addr is not None and addr % ALIGN == 0:
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+        except FileNotFoundError:
+            raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+        except OSError:  # no O_DIRECT on this filesystem
+            fd = -1
+    direct = fd >= 0
+    if not direct:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != n:
+            raise ChunkError(f"chunk {digest[:12]} has {size} bytes, expected {n}")
+        got = 0
+        if direct:
+            body = n - n % ALIGN
+            try:
+                while got < body:
+                    k = os.readv(fd, [out[got:body]])
+                    got += k
+                    if not k or k % ALIGN:
+                        break
+            except OSError:  # alignment this device refuses: the rest buffered
+                pass
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+            os.lseek(fd, got, os.SEEK_SET)
+        while got < n:
+            k = os.readv(fd, [out[got:n]])
+            if not k:
+                break
+            got += k
+    finally:
+        os.close(fd)
+    if got != n:
+        raise ChunkError(f"chunk {digest[:12]} has {got} bytes, expected {n}")
+    if hashlib.sha256(out).hexdigest() != digest:
+        raise ChunkError(f"chunk {digest[:12]} does not match its checksum")
+
+
 def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | None:
     """Read one chunk, check its length and its content (SHA-256, or the zstd frame's own
     checksum when it has one); into ``out`` when given."""
@@ -219,6 +342,9 @@ def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | N
     if codec not in CODECS:
         raise ChunkError(f"chunk {digest[:12]}: unknown codec {codec!r}")
     path = chunk_path(root, digest, codec)
+    if codec == "raw" and out is not None:
+        _read_raw_into(path, digest, n, out[:n])
+        return None
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -250,12 +376,26 @@ def _threads(threads: int | None) -> int:
     return threads or max(4, min(8, 2 * (os.cpu_count() or 1)))
 
 
-def read_refs(root: str, refs: list, *, threads: int | None = None) -> bytearray:
-    """Reassemble chunks into one writable buffer (checked chunk by chunk)."""
+def read_refs(root: str, refs: list, *,
+              threads: int | None = None) -> bytearray | memoryview:
+    """Reassemble chunks into one writable buffer (checked chunk by chunk).
+
+    A large one is anonymous memory (huge pages where the kernel gives them: fewer page
+    faults), placed so that the chunks that were written from page-aligned memory land on
+    page-aligned addresses again: they are read with O_DIRECT, straight from the disk."""
     total = sum(r[1] for r in refs)
-    buf = bytearray(total)
-    _read_into(root, refs, memoryview(buf), threads)
-    return buf
+    if total < DIRECT_MIN:
+        buf = bytearray(total)
+        _read_into(root, refs, memoryview(buf), threads)
+        return buf
+    first = refs[0][1]
+    pad = -first % ALIGN if len(refs) > 1 and first < ALIGN else 0  # a short head chunk
+    m = mmap.mmap(-1, total + pad)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    view = memoryview(m)[pad:pad + total]
+    _read_into(root, refs, view, threads)
+    return view
 
 
 def _read_into(root: str, refs: list, mv: memoryview, threads: int | None) -> None:

@@ -219,8 +219,10 @@ def dump(chunk_root: str, options: dict) -> None:
         "cells": cells, "execution_count": ip.execution_count,
         "gpu_tensors": devices,
         "raw_bytes": w.raw_bytes, "written_bytes": w.written_bytes, "reused_chunks": w.reused,
+        "direct_bytes": w.direct_bytes,
         "fresh": w.fresh,
-        "seconds": {"pickle": t_pickle, "total": time.perf_counter() - t0},
+        "seconds": {"pickle": t_pickle, "total": time.perf_counter() - t0,
+                    **{f"busy_{k}": v for k, v in w.busy.items()}},
     }
     last_json = json.dumps(payload)
 

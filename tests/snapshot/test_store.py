@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 
 import numpy as np
@@ -56,6 +57,62 @@ def test_chunks_round_trip_are_content_addressed_and_compressed_when_it_pays(tmp
     assert w2.refs(w2.put(noise)) == refs_noise
     w2.close()
     assert w2.written_bytes == 0 and w2.reused == 4
+
+
+def _does_direct(directory) -> bool:  # noqa: ANN001
+    page = mmap.mmap(-1, chunkio.ALIGN)  # page-aligned memory
+    try:
+        fd = os.open(directory / "direct-probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+    except OSError:
+        return False
+    try:
+        os.write(fd, page)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(directory / "direct-probe")
+
+
+def test_large_buffers_go_straight_from_memory_and_are_checked_when_read(tmp_path):
+    root = str(tmp_path / "chunks")
+    arr = np.random.default_rng(3).random((2 * chunkio.CHUNK + 40_000) // 8)  # noise: raw
+    addr = arr.ctypes.data
+    w = chunkio.ChunkWriter(root)
+    refs = w.refs(w.put(arr))
+    w.close()
+    assert sum(r[1] for r in refs) == arr.nbytes and {r[2] for r in refs} == {"raw"}
+    head = -addr % chunkio.ALIGN
+    # chunks after a short head start at page-aligned addresses: they can go O_DIRECT
+    assert [r[1] for r in refs][:1] == ([head] if head else [chunkio.CHUNK])
+    starts = np.cumsum([0] + [r[1] for r in refs[:-1]])
+    assert all((addr + int(a)) % chunkio.ALIGN == 0 for a in starts[1 if head else 0:])
+    if _does_direct(tmp_path):
+        assert w.direct_bytes >= 2 * chunkio.CHUNK - chunkio.ALIGN
+    else:  # a filesystem without O_DIRECT: noticed once, everything buffered
+        assert w.direct_bytes == 0 and not w.direct
+    back = np.frombuffer(chunkio.read_refs(root, refs), dtype=np.float64)
+    assert np.array_equal(back, arr)
+    # the same content again: the same chunks (the same alignment), nothing written
+    w2 = chunkio.ChunkWriter(root)
+    assert w2.refs(w2.put(arr)) == refs and w2.written_bytes == 0
+    w2.close()
+    # a flipped byte and a truncated chunk, both written direct, are caught when read into place
+    big = max(refs, key=lambda r: r[1])
+    path = chunkio.chunk_path(root, big[0], big[2])
+    with open(path, "r+b") as f:
+        f.seek(chunkio.CHUNK // 2)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(chunkio.ChunkError, match="checksum"):
+        chunkio.read_refs(root, refs)
+    with open(path, "r+b") as f:
+        f.truncate(chunkio.CHUNK // 3)
+    with pytest.raises(chunkio.ChunkError, match="bytes, expected"):
+        chunkio.read_refs(root, refs)
+    os.unlink(path)
+    with pytest.raises(chunkio.ChunkError, match="missing"):
+        chunkio.read_refs(root, refs)
 
 
 def test_commit_verifies_and_lists(store):

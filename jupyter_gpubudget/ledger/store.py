@@ -354,13 +354,19 @@ class Ledger:
                 out += s.execute(select(*cols).where(t.id.in_(wanted[i:i + 500]))).all()
         return out
 
-    def open_charges(self) -> list[Row]:
-        """Open intervals as plain rows (workload, seq, project, user, milli, start,
-        checkpoint)."""
+    def open_charges(self, workloads: Iterable[str] | None = None) -> list[Row]:
+        """Open intervals (of these workloads, or all) as plain rows (workload, seq, project,
+        user, milli, start, checkpoint)."""
         t = ChargeRow.__table__.c
+        q = select(t.workload, t.seq, t.project, t.user, t.milli, t.start,
+                   t.checkpoint).where(t.end.is_(None))
         with self.ro() as s:
-            return s.execute(select(t.workload, t.seq, t.project, t.user, t.milli, t.start,
-                                    t.checkpoint).where(t.end.is_(None))).all()
+            if workloads is None:
+                return s.execute(q).all()
+            wanted, out = sorted(set(workloads)), []
+            for i in range(0, len(wanted), 500):
+                out += s.execute(q.where(t.workload.in_(wanted[i:i + 500]))).all()
+            return out
 
     def workloads_of(self, user: str, states: tuple[str, ...] | None = None) -> list[WorkloadRow]:
         """``workloads(user=...)`` served from memory until this process writes again.

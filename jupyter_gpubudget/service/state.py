@@ -109,13 +109,25 @@ class LiveWorkloads:
         self._watch: WorkloadWatch | None = None
         self._rows: list[Row] = []  # live rows in the ledger's order (submitted_at, id)
         self._usage: tuple[tuple, list[ChargeInterval]] | None = None
-        self._open: tuple[tuple, list[Row], list[ChargeInterval]] | None = None
+        self._open: tuple[list[Row], list[ChargeInterval]] | None = None
+        #: workloads written since open charges / convert last looked (None: all)
+        self._charges_stale: set[str | None] = {None}
+        self._convert_stale: set[str | None] = {None}
+        #: the last conversion: (of :meth:`rows`' list, idle, stopping, sync backends,
+        #: snapshot history, -, running sessions)
+        self._converted: tuple | None = None
 
     def rows(self, ledger: Ledger) -> list[Row]:
         """Pending and running rows, as ``ledger.live()`` answers now (same order)."""
         if self._watch is None or self._ledger is not ledger:
             self._ledger, self._watch = ledger, ledger.watch_workloads()
         changed = self._watch.take()  # before the read: a write after it is read next time
+        for seen in (self._charges_stale, self._convert_stale):
+            if changed is None:
+                seen.clear()
+                seen.add(None)
+            else:
+                seen.update(changed)
         if changed is None:  # (ordered here as below, whatever the database's collation)
             self._rows = sorted(ledger.live(), key=_live_order)
         elif changed:
@@ -138,20 +150,63 @@ class LiveWorkloads:
         return self._usage[1]
 
     def open_charges(self, ledger: Ledger) -> tuple[list[Row], list[ChargeInterval]]:
-        """``ledger.open_charges()`` and the same as the core's charge intervals, read again only after this process wrote something the
-        scheduler reads (``Ledger.state_version``: starts and stops, not checkpoints — the
-        rows' ``checkpoint`` may be older than the ledger's)."""
-        version = (id(ledger), ledger.state_version)  # taken before the read
-        if self._open is None or self._open[0] != version:
+        """``ledger.open_charges()`` and the same as the core's charge intervals. An interval
+        opens and closes in the transaction that changes its workload, so only the intervals
+        of the workloads written since the last read are read again (the rows' ``checkpoint``
+        may be older than the ledger's)."""
+        self.rows(ledger)  # what was written since
+        stale = self._charges_stale
+        if self._open is None or None in stale:
+            stale.clear()
             rows = ledger.open_charges()
-            self._open = (version, rows, [
-                ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, None)
-                for c in rows])
-        return self._open[1], self._open[2]
+        elif stale:
+            ids = set(stale)
+            stale.clear()
+            rows = [c for c in self._open[0] if c.workload not in ids]
+            rows += ledger.open_charges(ids)
+        else:
+            return self._open
+        self._open = (rows, [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start,
+                                            None) for c in rows])
+        return self._open
 
     def convert(self, rows: list, idle: set[str], stopping: set[str],
                 sync_backends: frozenset[str], snapshots: dict | None = None,
                 now: float = 0.0) -> list[Workload]:
+        last, stale = self._converted, self._convert_stale
+        mine = rows is self._rows  # what :meth:`rows` gave: changed only where written since
+        if mine and last is not None and last[0] and None not in stale \
+                and last[3] == sync_backends and last[4] == (snapshots or {}):
+            # redo the rows written since, those whose marks changed, and running sessions
+            # (their snapshot estimate grows with their age); reuse the rest as they are
+            redo = stale | (idle ^ last[1]) | (stopping ^ last[2]) | last[6]
+            if len(redo) < len(rows) // 4:
+                cache = self._cache
+                part = self._convert([r for r in rows if r.id in redo], idle, stopping,
+                                     sync_backends, snapshots, now, keep=False)
+                for rid in stale:
+                    if rid not in part:  # no longer live
+                        cache.pop(rid, None)
+                out = [part[r.id] if r.id in redo else cache[r.id][2] for r in rows]
+                sessions = (last[6] - stale) | {
+                    rid for rid, w in part.items()
+                    if w.kind == "interactive" and w.started_at is not None}
+                stale.clear()
+                self._converted = (True, set(idle), set(stopping), sync_backends,
+                                   dict(snapshots or {}), None, sessions)
+                return out
+        stale.clear()
+        out = self._convert(rows, idle, stopping, sync_backends, snapshots, now)
+        sessions = {r.id for r in rows if r.kind == "interactive" and r.started_at is not None}
+        self._converted = (mine, set(idle), set(stopping), sync_backends,
+                           dict(snapshots or {}), None, sessions)
+        return out
+
+    def _convert(self, rows: list, idle: set[str], stopping: set[str],
+                 sync_backends: frozenset[str], snapshots: dict | None, now: float,
+                 keep: bool = True):  # noqa: ANN202
+        """Convert ``rows`` (reusing cached objects); ``keep``: the cache becomes exactly
+        these rows (else they are added to it, and a dict id -> workload is returned)."""
         out, fresh, cache = [], {}, self._cache
         snaps = snapshots or {}
         estimates: dict[tuple, tuple[float, float]] = {}  # (user, age) -> snapshot estimate
@@ -190,6 +245,9 @@ class LiveWorkloads:
                              snapshot_cost=sig[3], snapshot_reliability=sig[4])
             fresh[rid] = (r, sig, w)
             out.append(w)
+        if not keep:
+            cache.update(fresh)
+            return {rid: v[2] for rid, v in fresh.items()}
         self._cache = fresh
         return out
 
@@ -210,8 +268,7 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     # sessions' snapshot cost and reliability, from their users' snapshot history
     snaps = snapshot_history(ledger, now - horizon) if any(
         r.kind == "interactive" for r in rows) else {}
-    workloads = live.convert(rows, idle, stopping, sync_backends,
-                                                  snaps, now)
+    workloads = live.convert(rows, idle, stopping, sync_backends, snaps, now)
     running = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "running" and w.placement is not None]
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits

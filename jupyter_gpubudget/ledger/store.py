@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, Row, Text, cast, event, func, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+from sqlalchemy.sql.dml import Update
 
 from . import rollups
 from .models import (
@@ -30,6 +31,7 @@ from .models import (
     GrantRow,
     IdempotencyRow,
     ServiceStateRow,
+    UsageRollupRow,
     WorkloadRow,
 )
 
@@ -76,7 +78,8 @@ class WorkloadWatch:
 #: keys of a write session's ``info``: what its transaction changed (see Ledger._watch_writes)
 _W_IDS, _W_ALL = "gpubudget.workloads", "gpubudget.workloads_all"
 _W_USAGE, _W_PREEMPT = "gpubudget.usage", "gpubudget.preemptions"
-_WORKLOADS = WorkloadRow.__tablename__
+_WORKLOADS, _CHARGES = WorkloadRow.__tablename__, ChargeRow.__tablename__
+_ROLLUPS = UsageRollupRow.__tablename__
 
 
 class Ledger:
@@ -118,8 +121,10 @@ class Ledger:
                     if isinstance(o, WorkloadRow)]
             if rows:
                 s.info.setdefault(_W_IDS, set()).update(o.id for o in rows)
-                if any(inspect(o).attrs.preemptions.history.has_changes() for o in rows):
-                    s.info[_W_PREEMPT] = True
+                for o in rows:  # a count changed (a new row's 0 changes nothing)
+                    h = inspect(o).attrs.preemptions.history
+                    if h.deleted or any(h.added):
+                        s.info[_W_PREEMPT] = True
 
         def executed(st: ORMExecuteState) -> None:
             if st.is_select:
@@ -129,7 +134,13 @@ class Ledger:
                 st.session.info.setdefault(_W_IDS, set()).update(named)
                 return
             table = getattr(st.statement, "table", None)
-            if table is None or getattr(table, "name", None) == _WORKLOADS:
+            name = getattr(table, "name", None)
+            if table is None or name == _ROLLUPS:
+                st.session.info[_W_USAGE] = True
+            # (charge intervals are updated with their workload's row — closed — or only in
+            # their checkpoint; one inserted or deleted otherwise may be anyone's)
+            if table is None or name == _WORKLOADS or (
+                    name == _CHARGES and not isinstance(st.statement, Update)):
                 st.session.info[_W_ALL] = st.session.info[_W_PREEMPT] = True
 
         def committed(s: Session) -> None:

@@ -328,6 +328,9 @@ def test_the_service_rereads_only_what_changed_and_sees_every_change(ledger, scr
     live = LiveWorkloads()
     ids = [_submit(ledger, now=float(i), user=f"u{i}").id for i in range(3)]
     t = 10.0
+    # what the service rereads only when these versions move
+    seen = (ledger.usage_version, ledger.usage_for_window(0.0),
+            ledger.preemption_version, ledger.preemptions_by_project())
     for op, i, dt in script:
         t += dt
         wid = ids[i % len(ids)]
@@ -373,3 +376,31 @@ def test_the_service_rereads_only_what_changed_and_sees_every_change(ledger, scr
         idle, stopping = ledger.running_marks()
         got = live.convert(live.rows(ledger), idle, stopping, frozenset({"local"}), {}, t)
         assert got == LiveWorkloads().convert(full, idle, stopping, frozenset({"local"}), {}, t)
+        now_seen = (ledger.usage_version, ledger.usage_for_window(0.0),
+                    ledger.preemption_version, ledger.preemptions_by_project())
+        if now_seen[0] == seen[0]:
+            assert now_seen[1] == seen[1]
+        if now_seen[2] == seen[2]:
+            assert now_seen[3] == seen[3]
+        seen = now_seen
+        assert [(c.project, c.start, c.end, c.milli) for c in live.usage(ledger, 0.0)] == [
+            (p, a, b, m) for p, a, b, m in seen[1]]
+
+
+def test_usage_and_preemption_versions_move_exactly_with_what_they_track(ledger):
+    """The service rereads usage rollups and preemption totals only when these move: an
+    arrival or a start moves neither; a preemption closes an interval and counts one."""
+    versions = lambda: (ledger.usage_version, ledger.preemption_version)  # noqa: E731
+    w = _submit(ledger, now=10.0)
+    v0 = versions()
+    _submit(ledger, now=11.0)
+    ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=20.0)
+    assert versions() == v0
+    before = ledger.preemptions_by_project().get("lattice", 0)
+    ledger.stop(w.id, now=4000.0, state="pending", closed_by="preempt")
+    assert ledger.preemptions_by_project()["lattice"] == before + 1
+    assert versions()[0] > v0[0] and versions()[1] > v0[1]
+    v1 = versions()
+    ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=5000.0)
+    ledger.stop(w.id, now=6000.0, state="done", closed_by="exit")  # usage, no preemption
+    assert versions()[0] > v1[0] and versions()[1] == v1[1]

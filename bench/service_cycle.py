@@ -26,6 +26,7 @@ import argparse
 import gc
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -239,12 +240,15 @@ def main() -> None:
     print(f"state: {len(state.running)} running, {len(state.pending)} pending, "
           f"{state.inventory.gpu_count} GPUs, {len(state.accounts.projects())} projects")
     pg = None
+    made: list[str] = []
     results: dict[str, dict[int, tuple[float, ...]]] = {}
     try:
         for db in args.db.split(","):
             for history in [args.history] + ([10 * args.history] if args.tenx else []):
                 if db == "sqlite":
-                    url = f"sqlite:///{tempfile.mkdtemp(prefix='gpubudget-svc-')}/ledger.sqlite"
+                    tmp = tempfile.mkdtemp(prefix="gpubudget-svc-")
+                    made.append(tmp)
+                    url = f"sqlite:///{tmp}/ledger.sqlite"
                 else:
                     if pg is None:
                         from tests.fixtures.postgres import start_postgres
@@ -257,6 +261,8 @@ def main() -> None:
     finally:
         if pg is not None:
             pg.stop()
+        for tmp in made:  # (10× the history is over a GB)
+            shutil.rmtree(tmp, ignore_errors=True)
     base = args.history
     worst = max(results, key=lambda d: results[d][base][0] / results[d][base][1])
     s, c = results[worst][base][:2]

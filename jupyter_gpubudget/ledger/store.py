@@ -10,14 +10,18 @@ Invariants kept here, whatever process dies when:
 
 from __future__ import annotations
 
+import itertools
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, Row, Text, cast, func, select, update
+from sqlalchemy import Engine, Row, Text, cast, event, func, inspect, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+from sqlalchemy.sql.dml import Update
 
 from . import rollups
 from .models import (
@@ -27,6 +31,7 @@ from .models import (
     GrantRow,
     IdempotencyRow,
     ServiceStateRow,
+    UsageRollupRow,
     WorkloadRow,
 )
 
@@ -44,6 +49,39 @@ class LedgerError(Exception):
         self.field = field
 
 
+class WorkloadWatch:
+    """The workloads this process wrote (committed) since the watcher last looked: what a
+    reader of live work must read again. ``take()`` answers ``None`` when it cannot tell
+    (the first time, and after a write it could not attribute to workloads, such as a bulk
+    insert): then everything must be read again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+        self._all = True
+
+    def _note(self, ids: Iterable[str], everything: bool) -> None:
+        with self._lock:
+            if everything:
+                self._all = True
+            else:
+                self._ids.update(ids)
+
+    def take(self) -> set[str] | None:
+        """The ids written since the last ``take`` (``None``: read everything), and reset."""
+        with self._lock:
+            out = None if self._all else self._ids
+            self._ids, self._all = set(), False
+            return out
+
+
+#: keys of a write session's ``info``: what its transaction changed (see Ledger._watch_writes)
+_W_IDS, _W_ALL = "gpubudget.workloads", "gpubudget.workloads_all"
+_W_USAGE, _W_PREEMPT = "gpubudget.usage", "gpubudget.preemptions"
+_WORKLOADS, _CHARGES = WorkloadRow.__tablename__, ChargeRow.__tablename__
+_ROLLUPS = UsageRollupRow.__tablename__
+
+
 class Ledger:
     def __init__(self, engine: Engine, read_engine: Engine | None = None) -> None:
         self.engine = engine
@@ -57,6 +95,72 @@ class Ledger:
         #: called (from any thread) after every write transaction of this process
         self.on_write: Callable[[], None] | None = None
         self._by_user: dict[tuple, tuple[int, list[WorkloadRow]]] = {}
+        #: bumped after every committed transaction that closed a charge interval (the
+        #: hourly rollups changed): while it stands still, the last rollup read holds
+        self.usage_version = 0
+        #: bumped after every committed transaction that changed a workload's preemption
+        #: count (or could have): what :meth:`preemptions_by_project` answers changed
+        self.preemption_version = 0
+        self._watches: weakref.WeakSet[WorkloadWatch] = weakref.WeakSet()
+        self._watch_writes()
+
+    # ------------------------------------------------------------ change tracking
+    def watch_workloads(self) -> WorkloadWatch:
+        """A watch of the workloads this process writes (see :class:`WorkloadWatch`)."""
+        w = WorkloadWatch()
+        self._watches.add(w)
+        return w
+
+    def _watch_writes(self) -> None:
+        """Note, per write transaction, which workloads it changed (ORM objects flushed, or
+        statements naming them in ``changed_workloads``; any other statement on the workloads
+        table counts as "everything"), and tell the watches once it has committed."""
+
+        def flushed(s: Session, _ctx: Any) -> None:
+            rows = [o for o in itertools.chain(s.new, s.dirty, s.deleted)
+                    if isinstance(o, WorkloadRow)]
+            if rows:
+                s.info.setdefault(_W_IDS, set()).update(o.id for o in rows)
+                for o in rows:  # a count changed (a new row's 0 changes nothing)
+                    h = inspect(o).attrs.preemptions.history
+                    if h.deleted or any(h.added):
+                        s.info[_W_PREEMPT] = True
+
+        def executed(st: ORMExecuteState) -> None:
+            if st.is_select:
+                return
+            named = st.execution_options.get("changed_workloads")
+            if named is not None:
+                st.session.info.setdefault(_W_IDS, set()).update(named)
+                return
+            table = getattr(st.statement, "table", None)
+            name = getattr(table, "name", None)
+            if table is None or name == _ROLLUPS:
+                st.session.info[_W_USAGE] = True
+            # (charge intervals are updated with their workload's row — closed — or only in
+            # their checkpoint; one inserted or deleted otherwise may be anyone's)
+            if table is None or name == _WORKLOADS or (
+                    name == _CHARGES and not isinstance(st.statement, Update)):
+                st.session.info[_W_ALL] = st.session.info[_W_PREEMPT] = True
+
+        def committed(s: Session) -> None:
+            ids, everything = s.info.pop(_W_IDS, ()), s.info.pop(_W_ALL, False)
+            if s.info.pop(_W_USAGE, False):
+                self.usage_version += 1
+            if s.info.pop(_W_PREEMPT, False):
+                self.preemption_version += 1
+            if ids or everything:
+                for w in list(self._watches):
+                    w._note(ids, everything)
+
+        def rolled_back(s: Session) -> None:
+            for k in (_W_IDS, _W_ALL, _W_USAGE, _W_PREEMPT):
+                s.info.pop(k, None)
+
+        event.listen(self._sessions, "after_flush", flushed)
+        event.listen(self._sessions, "do_orm_execute", executed)
+        event.listen(self._sessions, "after_commit", committed)
+        event.listen(self._sessions, "after_rollback", rolled_back)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -247,13 +351,33 @@ class Ledger:
         with self.ro() as s:
             return s.execute(q.order_by(t.submitted_at, t.id)).all()
 
-    def open_charges(self) -> list[Row]:
-        """Open intervals as plain rows (workload, seq, project, user, milli, start,
-        checkpoint)."""
-        t = ChargeRow.__table__.c
+    def live_by_id(self, ids: Iterable[str]) -> list[Row]:
+        """The rows of :meth:`live` for these workloads, whatever their state (the caller
+        drops those no longer pending or running)."""
+        t = WorkloadRow.__table__.c
+        cols = [t[c] for c in self.LIVE_COLUMNS]
+        cols += [cast(t.request, Text).label("request_json"),
+                 cast(t.placement, Text).label("placement_json"),
+                 cast(t.command, Text).label("command_json")]
+        wanted, out = sorted(set(ids)), []
         with self.ro() as s:
-            return s.execute(select(t.workload, t.seq, t.project, t.user, t.milli, t.start,
-                                    t.checkpoint).where(t.end.is_(None))).all()
+            for i in range(0, len(wanted), 500):
+                out += s.execute(select(*cols).where(t.id.in_(wanted[i:i + 500]))).all()
+        return out
+
+    def open_charges(self, workloads: Iterable[str] | None = None) -> list[Row]:
+        """Open intervals (of these workloads, or all) as plain rows (workload, seq, project,
+        user, milli, start, checkpoint)."""
+        t = ChargeRow.__table__.c
+        q = select(t.workload, t.seq, t.project, t.user, t.milli, t.start,
+                   t.checkpoint).where(t.end.is_(None))
+        with self.ro() as s:
+            if workloads is None:
+                return s.execute(q).all()
+            wanted, out = sorted(set(workloads)), []
+            for i in range(0, len(wanted), 500):
+                out += s.execute(q.where(t.workload.in_(wanted[i:i + 500]))).all()
+            return out
 
     def workloads_of(self, user: str, states: tuple[str, ...] | None = None) -> list[WorkloadRow]:
         """``workloads(user=...)`` served from memory until this process writes again.
@@ -300,7 +424,8 @@ class Ledger:
         with self.tx() as s:
             s.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id,
                                                 WorkloadRow.state == "running")
-                      .values(backend_ref=ref))
+                      .values(backend_ref=ref)
+                      .execution_options(changed_workloads=(workload_id,)))
 
     def stop(self, workload_id: str, *, now: float | None, state: str, closed_by: str,
              reason: str = "", exit_code: int | None = None, actor: str = "scheduler",
@@ -348,6 +473,7 @@ class Ledger:
                                      closed_by=closed_by)).rowcount
             if done:  # closed here, exactly once: its usage joins the hourly rollups
                 rollups.add(s, c.project, c.milli, c.start, max(end, c.start))
+                s.info[_W_USAGE] = True
                 closed += 1
         return closed
 
@@ -448,6 +574,20 @@ class Ledger:
                  .where(DecisionRow.kind == "idle", WorkloadRow.state == "running",
                         DecisionRow.at >= WorkloadRow.started_at))
             return {w for (w,) in s.execute(q)}
+
+    def running_marks(self) -> tuple[set[str], set[str]]:
+        """:meth:`idle_running` and :meth:`stop_requested_running` in one read."""
+        with self.ro() as s:
+            q = (select(DecisionRow.workload, DecisionRow.kind)
+                 .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
+                 .where(DecisionRow.kind.in_(("idle", "preempt-requested")),
+                        WorkloadRow.state == "running",
+                        DecisionRow.at >= WorkloadRow.started_at))
+            idle: set[str] = set()
+            stopping: set[str] = set()
+            for w, kind in s.execute(q):
+                (idle if kind == "idle" else stopping).add(w)
+            return idle, stopping
 
     def stop_requested_running(self) -> set[str]:
         """Running workloads asked to stop (``preempt-requested``) since they (last) started:

@@ -179,8 +179,11 @@ class SchedulingLoop:
     def _reap(self, now: float) -> list[str]:
         """Settle ended local workloads; return the ids still alive."""
         alive: list[str] = []
-        open_iv = {c.workload: c for c in self.ledger.open_charges()}
-        for row in self.ledger.live(backend=self.backend.name, states=("running",)):
+        # (the cycle's own reads, shared with build_state: reread only what changed)
+        open_iv = {c.workload: c for c in self._live.open_charges(self.ledger)[0]}
+        mine = self.backend.name
+        for row in [r for r in self._live.rows(self.ledger)
+                    if r.state == "running" and r.backend == mine]:
             iv = open_iv.get(row.id)
             if iv is None:  # cannot happen (start opens one in the same transaction)
                 continue
@@ -444,8 +447,9 @@ class SchedulingLoop:
         for w in sched.pending.values():
             k = (w.project, w.kind)
             v.pending[k] = v.pending.get(k, 0) + 1
-        if self._preemptions[0] != self.ledger.state_version:
-            self._preemptions = (self.ledger.state_version, self.ledger.preemptions_by_project())
+        if self._preemptions[0] != self.ledger.preemption_version:
+            version = self.ledger.preemption_version  # (before the read)
+            self._preemptions = (version, self.ledger.preemptions_by_project())
         v.preemptions = self._preemptions[1]
         v.quoter = Quoter(sched, fc, now)
         self._node_view(v, sched, now)

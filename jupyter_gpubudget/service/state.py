@@ -3,9 +3,13 @@ rebuilds :class:`ClusterState` from the ledger, which is what makes a restart sa
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 from dataclasses import asdict, fields
 from pathlib import Path
+
+from sqlalchemy import Row
 
 from jupyter_gpubudget.core.accounts import AccountTree
 from jupyter_gpubudget.core.model import (
@@ -20,7 +24,9 @@ from jupyter_gpubudget.core.model import (
 from jupyter_gpubudget.core.scheduler import ClusterState
 from jupyter_gpubudget.ledger import Ledger
 from jupyter_gpubudget.ledger.nodes import unhealthy_nodes
+from jupyter_gpubudget.ledger.rollups import HOUR
 from jupyter_gpubudget.ledger.snapshots import snapshot_history
+from jupyter_gpubudget.ledger.store import WorkloadWatch
 from jupyter_gpubudget.sim.costs import RESTORE_COST_S, SNAPSHOT_COST_S
 
 # only the constructor's fields (the core may add derived, non-init fields)
@@ -90,27 +96,134 @@ def command_name(command: list | None) -> str:
 class LiveWorkloads:
     """Ledger rows of live work -> core ``Workload`` objects, reusing the object built in an
     earlier cycle when nothing of the row changed (the core never mutates its inputs): a cycle
-    decodes only what changed since the last one, however long the queue."""
+    decodes only what changed since the last one, however long the queue.
+
+    :meth:`rows` reads the ledger's live rows again only for the workloads this process wrote
+    since the last read (``Ledger.watch_workloads``; the service is the ledger's only
+    writer): a cycle after an arrival or an end reads one row, not the whole queue."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, tuple[tuple, Workload]] = {}
+        self._cache: dict[str, tuple[Row, tuple, Workload]] = {}
         self._requests: dict[str, SliceRequest] = {}
+        self._ledger: Ledger | None = None
+        self._watch: WorkloadWatch | None = None
+        self._rows: list[Row] = []  # live rows in the ledger's order (submitted_at, id)
+        self._usage: tuple[tuple, list[ChargeInterval]] | None = None
+        self._open: tuple[list[Row], list[ChargeInterval]] | None = None
+        #: workloads written since open charges / convert last looked (None: all)
+        self._charges_stale: set[str | None] = {None}
+        self._convert_stale: set[str | None] = {None}
+        #: the last conversion: (of :meth:`rows`' list, idle, stopping, sync backends,
+        #: snapshot history, -, running sessions)
+        self._converted: tuple | None = None
+
+    def rows(self, ledger: Ledger) -> list[Row]:
+        """Pending and running rows, as ``ledger.live()`` answers now (same order)."""
+        if self._watch is None or self._ledger is not ledger:
+            self._ledger, self._watch = ledger, ledger.watch_workloads()
+        changed = self._watch.take()  # before the read: a write after it is read next time
+        for seen in (self._charges_stale, self._convert_stale):
+            if changed is None:
+                seen.clear()
+                seen.add(None)
+            else:
+                seen.update(changed)
+        if changed is None:  # (ordered here as below, whatever the database's collation)
+            self._rows = sorted(ledger.live(), key=_live_order)
+        elif changed:
+            fresh = [r for r in ledger.live_by_id(changed) if r.state in ("pending", "running")]
+            rows = [r for r in self._rows if r.id not in changed]
+            for r in fresh:
+                bisect.insort(rows, r, key=_live_order)
+            self._rows = rows
+        return self._rows
+
+    def usage(self, ledger: Ledger, since: float) -> list[ChargeInterval]:
+        """The closed usage that may count after ``since`` (``Ledger.usage_for_window``) as
+        charge intervals, read again only when an interval closed or the window's first hour
+        moved."""
+        key = (id(ledger), ledger.usage_version, math.ceil(since / HOUR))
+        if self._usage is None or self._usage[0] != key:
+            self._usage = (key, [
+                ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", milli, start, end)
+                for project, start, end, milli in ledger.usage_for_window(since)])
+        return self._usage[1]
+
+    def open_charges(self, ledger: Ledger) -> tuple[list[Row], list[ChargeInterval]]:
+        """``ledger.open_charges()`` and the same as the core's charge intervals. An interval
+        opens and closes in the transaction that changes its workload, so only the intervals
+        of the workloads written since the last read are read again (the rows' ``checkpoint``
+        may be older than the ledger's)."""
+        self.rows(ledger)  # what was written since
+        stale = self._charges_stale
+        if self._open is None or None in stale:
+            stale.clear()
+            rows = ledger.open_charges()
+        elif stale:
+            ids = set(stale)
+            stale.clear()
+            rows = [c for c in self._open[0] if c.workload not in ids]
+            rows += ledger.open_charges(ids)
+        else:
+            return self._open
+        self._open = (rows, [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start,
+                                            None) for c in rows])
+        return self._open
 
     def convert(self, rows: list, idle: set[str], stopping: set[str],
                 sync_backends: frozenset[str], snapshots: dict | None = None,
                 now: float = 0.0) -> list[Workload]:
-        out, fresh = [], {}
+        last, stale = self._converted, self._convert_stale
+        mine = rows is self._rows  # what :meth:`rows` gave: changed only where written since
+        if mine and last is not None and last[0] and None not in stale \
+                and last[3] == sync_backends and last[4] == (snapshots or {}):
+            # redo the rows written since, those whose marks changed, and running sessions
+            # (their snapshot estimate grows with their age); reuse the rest as they are
+            redo = stale | (idle ^ last[1]) | (stopping ^ last[2]) | last[6]
+            if len(redo) < len(rows) // 4:
+                cache = self._cache
+                part = self._convert([r for r in rows if r.id in redo], idle, stopping,
+                                     sync_backends, snapshots, now, keep=False)
+                for rid in stale:
+                    if rid not in part:  # no longer live
+                        cache.pop(rid, None)
+                out = [part[r.id] if r.id in redo else cache[r.id][2] for r in rows]
+                sessions = (last[6] - stale) | {
+                    rid for rid, w in part.items()
+                    if w.kind == "interactive" and w.started_at is not None}
+                stale.clear()
+                self._converted = (True, set(idle), set(stopping), sync_backends,
+                                   dict(snapshots or {}), None, sessions)
+                return out
+        stale.clear()
+        out = self._convert(rows, idle, stopping, sync_backends, snapshots, now)
+        sessions = {r.id for r in rows if r.kind == "interactive" and r.started_at is not None}
+        self._converted = (mine, set(idle), set(stopping), sync_backends,
+                           dict(snapshots or {}), None, sessions)
+        return out
+
+    def _convert(self, rows: list, idle: set[str], stopping: set[str],
+                 sync_backends: frozenset[str], snapshots: dict | None, now: float,
+                 keep: bool = True):  # noqa: ANN202
+        """Convert ``rows`` (reusing cached objects); ``keep``: the cache becomes exactly
+        these rows (else they are added to it, and a dict id -> workload is returned)."""
+        out, fresh, cache = [], {}, self._cache
+        snaps = snapshots or {}
+        estimates: dict[tuple, tuple[float, float]] = {}  # (user, age) -> snapshot estimate
         for r in rows:
-            cost, reliability = 0.0, 1.0
+            rid = r.id
             if r.kind == "interactive":  # its snapshot's cost grows with the session's age
                 age = now - r.started_at if r.started_at is not None and now else 0.0
-                cost, reliability = snapshot_estimate((snapshots or {}).get(r.user),
-                                                      10.0 * (age // 10))
-            sig = (*r, r.id in idle, r.id in stopping, r.backend in sync_backends, cost,
-                   reliability)
-            hit = self._cache.get(r.id)
-            if hit is not None and hit[0] == sig:
-                w = hit[1]
+                key = (r.user, 10.0 * (age // 10))
+                est = estimates.get(key)
+                if est is None:
+                    est = estimates[key] = snapshot_estimate(snaps.get(r.user), key[1])
+                sig = (rid in idle, rid in stopping, r.backend in sync_backends, *est)
+            else:
+                sig = (rid in idle, rid in stopping, r.backend in sync_backends, 0.0, 1.0)
+            hit = cache.get(rid)
+            if hit is not None and (hit[0] is r or hit[0] == r) and hit[1] == sig:
+                w = hit[2]
             else:
                 req = self._requests.get(r.request_json)
                 if req is None:
@@ -124,17 +237,23 @@ class LiveWorkloads:
                              min_runtime=r.min_runtime, resumable=r.resumable,
                              time_limit=r.time_limit, started_at=r.started_at,
                              placement=placement, backed=r.backed,
-                             protected_until=r.protected_until, idle=r.id in idle,
-                             stops_at_once=r.backend in sync_backends,
-                             stopping=r.id in stopping,
+                             protected_until=r.protected_until, idle=sig[0],
+                             stops_at_once=sig[2], stopping=sig[1],
                              checkpoint_interval=r.checkpoint_interval,
                              backfill_until=r.backfill_until,
                              command=command_name(json.loads(r.command_json or "null")),
-                             snapshot_cost=cost, snapshot_reliability=reliability)
-            fresh[r.id] = (sig, w)
+                             snapshot_cost=sig[3], snapshot_reliability=sig[4])
+            fresh[rid] = (r, sig, w)
             out.append(w)
+        if not keep:
+            cache.update(fresh)
+            return {rid: v[2] for rid, v in fresh.items()}
         self._cache = fresh
         return out
+
+
+def _live_order(r: Row) -> tuple:
+    return (r.submitted_at, r.id)
 
 
 def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float,  # noqa: ANN001
@@ -142,25 +261,21 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
                 live: LiveWorkloads | None = None) -> tuple[ClusterState, list]:
     """The ledger as the core sees it. Returns the state and the live rows it was built from
     (plain rows: id, project, user, kind, state, backend, ...; see ``Ledger.live``)."""
-    rows = ledger.live()
-    idle = ledger.idle_running()
-    stopping = ledger.stop_requested_running()
+    live = live or LiveWorkloads()
+    rows = live.rows(ledger)
+    idle, stopping = ledger.running_marks()
     horizon = max(policy.window, 20 * policy.half_life if policy.half_life else 0.0)
     # sessions' snapshot cost and reliability, from their users' snapshot history
     snaps = snapshot_history(ledger, now - horizon) if any(
         r.kind == "interactive" for r in rows) else {}
-    workloads = (live or LiveWorkloads()).convert(rows, idle, stopping, sync_backends,
-                                                  snaps, now)
+    workloads = live.convert(rows, idle, stopping, sync_backends, snaps, now)
     running = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "running" and w.placement is not None]
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits
     # (visible in the API) until the project is back or the job is cancelled
     pending = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "pending" and tree.is_project(r.project)]
-    charges = [ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", milli, start, end)
-               for project, start, end, milli in ledger.usage_for_window(now - horizon)]
-    charges += [ChargeInterval(c.workload, c.project, c.user, c.milli, c.start, None)
-                for c in ledger.open_charges()]
+    charges = live.usage(ledger, now - horizon) + live.open_charges(ledger)[1]
     history = RuntimeHistory()
     for user, project, kind, seconds, req, command in ledger.recent_runs(history_keep):
         history.add(user, project, kind, seconds,

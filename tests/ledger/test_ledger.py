@@ -302,3 +302,105 @@ def test_the_rollup_migration_buckets_the_history_already_there(db_url):
         assert rows == {3600.0: 500 * (3600 + 200), 7200.0: 500 * 1800}
     finally:
         engine.dispose()
+
+
+change_ops = st.lists(st.tuples(
+    st.sampled_from(["submit", "start", "stop", "requeue", "preempt", "cancel", "ref",
+                     "edit", "bulk", "checkpoint", "failed_tx"]),
+    st.integers(0, 5), st.integers(1, 4000)), min_size=1, max_size=30)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=change_ops)
+def test_the_service_rereads_only_what_changed_and_sees_every_change(ledger, script):
+    """The service's cycle rereads only the workloads this process wrote since its last read
+    (``Ledger.watch_workloads``): after any sequence of writes, through every path that writes
+    workloads (ledger methods, an ORM edit in a caller's transaction, a bulk insert, a failed
+    transaction), its incremental reads equal a fresh full read."""
+    import uuid
+
+    from sqlalchemy import insert as sql_insert
+
+    from jupyter_gpubudget.ledger.models import WorkloadRow
+    from jupyter_gpubudget.service.state import LiveWorkloads
+
+    live = LiveWorkloads()
+    ids = [_submit(ledger, now=float(i), user=f"u{i}").id for i in range(3)]
+    t = 10.0
+    # what the service rereads only when these versions move
+    seen = (ledger.usage_version, ledger.usage_for_window(0.0),
+            ledger.preemption_version, ledger.preemptions_by_project())
+    for op, i, dt in script:
+        t += dt
+        wid = ids[i % len(ids)]
+        state = ledger.get(wid).state
+        if op == "submit":
+            ids.append(_submit(ledger, now=t, kind=["batch", "interactive"][i % 2]).id)
+        elif op == "start" and state == "pending":
+            ledger.start(wid, placement=[{"node": "n1", "gpu": i, "milli": 1000}], milli=1000,
+                         backed=True, protected_until=t + 60, now=t)
+        elif op in ("stop", "requeue", "preempt") and state == "running":
+            ledger.stop(wid, now=t, state="done" if op == "stop" else "pending",
+                        closed_by="exit" if op == "stop" else op)
+        elif op == "cancel" and state in ("pending", "running"):
+            ledger.stop(wid, now=t, state="cancelled", closed_by="cancel")
+        elif op == "ref" and state == "running":
+            ledger.set_backend_ref(wid, f"ref-{t}")
+        elif op == "edit" and state == "running":  # as the idle report does
+            with ledger.tx() as s:
+                s.get(WorkloadRow, wid).protected_until = t
+        elif op == "bulk":
+            bulk = uuid.uuid4().hex[:12]  # (the ledger outlives one example)
+            with ledger.tx() as s:
+                s.execute(sql_insert(WorkloadRow), [{
+                    "id": bulk, "name": "", "project": "astro", "user": "dave",
+                    "kind": "batch", "state": "pending", "request": GPU, "submitted_at": t,
+                    "min_runtime": 0.0, "resumable": False, "backend": "local",
+                    "backed": False, "preemptions": 0, "reason": ""}])
+            ids.append(bulk)
+        elif op == "checkpoint":
+            ledger.checkpoint(t)
+        elif op == "failed_tx":
+            with pytest.raises(RuntimeError), ledger.tx() as s:
+                s.get(WorkloadRow, wid).state = "running"
+                s.flush()
+                raise RuntimeError("rolled back")
+        if i % 2:  # read every other step: changes pile up between reads too
+            continue
+        full = sorted(ledger.live(), key=lambda r: (r.submitted_at, r.id))
+        assert live.rows(ledger) == full
+        rows, _ = live.open_charges(ledger)  # (its checkpoints may be older: not compared)
+        assert sorted(tuple(c)[:6] for c in rows) == sorted(
+            tuple(c)[:6] for c in ledger.open_charges())
+        idle, stopping = ledger.running_marks()
+        got = live.convert(live.rows(ledger), idle, stopping, frozenset({"local"}), {}, t)
+        assert got == LiveWorkloads().convert(full, idle, stopping, frozenset({"local"}), {}, t)
+        now_seen = (ledger.usage_version, ledger.usage_for_window(0.0),
+                    ledger.preemption_version, ledger.preemptions_by_project())
+        if now_seen[0] == seen[0]:
+            assert now_seen[1] == seen[1]
+        if now_seen[2] == seen[2]:
+            assert now_seen[3] == seen[3]
+        seen = now_seen
+        assert [(c.project, c.start, c.end, c.milli) for c in live.usage(ledger, 0.0)] == [
+            (p, a, b, m) for p, a, b, m in seen[1]]
+
+
+def test_usage_and_preemption_versions_move_exactly_with_what_they_track(ledger):
+    """The service rereads usage rollups and preemption totals only when these move: an
+    arrival or a start moves neither; a preemption closes an interval and counts one."""
+    versions = lambda: (ledger.usage_version, ledger.preemption_version)  # noqa: E731
+    w = _submit(ledger, now=10.0)
+    v0 = versions()
+    _submit(ledger, now=11.0)
+    ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=20.0)
+    assert versions() == v0
+    before = ledger.preemptions_by_project().get("lattice", 0)
+    ledger.stop(w.id, now=4000.0, state="pending", closed_by="preempt")
+    assert ledger.preemptions_by_project()["lattice"] == before + 1
+    assert versions()[0] > v0[0] and versions()[1] > v0[1]
+    v1 = versions()
+    ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=5000.0)
+    ledger.stop(w.id, now=6000.0, state="done", closed_by="exit")  # usage, no preemption
+    assert versions()[0] > v1[0] and versions()[1] == v1[1]

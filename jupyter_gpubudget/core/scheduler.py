@@ -414,22 +414,33 @@ class Scheduler:
 
     def _fill(self, now: float) -> list[Decision]:
         out: list[Decision] = []
+        while self._fill_pass(now, out):
+            pass  # a start on GPUs reserved for it freed the rest of them: look again
+        return out
+
+    def _fill_pass(self, now: float, out: list[Decision]) -> bool:
+        """Start what fits, in rank order; True when a workload started on its own
+        reservation (the GPUs held for it are no longer held back, so work passed over
+        before may fit now)."""
         failed: set[tuple[object, ...]] = set()
         for _, seq, wid in list(self._order):
-            if len(failed) >= len(self._shape_count):
-                break
+            if len(failed) >= len(self._shape_count) and not self.reservations:
+                break  # no shape fits any more (work with a reservation may still)
             w = self.pending.get(wid)
             if w is None or self._seq.get(wid) != seq:
                 continue
             shape = w.request.shape
-            if shape in failed and wid not in self.reservations:
+            own = wid in self.reservations
+            if shape in failed and not own:
                 continue
             p = self._place(w, now + self.predict_long(w))
             if p is None:
                 failed.add(shape)
                 continue
             self._start(w, p, self.is_backed(w, now), now, out)
-        return out
+            if own:
+                return True
+        return False
 
     # ================================================================= nodes
     def set_healthy(self, node: str, healthy: bool) -> None:

@@ -20,7 +20,7 @@ import pytest
 from .helpers import MUTATION
 
 #: test modules that take long, in the order they run after everything else
-SLOW_LAST = ("test_props_capacity.py", "test_props_preemption.py", "test_props_backfill.py",
+SLOW_LAST = ("test_props_capacity.py", "test_props_scheduler.py",
              "test_properties.py", "test_convergence.py")
 
 

@@ -1,0 +1,262 @@
+"""The scheduler's rules one at a time, with figures chosen to be exact in binary so that
+each boundary (≤ against <, the margin, the toll) is tested where it lies: when a preemption
+pays (docs/core.md, "Preemption — only when it pays"), how much sooner capacity frees anyway,
+the arrival order of the incremental path, backing level by level (semantics 4), and the
+bookkeeping of promised protected time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from jupyter_gpubudget.core.model import (
+    HOUR,
+    ChargeInterval,
+    Placement,
+    Policy,
+    Preempt,
+    SliceAlloc,
+    SliceRequest,
+    Start,
+)
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
+
+from .helpers import inventory, job, tree
+
+NOW = 1000 * HOUR
+POW2 = """
+accounts:
+  lab:
+    grant: 128
+    children:
+      a: {grant: 64}
+      b: {grant: 64}
+"""
+
+
+def used(project: str, hours: float) -> ChargeInterval:
+    return ChargeInterval(f"u-{project}", project, "x", 1000, NOW - hours * HOUR, NOW)
+
+
+def held(wid: str, project: str, gpu: int = 0, *, since: float = 780.0, backed: bool = True,
+         **kw):
+    w = job(wid, project, resumable=True, limit=10 * HOUR, **kw)
+    return replace(w, started_at=NOW - since, backed=backed,
+                   placement=Placement((SliceAlloc("n0", gpu),)))
+
+
+def preempted(ds) -> list[tuple[str, str]]:
+    return [(d.workload, d.reason) for d in ds if isinstance(d, Preempt)]
+
+
+def contention(toll: float, margin: float = 0.25, victim_backed: bool = True,
+               b_used: float = 32.0, idle: bool = False, a_min: float = 2 * HOUR):
+    """One GPU, held by b's resumable job (780 s in: 780 s + 120 s reload = 0.25 GPU-h
+    lost). a (nothing used of 64) asks for it with 2 protected hours. b has used 32 of 64."""
+    victim = held("v", "b", backed=victim_backed, kind="interactive" if idle else "batch")
+    if idle:
+        victim = replace(victim, idle=True, checkpoint_interval=1800.0)
+    state = ClusterState(tree(POW2), inventory(gpus=1),
+                         Policy(preemption_toll=toll, preemption_margin=margin),
+                         running=[victim], pending=[job("r", "a", min_runtime=a_min)],
+                         charges=[used("b", b_used)])
+    return schedule(state, NOW)
+
+
+def test_a_preemption_pays_exactly_up_to_its_gain():
+    """Gain: a's 2 protected GPU-hours × gap. After its run a stands at 2/64, with the 25 %
+    margin at 0.0390625; b stands at 0.5: gap (0.5 − 0.0390625) / 0.5 = 0.921875, gain
+    1.84375 GPU-h. Cost: 0.25 + the toll. A toll of 1.59375 makes them equal: it pays."""
+    assert preempted(contention(1.59375)) == [("v", "project b stands above a (loses 1.84 GPU-h)")]
+    assert preempted(contention(1.59376)) == []
+    # without the margin the gap is (0.5 − 0.03125) / 0.5 = 0.9375: gain 1.875
+    assert preempted(contention(1.625, margin=0.0)) == [
+        ("v", "project b stands above a (loses 1.88 GPU-h)")]
+    assert preempted(contention(1.62501, margin=0.0)) == []
+    # b not above a by the margin: nothing, however cheap
+    assert preempted(contention(0.0, b_used=2.5)) == []  # 2.5/64 = 0.0390625: no gap
+    # 3/64 = 0.046875: gap 1/6, gain 1/3 GPU-h ≥ 0.25 lost
+    assert [w for w, _ in preempted(contention(0.0, b_used=3.0))] == ["v"]
+    assert preempted(contention(0.0, b_used=2.8)) == []  # gap 0.107: gain 0.214 < 0.25
+
+
+def test_unbacked_and_idle_victims_and_their_reasons():
+    """Unbacked b counts the protected runs promised to it, like backing does; an idle
+    session yields with a gap of 1 (gain 2 GPU-h), whatever the standings."""
+    got = preempted(contention(0.0, victim_backed=False))
+    assert got == [("v", "unbacked work yields to backed work (loses 0.25 GPU-h)")]
+    # idle: a full gap even though b stands below a
+    got = preempted(contention(1.75, idle=True, b_used=0.0))
+    assert got == [("v", "an idle session yields to waiting work (loses 2.00 GPU-h)")]
+    assert preempted(contention(1.76, idle=True, b_used=0.0)) == []
+
+
+def test_the_gain_is_what_the_preemption_moves_earlier():
+    """b's job is predicted to end in 30 min: preempting it buys a 30 min of its 2 h,
+    0.5 × 0.921875 = 0.4609375 GPU-h, against 0.25 lost + toll."""
+    victim = replace(held("v", "b"), time_limit=780.0 + 1800.0)
+    for toll, expect in ((0.2109375, ["v"]), (0.211, [])):
+        state = ClusterState(tree(POW2), inventory(gpus=1), Policy(preemption_toll=toll),
+                             running=[victim], pending=[job("r", "a", min_runtime=2 * HOUR)],
+                             charges=[used("b", 32.0)])
+        assert [w for w, _ in preempted(schedule(state, NOW))] == expect
+
+
+def test_work_asking_no_protection_gains_its_predicted_run_capped_like_protection():
+    s = Scheduler(tree(POW2), inventory(gpus=1))
+    assert s.gain_horizon(job("x1", "a", min_runtime=2 * HOUR)) == 2 * HOUR
+    assert s.gain_horizon(job("x2", "a", min_runtime=100 * HOUR)) == 48 * HOUR  # batch cap
+    assert s.gain_horizon(job("x3", "a", limit=3 * HOUR)) == 3 * HOUR
+    assert s.gain_horizon(job("x4", "a", limit=100 * HOUR)) == 48 * HOUR
+    assert s.gain_horizon(job("x5", "a", kind="interactive", limit=100 * HOUR)) == 8 * HOUR
+    assert s.gain_horizon(job("x6", "a", kind="other", limit=100 * HOUR)) == 100 * HOUR
+
+
+def test_next_free_by_the_kind_of_capacity_asked_for():
+    from jupyter_gpubudget.core.inventory import Inventory, make_node
+
+    inv = Inventory((make_node("n0", "H100-80GB", 2), make_node("n1", "H100-80GB", 1, mig=(0,)),
+                     make_node("n2", "A100-80GB", 1)))
+
+    def r(wid, node, gpu, limit, kind="gpu", milli=1000, profile=None, start=-1):
+        w = job(wid, "a", limit=limit)
+        return replace(w, started_at=NOW, placement=Placement(
+            (SliceAlloc(node, gpu, kind, milli, start, profile),)))
+
+    running = [r("whole", "n0", 0, 2 * HOUR), r("share", "n0", 1, 3 * HOUR, "mps", 300),
+               r("inst", "n1", 0, HOUR, "mig", 143, "1g.10gb", 6),
+               r("other", "n2", 0, 30 * 60), r("cpu", "n1", -1, 20 * 60, "cpu", 0)]
+    s = Scheduler.from_state(ClusterState(tree(POW2), inv, running=running))
+    nf = lambda req: s.next_free(req, NOW)  # noqa: E731
+    assert nf(SliceRequest.whole(1)) == 30 * 60  # the A100 frees first
+    assert nf(SliceRequest.whole(1, gpu_model="H100-80GB")) == 2 * HOUR
+    assert nf(SliceRequest.whole(2, gpu_model="H100-80GB")) == 3 * HOUR
+    assert nf(SliceRequest.whole(3, gpu_model="H100-80GB")) == float("inf")
+    assert nf(SliceRequest.whole(3)) == 3 * HOUR
+    assert nf(SliceRequest.mps(100)) == 30 * 60
+    assert nf(SliceRequest.mps(100, gpu_model="H100-80GB")) == 2 * HOUR
+    assert nf(SliceRequest.mig("1g.10gb")) == HOUR
+    assert nf(SliceRequest.mig("1g.10gb", gpu_model="A100-80GB")) == float("inf")
+    assert nf(SliceRequest.cpu_only()) == 20 * 60
+    s.set_healthy("n2", False)  # an unhealthy node frees nothing anyone can use
+    assert nf(SliceRequest.whole(1)) == 2 * HOUR
+    assert nf(SliceRequest.mps(100)) == 2 * HOUR
+    # free GPUs count: one free H100 needs nothing to end
+    s.finish("whole", NOW)
+    assert nf(SliceRequest.whole(1)) == 0.0
+    assert nf(SliceRequest.whole(2, gpu_model="H100-80GB")) == 3 * HOUR
+    # reserved GPUs do not count as free
+    s.cluster.reserve(Placement((SliceAlloc("n0", 0),)), NOW + 5.0)
+    assert nf(SliceRequest.whole(1, gpu_model="H100-80GB")) == 3 * HOUR
+    # past its predicted end (3 h), the share is expected to run half again as long as it
+    # has so far: 4 h in, 2 h more
+    assert s.next_free(SliceRequest.whole(1, gpu_model="H100-80GB"), NOW + 4 * HOUR) == 2 * HOUR
+
+
+def test_backing_is_checked_at_every_level_of_the_tree():
+    """a has room in its own grant but its program does not: unbacked (semantics 4). The
+    protected time promised to running work counts too."""
+    text = """
+accounts:
+  prog:
+    grant: 10
+    children:
+      a: {grant: 100}
+      b: {grant: 100}
+"""
+    s = Scheduler(tree(text), inventory(gpus=4))
+    s.meter.add(ChargeInterval("c", "b", "x", 1000, NOW - 8 * HOUR, NOW))
+    ok = job("ok", "a", min_runtime=2 * HOUR)
+    too_much = job("big", "a", min_runtime=2 * HOUR + 1)
+    assert s.is_backed(ok, NOW) and not s.is_backed(too_much, NOW)
+    (d,) = s.submit(ok, NOW)
+    assert d.backed and d.protected_until == NOW + 2 * HOUR
+    # its 2 promised GPU-hours fill the program: nothing more is backed now
+    assert not s.is_backed(job("next", "b", min_runtime=60.0), NOW)
+    assert s.is_backed(job("free", "b"), NOW)  # asks no protection: needs nothing
+    # once it has finished, its promise goes with it: 9 of 10 used
+    s.finish("ok", NOW + HOUR)
+    assert s.is_backed(job("n1", "b", min_runtime=HOUR), NOW + HOUR)
+    assert not s.is_backed(job("n2", "b", min_runtime=HOUR + 1), NOW + HOUR)
+    s2 = Scheduler(tree(text), inventory(gpus=4))
+    s2.meter.add(ChargeInterval("c", "b", "x", 1000, NOW - 8 * HOUR, NOW))
+    s2.submit(ok, NOW)
+    s2.cancel("ok", NOW)  # stopped at once: nothing used, nothing promised
+    assert s2.is_backed(job("again", "a", min_runtime=2 * HOUR), NOW)
+    assert not s2.is_backed(job("x", "nope"), NOW)
+    zero = tree("accounts:\n  z: {grant: 0}\n")
+    assert not Scheduler(zero, inventory()).is_backed(job("z", "z"), NOW)
+
+
+def test_promised_time_counts_in_standings_of_the_next_cycle():
+    s = Scheduler(tree(POW2), inventory(gpus=2))
+    s.submit(job("p", "a", min_runtime=4 * HOUR, gpus=2), NOW)
+    s._standings(NOW + HOUR)
+    assert s._committed == {"lab": 6.0, "a": 6.0}  # 2 GPUs × 3 h left
+    s._standings(NOW + 5 * HOUR)
+    assert s._committed == {}
+
+
+def test_arrivals_queue_behind_the_demand_already_waiting_in_their_tree():
+    """Between cycles a newcomer is placed by the standing of its top-level account after
+    the demand queued under it (and started since the last cycle, not yet in its usage):
+    a's 10-hour job and four 1-hour jobs put a's work at 1.0-1.4 of pa's 10 GPU-hours, b's
+    first at 0."""
+    s = Scheduler(tree("""
+accounts:
+  pa: {grant: 10, children: {a: {grant: 10}}}
+  pb: {grant: 10, children: {b: {grant: 10}}}
+"""), inventory(gpus=1))
+    s.submit(job("run", "a", limit=10 * HOUR), NOW)
+    for i in range(4):
+        s.submit(job(f"a{i}", "a", at=i), NOW)
+    s.submit(job("b0", "b", at=10), NOW)
+    s.submit(job("a4", "a", at=11), NOW)
+    s.submit(job("x", "nope", at=12), NOW)
+    assert s.queue() == ["b0", "a0", "a1", "a2", "a3", "a4", "x"]
+    # a short debug run goes ahead of all of it
+    s.submit(job("d", "b", kind="debug", limit=600.0, at=13), NOW)
+    assert s.queue()[0] == "d"
+    # a full cycle ranks exactly (a and b stand level, a0 was submitted first); the debug
+    # run takes the GPU of a's job, which has saved its progress (the short lane)
+    ds = s.cycle(NOW)
+    assert [(type(d).__name__, d.workload) for d in ds] == [("Preempt", "run"), ("Start", "d")]
+    assert s.queue() == ["a0", "b0", "a1", "a2", "a3", "a4", "x"]
+
+
+def test_inconsistent_running_records_are_reported_not_fatal():
+    bad_gpu = replace(job("far", "a"), started_at=NOW,
+                      placement=Placement((SliceAlloc("n0", 7),)))
+    bad_node = replace(job("gone", "a"), started_at=NOW,
+                       placement=Placement((SliceAlloc("n9", 0),)))
+    ok = replace(job("ok", "a"), started_at=NOW, placement=Placement((SliceAlloc("n0", 0),)))
+    s = Scheduler.from_state(ClusterState(tree(), inventory(gpus=2),
+                                          running=[ok, bad_gpu, bad_node],
+                                          pending=[job("w", "b")]))
+    assert dict(s.inconsistent) == {"far": "node n0 has no GPU 7", "gone": "unknown node n9"}
+    assert set(s.running) == {"ok"}
+    assert [d.workload for d in s.cycle(NOW) if isinstance(d, Start)] == ["w"]
+    assert s.cluster.frag is not None  # the rebuilt cluster keeps its FGD index
+    pack = Scheduler.from_state(ClusterState(tree(), inventory(gpus=2), Policy(placement="pack"),
+                                             running=[ok, bad_gpu]))
+    assert pack.cluster.frag is None and set(pack.running) == {"ok"}
+
+
+def test_preempting_protected_work_is_refused_as_a_bug():
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.submit(job("p", "a", min_runtime=HOUR), NOW)
+    with pytest.raises(AssertionError, match="refusing to preempt protected workload p"):
+        s._preempt(s.running["p"], NOW + 60, "test", None, [])
+    s._preempt(s.running["p"], NOW + HOUR, "test", None, [])  # protection over
+    assert "p" not in s.running
+
+
+def test_a_known_workload_cannot_be_queued_twice():
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.submit(job("w", "a"), NOW)
+    with pytest.raises(ValueError, match="workload w is already known"):
+        s.submit(job("w", "a"), NOW)
+    s.submit(job("q", "a"), NOW)
+    with pytest.raises(ValueError, match="workload q is already known"):
+        s.submit(job("q", "b"), NOW)

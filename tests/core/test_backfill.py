@@ -19,7 +19,6 @@ from jupyter_gpubudget.core.backfill import (
 from jupyter_gpubudget.core.capacity import Cluster
 from jupyter_gpubudget.core.inventory import Inventory, make_node
 from jupyter_gpubudget.core.model import (
-    HOUR,
     Placement,
     Policy,
     RuntimeHistory,

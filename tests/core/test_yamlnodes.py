@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpubudget.core import yamlnodes as y
-from jupyter_gpubudget.core.yamlnodes import ConfigError, Node, decode, describe, parse, parse_duration
+from jupyter_gpubudget.core.yamlnodes import (
+    ConfigError,
+    Node,
+    decode,
+    describe,
+    parse,
+    parse_duration,
+)
 
 
 def err(text: str | bytes, fn=lambda root: root) -> ConfigError:

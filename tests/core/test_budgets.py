@@ -42,6 +42,7 @@ policy:
   short_lane: 15m
   whole_gpu_on_mig: false
   placement: pack
+  stop_grace: 5m
 accounts: {a: {grant: 1}}
 """)
     p = b.policy
@@ -50,7 +51,7 @@ accounts: {a: {grant: 1}}
         1800.0, 0, False, False)
     assert (p.preemption_margin, p.checkpoint_interval, p.restart_overhead) == (0.5, 600.0, 45.0)
     assert (p.preemption_toll, p.short_lane_cost, p.short_lane) == (0.1, 0.2, 900.0)
-    assert (p.whole_gpu_on_mig, p.placement) == (False, "pack")
+    assert (p.whole_gpu_on_mig, p.placement, p.stop_grace) == (False, "pack", 300.0)
     assert p.window == 7 * DAY and p.half_life is None
     d = load_budgets(ONE).policy
     assert d == Policy() and load_budgets(ONE).admins == frozenset()
@@ -88,9 +89,13 @@ def test_policy_errors_word_for_word():
         ("colour: red", "policy.colour", "unknown key 'colour' (allowed: backfill, "
          "checkpoint_interval, default_runtime, max_reservations, min_runtime_cap, placement, "
          "preemption, preemption_margin, preemption_toll, restart_overhead, short_lane, "
-         "short_lane_cost, whole_gpu_on_mig)"),
+         "short_lane_cost, stop_grace, whole_gpu_on_mig)"),
+        ("stop_grace: -1", "policy.stop_grace", None),
     ]:
         e = bad(f"policy:\n  {text}\n" + ONE)
+        if msg is None:  # the duration reader's own wording
+            assert (e.path, e.line) == (path, 2), text
+            continue
         assert (e.message, e.path, e.line) == (msg, path, 2), text
 
 

@@ -25,6 +25,7 @@ from jupyter_gpubudget.core.ranking import (
     INF,
     KIND_ORDER,
     LANE_OFFSET,
+    Standings,
     compute_standings,
     kind_rank,
     rank,
@@ -266,3 +267,32 @@ def test_rank_merges_children_by_their_own_standing():
     assert got == ["a1", "a2", "b1", "b2"]
     keys = [k for k, _ in rank(pend, TREE, st, lambda x: 10.0)]
     assert keys == [0.4, 0.5, 0.6, 0.7]  # p1's projected standing: (40 + 10 k) / 100
+
+
+FLAT = load_budgets("""
+accounts:
+  x: {grant: 1}
+  y: {grant: 1}
+  z: {grant: 1}
+""").accounts
+
+
+def test_rank_reads_missing_figures_as_nothing():
+    """An account the standings carry no grant for stands behind every funded one (∞); one
+    they carry no usage for has used nothing; a grant under one GPU-hour still divides."""
+    st = Standings(usage={"x": 0.25}, grant={"x": 0.5, "z": 2.0}, standing={}, path_standing={})
+    pend = [w("y1", "y", 0), w("x1", "x", 1), w("z1", "z", 2)]
+    got = [(k, x.id) for k, x in rank(pend, FLAT, st, lambda x: 1.0)]
+    assert got == [(0.0, "z1"), (0.5, "x1"), (INF, "y1")]
+    # compute_standings: an account missing from the grants has none
+    st = compute_standings(TREE, {"a": 1.0}, {"p1": 100.0})
+    assert st.standing["a"] == INF and st.standing["p1"] == 0.01
+    assert st.path_standing["a"] == (0.01, INF)
+
+
+def test_rank_ties_across_projects_go_to_the_kind_first():
+    """x and y stand equal: y's notebook, submitted later, goes before x's batch job."""
+    st = Standings(usage={}, grant={"x": 1.0, "y": 1.0}, standing={}, path_standing={})
+    pend = [w("x-batch", "x", 0), w("y-nb", "y", 5, "interactive"), w("z-dbg", "z", 9, "debug")]
+    got = [(k, x.id) for k, x in rank(pend, FLAT, st, lambda x: 1.0)]
+    assert got == [(0.0, "y-nb"), (0.0, "x-batch"), (INF, "z-dbg")]

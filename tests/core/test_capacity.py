@@ -47,11 +47,12 @@ def P(*slices: SliceAlloc) -> Placement:
 
 
 def refused(c: Cluster, wid: str, placement: Placement, words: str) -> None:
-    """allocate refuses with ``words`` in the reason and changes nothing at all."""
+    """allocate refuses with a reason that ends with ``words`` (after the GPU it names) and
+    changes nothing at all."""
     before = snapshot(c)
     with pytest.raises(CapacityError) as e:
         c.allocate(wid, placement)
-    assert words in str(e.value), str(e.value)
+    assert str(e.value).endswith(words), str(e.value)
     assert snapshot(c) == before, "a refused allocation changed the cluster"
 
 
@@ -142,7 +143,7 @@ def test_compute_slices_limit_mig_even_where_memory_slots_are_free():
     c.allocate("d", P(mig(3, "1g.10gb", 6)))  # 7 compute slices, slot 7 still free
     g = c.gpu((0, 3))
     assert (g.mask, g.compute_used) == (0x7F, 7)
-    refused(c, "e", P(mig(3, "1g.10gb", 6)), "does not fit")
+    refused(c, "e", P(mig(3, "1g.10gb", 6)), "1g.10gb does not fit at slot 6")
     from jupyter_gpubudget.core import mig as migtab
 
     assert migtab.fits(H100, "1g.10gb", 0x7F, 7) == ()  # slot 7 is free but no compute
@@ -182,7 +183,7 @@ def test_host_cpu_and_memory_are_limits_where_they_are_tracked():
     c.allocate("d", P(whole(1, cpu_milli=2000, memory_mib=600)))  # exactly full
     n = c.nodes[0]
     assert (n.cpu_used, n.mem_used) == (8000, 1000)
-    refused(c, "e", P(SliceAlloc("n0", -1, "cpu", 0, cpu_milli=1)), "no room for 1 CPU")
+    refused(c, "e", P(SliceAlloc("n0", -1, "cpu", 0, cpu_milli=1)), "no room for 1 CPU milli / 0 MiB")
     c.release("a")
     assert (n.cpu_used, n.mem_used) == (2000, 600)
     # untracked (0): no limit
@@ -339,3 +340,38 @@ def test_a_copy_of_a_cluster_is_independent():
     d = copy.deepcopy(c)
     d.release("a")
     assert c.allocations and not d.allocations
+
+
+def test_the_smallest_mps_share_is_one_milli_and_is_indexed_as_shared():
+    c = Cluster(inv())
+    c.allocate("s", P(mps(0, 1)))
+    assert {u: set(b) for u, b in c.shared.items()} == {1: {(0, 0)}}
+    assert c.stranded_milli() == 999
+    c.allocate("t", P(mps(1, 400)))
+    assert c.stranded_milli() == 999 + 600  # every partly used GPU counts
+    c.release("s")
+    assert {u: set(b) for u, b in c.shared.items()} == {400: {(0, 1)}}
+    assert_cluster_matches(c, inv())
+
+
+def test_nvlink_domains_hold_the_non_mig_gpus_unlisted_ones_in_the_last():
+    spec = make_node("n0", H100, 5, mig=(4,), nvlink=((0, 1), (2,)))
+    c = Cluster(Inventory((spec, make_node("n1", H100, 2))))
+    n0, n1 = c.nodes
+    assert n0.domains == [[0, 1], [2, 3]]  # GPU 3 is in no group: the last domain
+    assert [g.domain for g in n0.gpus] == [0, 0, 1, 1, 1]
+    assert n1.domains == [[0, 1]] and [g.domain for g in n1.gpus] == [0, 0]
+    assert [g.layout for g in n0.gpus] == [None] * 5  # carved freely: no fixed layout
+    assert c.max_gpus_per_node == 5 and len(c.whole_buckets) == 6
+    assert c.total_milli == 7000 and c.used_milli == 0
+    assert c.whole_gpu_on_mig is False  # a whole GPU never lands on a MIG GPU unless asked
+    empty = Cluster(Inventory((make_node("cpu", H100, 0),)))
+    assert empty.max_gpus_per_node == 0 and [set(b) for b in empty.whole_buckets] == [{0}]
+    assert empty.nodes[0].domains == [[]]
+
+
+def test_health_is_false_not_just_falsy():
+    c = Cluster(inv(nodes=2), unhealthy=["n1"])
+    assert c.nodes[1].healthy is False
+    c.set_healthy("n0", False)
+    assert c.nodes[0].healthy is False

@@ -378,3 +378,246 @@ def test_mps_victims_cheapest_first_until_the_share_and_its_memory_fit():
     assert choose_victims(c, SliceRequest.mps(800), 0.0, el, standing, cost) is None
     assert choose_victims(c, SliceRequest.mps(100, gpu_model="T4"), 0.0, el, standing,
                           cost) is None
+
+
+# ---------------------------------------------------------------- edges found by mutation
+
+
+def test_checkpoints_of_a_short_interval_and_in_the_first_second():
+    p = Policy()
+    one = w("j", g(0))
+    one = replace(one, checkpoint_interval=1.0)
+    assert last_checkpoint(one, 10.5, p) == 10.0  # a 1-second interval still rounds down
+    assert last_checkpoint(one, 0.5, p) == 0.0  # half a second in: nothing saved yet
+    assert last_checkpoint(replace(one, checkpoint_interval=0.0), 0.5, p) == 0.5
+    # borrowed GPUs due half a second into the run: saved then
+    due = replace(one, checkpoint_interval=60.0, started_at=100.0, backfill_until=100.5)
+    assert last_checkpoint(due, 30.0, p) == 0.5
+
+
+def test_costs_equal_up_to_float_noise_are_equal():
+    """A set whose cost differs only by rounding noise (below 1e-9 GPU-hours) from another
+    is as cheap: the fewer victims then decide."""
+    a, b, c = w("a", g(0)), w("b", g(1)), w("c", g(2))
+    noise = {"a": 4e-10, "b": 0.0, "c": 0.0}.__getitem__
+    one = set_cost([a], lambda v: 1.0, lambda v: noise(v.id))
+    two = set_cost([b, c], lambda v: 1.0, lambda v: noise(v.id))
+    assert one[1] == two[1] == 0.0 and one < two
+    assert victim_cost(a, 1.0)[1] == 0.0  # no cost given: nothing is thrown away
+
+
+def test_greedy_frees_gpus_held_alone_first():
+    """Beyond three victims the greedy set takes first those who alone hold a GPU: m shares
+    four GPUs with p1..p4 and frees none by itself, s1..s4 each free one."""
+    vs = {x: w(x, g(0)) for x in ("m", "p1", "p2", "p3", "p4", "s1", "s2", "s3", "s4")}
+    held = [(None, frozenset({"m", f"p{i}"})) for i in range(1, 5)]
+    held += [(None, frozenset({f"s{i}"})) for i in range(1, 5)]
+    order = {"m": 0, "p1": 1, "p2": 2, "p3": 3, "p4": 4, "s1": 5, "s2": 6, "s3": 7, "s4": 8}
+    key = lambda v: (order[v.id],)  # noqa: E731
+    sk = lambda s: (sum(order[v.id] for v in s), len(s))  # noqa: E731
+    assert ids(_cheapest_freeing_set(held, 4, vs, key, sk)) == ["s1", "s2", "s3", "s4"]
+    # a victim alone on two GPUs goes before those alone on one, then by cost
+    held2 = [(None, frozenset({"m"})), (None, frozenset({"m"}))]
+    held2 += [(None, frozenset({f"s{i}"})) for i in range(1, 5)]
+    assert ids(_cheapest_freeing_set(held2, 6, vs, key, sk)) == ["m", "s1", "s2", "s3", "s4"]
+    # greedy in cost order, not in the order of names
+    rev = {"s1": 4, "s2": 3, "s3": 2, "s4": 1, "m": 9}
+    rkey = lambda v: (rev[v.id],)  # noqa: E731
+    held3 = [(None, frozenset({f"s{i}"})) for i in range(1, 5)] + [(None, frozenset({"m"}))]
+    got = _cheapest_freeing_set(held3, 4, vs, rkey, lambda s: (len(s),))
+    assert [v.id for v in got] == ["s4", "s3", "s2", "s1"]
+    # five victims share one GPU: all five free it (a GPU held by exactly the chosen set)
+    held4 = [(None, frozenset({"p1", "p2", "p3", "p4", "m"}))]
+    assert ids(_cheapest_freeing_set(held4, 1, vs, key, sk)) == ["m", "p1", "p2", "p3", "p4"]
+    pair = [(None, frozenset({"p1", "p2"}))]
+    assert ids(_cheapest_freeing_set(pair, 1, vs, key, sk)) == ["p1", "p2"]
+
+
+def test_exhaustive_search_looks_at_the_twelve_cheapest_and_up_to_three():
+    # 13 victims, named in the reverse order of their cost: the cheapest is a12
+    vs = {f"a{i:02d}": w(f"a{i:02d}", g(0)) for i in range(13)}
+    key = lambda v: (12 - int(v.id[1:]),)  # noqa: E731
+    sk = lambda s: (sum(key(v)[0] for v in s), len(s))  # noqa: E731
+    held = [(None, frozenset({x})) for x in vs]
+    assert ids(_cheapest_freeing_set(held, 1, vs, key, sk)) == ["a12"]
+    # twelve cheap victims share one GPU; the 13th (the dearest) holds one alone
+    share = [(None, frozenset(x for x in vs if x != "a00")), (None, frozenset({"a00"}))]
+    assert ids(_cheapest_freeing_set(share, 1, vs, key, sk)) == ["a00"]
+    # four victims: v4 alone holds two GPUs but is dear; four cheap ones beat any set of three
+    v = {f"v{i}": w(f"v{i}", g(0)) for i in range(5)}
+    k2 = {"v0": 0, "v1": 1, "v2": 2, "v3": 3, "v4": 100}
+    key2 = lambda x: (k2[x.id],)  # noqa: E731
+    sk2 = lambda s: (sum(k2[x.id] for x in s), len(s))  # noqa: E731
+    held2 = [(None, frozenset({"v4"})), (None, frozenset({"v4"}))]
+    held2 += [(None, frozenset({f"v{i}"})) for i in range(4)]
+    assert ids(_cheapest_freeing_set(held2, 4, v, key2, sk2)) == ["v0", "v1", "v4"]
+
+
+def test_whole_gpus_edges_of_choose_victims():
+    COSTS.clear()
+    COSTS.update({"a": 5.0, "b": 1.0, "u": 1.0, "v": 1.0})
+    # a 2-GPU gang: n0 whole once a goes (dear) beats a cheaper set across nodes
+    inv = Inventory((make_node("n0", H100, 2), make_node("n1", H100, 1),
+                     make_node("n2", H100, 1)))
+    a = w("a", g(0), g(1))
+    b = w("b", g(0, "n2"))
+    c, el = setup(inv, a, b)
+    assert ids(choose_victims(c, SliceRequest.whole(2), 0.0, el, standing, cost)) == ["a"]
+    # with n0 not whole-freeable, the two GPUs come from two nodes (a 2-GPU gang too)
+    c, el = setup(inv, b, ineligible=(a,))
+    assert ids(choose_victims(c, SliceRequest.whole(2), 0.0, el, standing, cost)) == ["b"]
+    # equal sets: the first found (node order) stands; a reservation at the very end is
+    # still fine; an unhealthy first node is passed over, not the end of the search
+    inv2 = Inventory((make_node("n0", H100, 1), make_node("n1", H100, 1),
+                      make_node("n2", H100, 1)))
+    u, v = w("u", g(0, "n1")), w("v", g(0, "n2"))
+    z = w("z", g(0, "n0"))
+    c, el = setup(inv2, z, u, v)
+    el.pop("z")
+    assert ids(choose_victims(c, SliceRequest.whole(1), 0.0, el, standing, cost)) == ["u"]
+    c.reserve(Placement((g(0, "n1"),)), 100.0)
+    assert ids(choose_victims(c, SliceRequest.whole(1), 100.0, el, standing, cost)) == ["u"]
+    assert ids(choose_victims(c, SliceRequest.whole(1), 100.5, el, standing, cost)) == ["v"]
+    c.set_healthy("n0", False)
+    c.set_healthy("n1", False)
+    assert ids(choose_victims(c, SliceRequest.whole(1), 0.0, el, standing, cost)) == ["v"]
+    # a list of GPU models
+    assert ids(choose_victims(c, SliceRequest.whole(1, gpu_model="T4|H100-80GB"), 0.0, el,
+                              standing, cost)) == ["v"]
+    # host memory is a limit where it is tracked
+    inv3 = Inventory((make_node("n0", H100, 1, memory_mib=1000),))
+    c, el = setup(inv3, w("q", g(0)))
+    assert ids(choose_victims(c, SliceRequest.whole(1, memory_mib=1000), 0.0, el, standing,
+                              cost)) == ["q"]
+    assert choose_victims(c, SliceRequest.whole(1, memory_mib=1001), 0.0, el, standing,
+                          cost) is None
+    # MIG tenants never make room for a whole GPU
+    inv4 = Inventory((make_node("n0", H100, 2, mig=(0,)),))
+    c, el = setup(inv4, w("m", mig(0, "1g.10gb", 0)), ineligible=(w("o", g(1)),))
+    assert choose_victims(c, SliceRequest.whole(1), 0.0, el, standing, cost) is None
+
+
+def test_mig_edges_of_choose_victims():
+    COSTS.clear()
+    COSTS.update({"v": 0.3, "u": 0.5})
+    # an ineligible instance at slots 0-1 blocks start 0 of a 3g.40gb: start 4 is still tried
+    inv = one_node(1, mig=(0,))
+    o, v = w("o", mig(0, "2g.20gb", 0)), w("v", mig(0, "1g.10gb", 4))
+    c, el = setup(inv, v, ineligible=(o,))
+    assert ids(choose_victims(c, SliceRequest.mig("3g.40gb"), 0.0, el, standing, cost)) == [
+        "v"]
+    # asked while the request would fit without anyone going, it still names victims (it is
+    # asked only when the request does not fit), never an empty set
+    assert ids(choose_victims(c, SliceRequest.mig("1g.10gb"), 0.0, el, standing, cost)) == [
+        "v"]
+    # the first node unhealthy, the first GPU not MIG, the second node's MIG GPU has the victim
+    inv2 = Inventory((make_node("n0", H100, 1, mig=(0,)), make_node("n1", H100, 2, mig=(1,),
+                                                                     memory_mib=100)))
+    x = w("x", mig(0, "4g.40gb", 0))
+    y = w("y", mig(1, "7g.80gb", 0, node="n1"))
+    c, el = setup(inv2, x, y)
+    c.set_healthy("n0", False)
+    assert ids(choose_victims(c, SliceRequest.mig("7g.80gb"), 0.0, el, standing, cost)) == [
+        "y"]
+    assert ids(choose_victims(c, SliceRequest.mig("7g.80gb", memory_mib=100), 0.0, el,
+                              standing, cost)) == ["y"]
+    assert choose_victims(c, SliceRequest.mig("7g.80gb", memory_mib=101), 0.0, el, standing,
+                          cost) is None
+    # a node of two models: the A100-40GB has no 3g.40gb; the H100 after it does
+    mixed = replace(make_node("n0", H100, 2, mig=(0, 1)), gpus=(
+        replace(make_node("n0", "A100-40GB", 1, mig=(0,)).gpus[0]),
+        make_node("n0", H100, 2, mig=(1,)).gpus[1]))
+    a40 = w("a40", SliceAlloc("n0", 0, "mig", 143, 0, "1g.5gb"))
+    h = w("h", mig(1, "4g.40gb", 0))
+    hs = w("hs", mig(1, "3g.40gb", 4))
+    c, el = setup(Inventory((mixed,)), a40, h, hs)
+    COSTS.update({"h": 0.1, "hs": 0.2, "a40": 0.0})
+    assert ids(choose_victims(c, SliceRequest.mig("3g.40gb"), 0.0, el, standing, cost)) == [
+        "h"]
+    # a fixed layout: only its instances are places for the request
+    fixed = one_node(1, mig=(0,), mig_layout={0: (("3g.40gb", 0), ("3g.40gb", 4))})
+    c, el = setup(fixed, w("f", mig(0, "3g.40gb", 0)))
+    assert ids(choose_victims(c, SliceRequest.mig("3g.40gb"), 0.0, el, standing, cost)) == [
+        "f"]
+    assert choose_victims(c, SliceRequest.mig("1g.10gb"), 0.0, el, standing, cost) is None
+
+
+def test_mig_instances_of_a_victim_on_other_gpus_are_not_counted_here():
+    """v holds a 1g.10gb on GPU 0 and another on GPU 1 (reserved, so out of the question):
+    on GPU 0 it is one victim of cost 0.3, cheaper than u (0.5)."""
+    COSTS.clear()
+    COSTS.update({"v": 0.3, "u": 0.5})
+    inv = one_node(2, mig=(0, 1))
+    v = w("v", mig(0, "1g.10gb", 0), mig(1, "1g.10gb", 0))
+    u = w("u", mig(0, "1g.10gb", 1))
+    fill = w("fill", mig(0, "2g.20gb", 2), mig(1, "2g.20gb", 2))
+    fill2 = w("fill2", mig(0, "2g.20gb", 4), mig(1, "2g.20gb", 4))
+    fill3 = w("fill3", mig(0, "1g.10gb", 6), mig(1, "1g.10gb", 6))
+    c, el = setup(inv, v, u, ineligible=(fill, fill2, fill3))
+    c.reserve(Placement((mig(1, "1g.10gb", 0),)), 10.0)
+    assert ids(choose_victims(c, SliceRequest.mig("1g.10gb"), 60.0, el, standing, cost)) == [
+        "v"]
+
+
+def test_mps_edges_of_choose_victims():
+    COSTS.clear()
+    COSTS.update({"s1": 0.1, "s2": 0.2})
+    # the first node unhealthy or short of host memory, its first GPU a MIG GPU
+    inv = Inventory((make_node("n0", H100, 1), make_node("n1", H100, 2, mig=(0,),
+                                                         memory_mib=100)))
+    s0 = w("s0", mps(0, 600))
+    m = w("m", mig(0, "1g.10gb", 0, node="n1"))
+    s1 = w("s1", mps(1, 600, node="n1"))
+    c, el = setup(inv, s0, m, s1)
+    c.set_healthy("n0", False)
+    assert ids(choose_victims(c, SliceRequest.mps(500), 0.0, el, standing, cost)) == ["s1"]
+    assert ids(choose_victims(c, SliceRequest.mps(500, memory_mib=100), 0.0, el, standing,
+                              cost)) == ["s1"]
+    assert choose_victims(c, SliceRequest.mps(500, memory_mib=101), 0.0, el, standing,
+                          cost) is None
+    # a GPU whose memory is not known: memory never limits
+    unknown = Inventory((make_node("n0", "GPU", 1, gpu_memory_mib=0),))
+    c, el = setup(unknown, w("s1", mps(0, 600)), w("s2", mps(0, 300)))
+    assert ids(choose_victims(c, SliceRequest.mps(300, 100), 0.0, el, standing, cost)) == [
+        "s1"]
+    # a victim's share on another (reserved) GPU gives no memory here
+    inv2 = Inventory((make_node("n0", H100, 2, gpu_memory_mib=1000),))
+    v = w("v", mps(0, 300, 100), mps(1, 300, 900))
+    o = w("o", mps(0, 300, 800))
+    c, el = setup(inv2, v, ineligible=(o,))
+    c.reserve(Placement((g(1),)), 10.0)
+    assert choose_victims(c, SliceRequest.mps(300, 500), 60.0, el, standing, cost) is None
+    assert ids(choose_victims(c, SliceRequest.mps(300, 200), 60.0, el, standing, cost)) == [
+        "v"]
+
+
+def test_mig_compute_limit_beyond_the_overlap_on_a_table_that_needs_it(monkeypatch):
+    """With every MIG table NVIDIA ships, the instances overlapping a start always give back
+    enough compute slices (each instance has at least one slice per two memory slots and
+    the requests at most one per slot). The victim search does not rely on that: on a table
+    where compute runs out first, it takes further victims elsewhere on the GPU, cheapest
+    first, until the compute slices suffice."""
+    from jupyter_gpubudget.core import mig as migtab
+
+    table = {
+        "1c.2s": migtab.MigProfile("1c.2s", 1, 2, (0, 2, 4, 6), 10),
+        "3c.2s": migtab.MigProfile("3c.2s", 3, 2, (0, 2, 4, 6), 10),
+        "3c.top": migtab.MigProfile("3c.top", 3, 2, (6,), 10),
+    }
+    monkeypatch.setitem(migtab.MIG_TABLES, "X-MIG", table)
+
+    def inst(wid: str, profile: str, start: int) -> Workload:
+        return w(wid, SliceAlloc("n0", 0, "mig", table[profile].milli, start, profile))
+
+    COSTS.clear()
+    COSTS.update({"x": 0.1, "y": 0.3, "z": 0.2})
+    inv = Inventory((make_node("n0", "X-MIG", 1, mig=(0,)),))
+    # 7 compute slices in use, slots 6-7 free: the request overlaps nobody, yet needs 3 slices
+    x, y, z = inst("x", "1c.2s", 0), inst("y", "3c.2s", 2), inst("z", "3c.2s", 4)
+    c, el = setup(inv, x, y, z)
+    got = choose_victims(c, SliceRequest.mig("3c.top"), 0.0, el, standing, cost)
+    assert [v.id for v in got] == ["x", "z"]  # x (1 slice) is not enough; then z (3)
+    # with z ineligible, y is next
+    del el["z"]
+    got = choose_victims(c, SliceRequest.mig("3c.top"), 0.0, el, standing, cost)
+    assert [v.id for v in got] == ["x", "y"]

@@ -218,3 +218,77 @@ def test_a_node_can_name_its_own_error():
     n = Node(1, 4, "x.y", "s")
     e = n.error("nope")
     assert (str(e), e.line, e.path) == ("s:4: x.y: nope", 4, "x.y")
+
+
+def whole(text: str | bytes, source: str | None = "in.yaml") -> tuple:
+    """An error as (message, dotted path, line, source), all four checked at once."""
+    with pytest.raises(ConfigError) as info:
+        parse(text, source) if source is not None else parse(text)
+    e = info.value
+    return (e.message, e.path, e.line, e.source)
+
+
+def test_every_refusal_names_its_path_line_and_source():
+    deep = "a:\n  b: " + "[" * y.MAX_DEPTH + "]" * y.MAX_DEPTH + "\n"
+    assert whole(deep) == (f"nested deeper than {y.MAX_DEPTH} levels", "", 2, "in.yaml")
+    aliases = "a: &x 1\nb: [" + ", ".join(["*x"] * (y.MAX_ALIASES + 1)) + "]\n"
+    assert whole(aliases) == (f"more than {y.MAX_ALIASES} aliases (*name)", "", 2, "in.yaml")
+    # libyaml's own wording (the prescan parses with the same loader as the rest)
+    assert whole("a: [1, 2\n") == ("not valid YAML: did not find expected ',' or ']'", "", 2,
+                                   "in.yaml")
+    assert whole("a: [1, 2\n", None)[3] == "<input>"
+    # a reader error has no line mark
+    assert whole("a: \x07\n") == (
+        "not valid YAML: unacceptable character #x0007: control characters are not allowed\n"
+        '  in "<unicode string>", position 3', "", None, "in.yaml")
+    assert whole("a:\n  b: &x [*x]\n") == ("recursive YAML alias (a value contains itself)",
+                                          "a.b[0]", 2, "in.yaml")
+    assert whole("a: &x {b: *x}\n") == ("recursive YAML alias (a value contains itself)",
+                                       "a.b", 1, "in.yaml")
+    assert whole("base: &b {x: 1}\nthing:\n  <<: *b\n") == (
+        "YAML merge keys (<<) are not supported", "thing", 3, "in.yaml")
+    assert whole("a:\n  ? [1, 2]\n  : x\n") == ("expected a plain value here", "a", 2, "in.yaml")
+    assert whole("a:\n  x: 1\n  ? null\n  : x\n") == (
+        "keys must be names, got nothing (null)", "a", 3, "in.yaml")
+    assert whole("a:\n  b: " + "x" * 10_001 + "\n") == (
+        "a value longer than 10000 characters", "a.b", 2, "in.yaml")
+    assert whole("a:\n  b: !!int nope\n") == (
+        "bad value: invalid literal for int() with base 10: 'nope'", "a.b", 2, "in.yaml")
+    assert whole("a:\n  b: 1\n  b: 2\n") == ("duplicate key 'b' (first at line 2)", "a.b", 3,
+                                            "in.yaml")
+
+
+def test_depth_is_counted_down_as_collections_close():
+    """Closed collections give their levels back: an empty list three levels down, then
+    63 more levels beside it, is 66 deep at most — over 64."""
+    text = "[[[[]], " + "[" * 63 + "]" * 63 + "]]"
+    assert whole(text) == (f"nested deeper than {y.MAX_DEPTH} levels", "", 1, "in.yaml")
+
+
+def test_an_anchor_used_again_elsewhere_is_no_recursion():
+    m = parse("a:\n  b: &x {k: 1}\n  c: *x\n").mapping()["a"].mapping()
+    assert m["c"].mapping()["k"].value == 1
+    s = parse("a: &x [1]\nb: *x\n").mapping()
+    assert [n.value for n in s["b"].seq()] == [1]
+
+
+def test_limits_at_their_exact_values(monkeypatch):
+    # "[1, 2, 3, 4]" is 10 parser events: stream, document and list start and end, 4 values
+    monkeypatch.setattr(y, "MAX_EVENTS", 10)
+    assert len(parse("[1, 2, 3, 4]").seq()) == 4
+    monkeypatch.setattr(y, "MAX_EVENTS", 9)
+    assert whole("[1, 2, 3, 4]")[0] == "more than 9 YAML events"  # at the stream's end
+    monkeypatch.setattr(y, "MAX_EVENTS", 5)
+    assert whole("[1,\n 2,\n 3]") == ("more than 5 YAML events", "", 3, "in.yaml")  # at 3
+    monkeypatch.setattr(y, "MAX_EVENTS", 1_000_000)
+    monkeypatch.setattr(y, "MAX_VALUES", 5)
+    assert whole("a:\n  - [1, 2, 3, 4]\n") == ("more than 5 values once aliases are expanded",
+                                              "a[0][2]", 2, "in.yaml")  # the 6th value
+
+
+def test_duration_spaces_and_long_texts():
+    assert parse_duration("1h 30m") == 5400.0  # spaces between the parts are ignored
+    long = "36601d" + "0s" * 30
+    with pytest.raises(ConfigError) as info:
+        parse(f"d: {long}\n").mapping()["d"].duration()
+    assert info.value.message == f"a duration is at most 100 years, got {long[:40]!r}"

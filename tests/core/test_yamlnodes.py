@@ -292,3 +292,16 @@ def test_duration_spaces_and_long_texts():
     with pytest.raises(ConfigError) as info:
         parse(f"d: {long}\n").mapping()["d"].duration()
     assert info.value.message == f"a duration is at most 100 years, got {long[:40]!r}"
+
+
+def test_decoding_errors_whole():
+    with pytest.raises(ConfigError) as info:
+        decode(b"x" * 1_050_001, limit=1_050_000)  # 1.050001 MB (and 1.05 MB) show as 1.1
+    e = info.value
+    assert (e.message, e.path, e.line, e.source) == (
+        "the file is 1.1 MB; at most 1.1 MB is read", "", None, "<input>")
+    with pytest.raises(ConfigError) as info:
+        decode(b"\nx\xff")  # a newline as the very first byte counts
+    e = info.value
+    assert (e.message, e.path, e.line, e.source) == (
+        "not UTF-8 text (byte 0xff at offset 2)", "", 2, "<input>")

@@ -213,3 +213,58 @@ accounts:
     assert flat.get("p").children == ("a", "b") and flat.path("b") == ("p", "b")
     assert AccountTree(dict(flat.accounts), flat.roots).path("a") == ("p", "a")
     assert load_budgets(b"accounts: {a: {grant: 2}}\n").accounts.get("a").grant_hours == 2.0
+
+
+def test_depth_counts_whatever_the_order_and_nesting():
+    # listed from the bottom up: the first account walked holds the whole chain
+    n = MAX_TREE_DEPTH + 1
+    lines = ["accounts:"] + [f"  a{i}: {{parent: a{i - 1}}}" for i in range(n - 1, 0, -1)]
+    lines.append("  a0: {grant: 1}")
+    e = bad("\n".join(lines) + "\n")
+    assert (e.message, e.path, e.line) == (
+        f"the account tree is deeper than 32 levels at 'a{n - 1}'", f"accounts.a{n - 1}.parent",
+        2)
+    ok = ["accounts:"] + [f"  a{i}: {{parent: a{i - 1}}}" for i in range(n - 2, 0, -1)]
+    t = load_budgets("\n".join([*ok, "  a0: {grant: 1}"]) + "\n").accounts
+    assert len(t.path(f"a{n - 2}")) == MAX_TREE_DEPTH
+    # half flat, half nested: depths already known are built on
+    flat = ["accounts:", "  b0: {grant: 1}"] + [f"  b{i}: {{parent: b{i - 1}}}"
+                                                 for i in range(1, 16)]
+    nested, indent = [], "  "
+    nested.append(f"{indent}c0:\n{indent}  parent: b15\n{indent}  children:")
+    for i in range(1, 17):
+        indent += "    "
+        nested.append(f"{indent}c{i}:" + ("\n" + indent + "  children:" if i < 16 else
+                                          " {grant: 1}"))
+    e = bad("\n".join(flat + nested) + "\n")
+    assert e.message == "the account tree is deeper than 32 levels at 'c16'"
+    assert (e.path, e.line) == ("accounts.c0.children.c1.children.c2.children.c3.children.c4."
+                                "children.c5.children.c6.children.c7.children.c8.children.c9."
+                                "children.c10.children.c11.children.c12.children.c13.children."
+                                "c14.children.c15.children.c16", 51)
+
+
+def test_shares_at_their_bounds():
+    b = load_budgets("accounts:\n  a: {share: 0%}\n  b: {share: 0.5%}\n  c: {share: 99.5%}\n"
+                     "  d: {grant: 5}\n")
+    assert [b.accounts.get(x).share_pct for x in "abc"] == [0.0, 0.5, 99.5]
+    assert load_budgets("accounts:\n  a: {share: 100%}\n").accounts.get("a").share_pct == 100.0
+    assert load_budgets("accounts:\n  a: {share: 60%}\n  b: {share: 40%}\n").accounts.get(
+        "b").share_pct == 40.0
+    # the share that tips the sum over is the last one written, whatever the names
+    e = bad("accounts:\n  b: {share: 60%}\n  a: {share: 50%}\n")
+    assert (e.message, e.path, e.line) == (
+        "shares of the top-level accounts add up to 110% (over 100%)", "accounts.a.share", 3)
+    assert str(load_budgets_error("accounts: {}\n")).startswith("<budgets>:1: accounts: ")
+
+
+def load_budgets_error(text: str) -> BudgetError:
+    with pytest.raises(BudgetError) as info:
+        load_budgets(text)
+    return info.value
+
+
+def test_the_shortest_window_and_half_life():
+    assert load_budgets("window: 1\n" + ONE).policy.window == 1.0
+    p = load_budgets("half_life: 1\n" + ONE).policy
+    assert (p.half_life, p.window) == (1.0, 7 * DAY)

@@ -171,3 +171,74 @@ def test_predicted_end_edges():
     assert predicted_end(replace(x, time_limit=350.0), 400.0, 100.0) == 450.0  # the limit
     assert predicted_end(replace(x, time_limit=300.0), 400.0, 100.0) == 550.0  # at it: passed
     assert predicted_end(replace(x, started_at=None), 50.0, 30.0) == 80.0
+
+
+def test_reservations_at_their_edges():
+    # free GPUs: an unhealthy first node does not end the search; a free GPU already
+    # reserved for another gang is not offered again, whatever the model filter
+    c = cluster(make_node("n0", H100, 1), make_node("n1", H100, 1),
+                make_node("n2", "A100-80GB", 1))
+    c.set_healthy("n0", False)
+    assert where(plan_reservation(c, SliceRequest.whole(1), 0.0, [])) == (0.0, [("n1", 0)])
+    c.reserve(Placement((SliceAlloc("n1", 0),)), 50.0)
+    assert where(plan_reservation(c, SliceRequest.whole(1), 0.0, [])) == (0.0, [("n2", 0)])
+    assert plan_reservation(c, SliceRequest.whole(1, gpu_model=H100), 0.0, []) is None
+    c.clear_reservations()
+    assert where(plan_reservation(c, SliceRequest.whole(1, gpu_model="A100-80GB"), 0.0,
+                                  [])) == (0.0, [("n2", 0)])
+    # across nodes holding as many free GPUs each: node order, and no more GPUs than asked
+    c = cluster(make_node("n0", H100, 4), make_node("n1", H100, 4), make_node("n2", H100, 4))
+    hold(c, "a", "n0", 0, 1, 2)
+    hold(c, "b", "n1", 0, 1, 3)
+    hold(c, "d", "n2", 1, 2, 3)
+    assert where(plan_reservation(c, SliceRequest.whole(2), 0.0, [])) == (
+        0.0, [("n0", 3), ("n1", 2)])
+    c = cluster(make_node("n0", H100, 2), make_node("n1", H100, 2))
+    assert where(plan_reservation(c, SliceRequest.whole(3), 0.0, [])) == (
+        0.0, [("n0", 0), ("n0", 1), ("n1", 0)])
+    # a workload holding a share and a whole GPU frees the whole GPU when it ends
+    c = cluster(make_node("n0", H100, 2))
+    c.allocate("m", Placement((SliceAlloc("n0", 0, "mps", 500), SliceAlloc("n0", 1))))
+    assert where(plan_reservation(c, SliceRequest.whole(1), 0.0, [(30.0, "m")])) == (
+        30.0, [("n0", 1)])
+
+
+def test_plain_p90_edges():
+    h = RuntimeHistory()
+    for x in (100.0, 200.0, 300.0):
+        h.add("v", "p", "batch", x)
+    assert plain_p90(w(), h, Policy()) == 300.0  # exactly three pooled runs count
+    h2 = RuntimeHistory()
+    for x in range(1, 21):
+        h2.add("u", "p", "batch", float(x))
+    assert plain_p90(w(), h2, Policy()) == 19.0  # index int(0.9 · 20) = 18 of 1..20
+
+
+def test_the_slice_a_job_asks_for_refines_its_prediction():
+    """Runs of one GPU take 100 s, runs of two 1000 s: a one-GPU job is predicted from the
+    kind's runs (both), then refined by the one-GPU runs of the kind, project and user."""
+    h = RuntimeHistory()
+    for _ in range(3):
+        h.add("u", "p", "batch", 100.0, shape="gpu:1")
+        h.add("u", "p", "batch", 1000.0, shape="gpu:2")
+    est = math.log(1000.0)  # the kind: index int(0.6 · 6) = 3 of [100 ×3, 1000 ×3]
+    for _ in ("ks", "ps", "us"):  # three keys of 3 one-GPU runs at 100 s
+        est = (3 * math.log(100.0) + 4 * est) / 7
+    assert predict_runtime(w(), h, Policy()) == pytest.approx(math.exp(est))
+    two = Workload("t", "p", "u", SliceRequest.whole(2), 0.0)
+    est2 = math.log(1000.0)
+    for _ in ("ks", "ps", "us"):
+        est2 = (3 * math.log(1000.0) + 4 * est2) / 7
+    assert predict_runtime(two, h, Policy()) == pytest.approx(math.exp(est2))
+    # a slice never learnt: the plain chain (kind, project, user), not the kind alone
+    h3 = RuntimeHistory()
+    for _ in range(3):
+        h3.add("u", "p", "batch", 100.0, shape="gpu:1")
+        h3.add("u", "p", "batch", 1000.0, shape="gpu:2")
+    for _ in range(6):
+        h3.add("v", "q", "batch", 5000.0, shape="gpu:1")
+    mig = Workload("m", "p", "u", SliceRequest.mig("1g.10gb"), 0.0)
+    est3 = math.log(5000.0)  # the kind: index int(0.6 · 12) = 7 of [100 ×3, 1000 ×3, 5000 ×6]
+    for _ in ("p", "u"):  # six runs each: index 3 of [100 ×3, 1000 ×3]
+        est3 = (6 * math.log(1000.0) + 4 * est3) / 10
+    assert predict_runtime(mig, h3, Policy()) == pytest.approx(math.exp(est3))

@@ -296,3 +296,22 @@ def test_rank_ties_across_projects_go_to_the_kind_first():
     pend = [w("x-batch", "x", 0), w("y-nb", "y", 5, "interactive"), w("z-dbg", "z", 9, "debug")]
     got = [(k, x.id) for k, x in rank(pend, FLAT, st, lambda x: 1.0)]
     assert got == [(0.0, "y-nb"), (0.0, "x-batch"), (INF, "z-dbg")]
+
+
+def test_the_meter_keeps_what_it_is_told_and_drops_empty_intervals():
+    m = UsageMeter(Policy(window=10 * HOUR))
+    m.add(ChargeInterval("z", "x", "u", 1000, 5.0, 5.0))  # no time: nothing charged
+    m.open_interval("w", "y", "ann", 250, 7.0)
+    assert m.charges() == [ChargeInterval("w", "y", "ann", 250, 7.0, None)]
+    assert m.close("w", 7.0) == ChargeInterval("w", "y", "ann", 250, 7.0, 7.0)
+    assert m.charges() == []  # closed at its start: nothing to keep
+
+
+def test_run_history_keeps_fifty_and_plain_keys_without_slice_or_command():
+    h = RuntimeHistory()
+    for x in range(50):
+        h.add("u", "p", "batch", float(x))
+    assert len(h.samples[("u", "p", "batch")]) == 50 and len(h.pooled[("p", "batch")]) == 50
+    h.add("u", "p", "batch", 50.0)
+    assert h.samples[("u", "p", "batch")] == [float(x) for x in range(1, 51)]
+    assert set(h.runs) == {("k", "batch"), ("p", "p", "batch"), ("u", "u", "p", "batch")}

@@ -209,3 +209,37 @@ accounts:
         "y": {"grant_share": 0.25, "delivered_share": None},
         "y1": {"grant_share": 1.0, "delivered_share": 0.75},
         "y2": {"grant_share": 0.0, "delivered_share": 0.25}}
+
+
+def test_grant_preview_lists_children_whose_grant_moves_with_their_parent():
+    """x and y hold 50 % of lab each and have used nothing: raising lab's grant by one
+    GPU-hour moves their grants by half an hour each while their standing (0) and their share
+    of lab (1/2) stay: they are listed for the grant alone."""
+    import pytest
+
+    text = """
+accounts:
+  lab:
+    grant: 200
+    children:
+      x: {share: 50%}
+      y: {share: 50%}
+"""
+    st = ClusterState(tree(text), inventory(gpus=2))
+    out = grant_preview(st, NOW, "lab", 201.0, None)
+    assert set(out["accounts"]) == {"lab", "x", "y"}
+    assert out["accounts"]["x"] == {"usage_hours": 0.0, "grant_before": 100.0,
+                                    "grant_after": 100.5, "standing_before": 0.0,
+                                    "standing_after": 0.0, "share_before": 0.5,
+                                    "share_after": 0.5}
+    with pytest.raises(KeyError, match="nope"):
+        grant_preview(st, NOW, "nope", 1.0, None)
+
+
+def test_sibling_shares_of_small_figures_and_missing_ones():
+    t = tree(SMALL)
+    sh = sibling_shares(t, {"lab": {"grant_hours": 0.5, "usage_hours": 0.25},
+                            "a": {"grant_hours": 0.5, "usage_hours": 0.5}})  # b: no figures
+    assert sh["lab"] == {"grant_share": 1.0, "delivered_share": 1.0}
+    assert sh["a"] == {"grant_share": 1.0, "delivered_share": 1.0}
+    assert sh["b"] == {"grant_share": 0.0, "delivered_share": 0.0}

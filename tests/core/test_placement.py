@@ -331,3 +331,94 @@ def test_mig_profiles_fit_where_slots_and_compute_allow():
     assert migtab.fits_in(H100, frozenset({("1g.10gb", 2)}), "1g.10gb", 0, 0) == [2]
     assert migtab.fits_in(H100, frozenset({("1g.10gb", 2)}), "1g.10gb", 0b100, 1) == []
     assert migtab.fits_in(H100, frozenset(), "1g.10gb", 0, 0) == []
+
+
+# ---------------------------------------------------------------- edges found by mutation
+
+INF = float("inf")
+
+
+def gpu(n: str, i: int, cpu: int = 0, mem: int = 0) -> SliceAlloc:
+    """A whole GPU exactly as placement writes it (host CPU and memory on the first slice)."""
+    return SliceAlloc(n, i, "gpu", 1000, -1, None, 0, cpu, mem)
+
+
+def test_every_kind_of_slice_word_for_word():
+    c = cluster(node("n0", 2, mig=(1,), cpu_milli=8000, memory_mib=8000))
+    req = SliceRequest(kind="cpu", cpu_milli=500, memory_mib=100)
+    assert place_cpu(c, req) == Placement((SliceAlloc("n0", -1, "cpu", 0, -1, None, 0, 500,
+                                                      100),))
+    assert place(c, SliceRequest.whole(1, cpu_milli=300, memory_mib=40), INF) == Placement(
+        (gpu("n0", 0, 300, 40),))
+    assert place(c, SliceRequest.mig("1g.10gb", cpu_milli=7, memory_mib=8), INF) == Placement(
+        (SliceAlloc("n0", 1, "mig", 143, 6, "1g.10gb", 0, 7, 8),))
+    assert place(c, SliceRequest.mps(250, 1000, cpu_milli=5, memory_mib=6), INF) == Placement(
+        (SliceAlloc("n0", 0, "mps", 250, -1, None, 1000, 5, 6),))
+    assert whole_on_mig(c, SliceRequest.whole(1, cpu_milli=9, memory_mib=10), INF,
+                        None) == Placement((SliceAlloc("n0", 1, "mig", 1000, 0, "7g.80gb", 0, 9,
+                                                       10),))
+    # host memory is a limit for a whole MIG GPU too
+    assert whole_on_mig(c, SliceRequest.whole(1, memory_mib=8001), INF, None) is None
+
+
+def test_a_gang_anchors_on_a_node_with_host_room():
+    # the two fullest nodes have no host room for the gang's CPU; n2 has: it takes the host
+    # part and two GPUs, the fullest node the rest — and no node without GPUs in the gang
+    c = cluster(node("n0", cpu_milli=1000), node("n1", cpu_milli=1000),
+                node("n2", 2, cpu_milli=8000))
+    p = place(c, SliceRequest.whole(6, cpu_milli=4000), INF)
+    assert p == Placement((gpu("n2", 0, 4000), gpu("n2", 1), gpu("n0", 0), gpu("n0", 1),
+                           gpu("n0", 2), gpu("n0", 3)))
+    # one of the fullest nodes has room: it goes first with the host part
+    c = cluster(node("n0", cpu_milli=1000), node("n1", cpu_milli=8000))
+    p = place(c, SliceRequest.whole(6, cpu_milli=4000), INF)
+    assert p == Placement((gpu("n1", 0, 4000), gpu("n1", 1), gpu("n0", 0), gpu("n0", 1),
+                           gpu("n0", 2), gpu("n0", 3)))
+    # exactly enough on the fullest nodes: nothing from a third
+    c = cluster(node("n0", 2), node("n1", 2), node("n2", 2, cpu_milli=8000))
+    busy(c, "x", "n2", 0)
+    p = place(c, SliceRequest.whole(4), INF)
+    assert gpus_of(p) == [("n0", 0), ("n0", 1), ("n1", 0), ("n1", 1)]
+
+
+def test_the_tightest_nvlink_domain_that_fits():
+    n = node("n0", 5, nvlink=((0, 1, 2), (3, 4)))
+    c = cluster(n)
+    assert _pick_in_node(c.nodes[0], [0, 1, 2, 3, 4], 2) == [3, 4]
+    assert _pick_in_node(c.nodes[0], [0, 1, 2, 3, 4], 3) == [0, 1, 2]
+
+
+def test_mps_and_mig_edges():
+    c = cluster(node("n0", 1), node("n1", 1, model="A100-80GB"))
+    assert place(c, SliceRequest.mps(1), INF) == Placement(
+        (SliceAlloc("n0", 0, "mps", 1, -1, None, 0, 0, 0),))  # one milli is a share
+    share(c, "s", "n1", 0, 300)
+    # the shared A100 would be the fullest, but the request wants an H100
+    assert gpus_of(place(c, SliceRequest.mps(300, gpu_model=H100), INF)) == [("n0", 0)]
+    # a MIG class without the profile does not end the search
+    c = cluster(node("n0", 1, mig=(0,), model="A100-40GB"), node("n1", 1, mig=(0,)))
+    assert gpus_of(place(c, SliceRequest.mig("3g.40gb"), INF)) == [("n1", 0)]
+    # as good a start on two GPUs: the first found (node order) is kept
+    lay = carve(H100, [("1g.10gb", 6)])
+    c = cluster(node("n0", 1, mig=(0,)), node("n1", 1, mig=(0,), mig_layout={0: lay}))
+    assert place(c, SliceRequest.mig("1g.10gb"), INF).slices[0].node == "n0"
+
+
+def test_a_whole_mig_gpu_from_the_node_with_fewest_idle_ones():
+    c = cluster(node("n0", 2, mig=(0, 1)), node("n1", 4, mig=(0,)),
+                node("n2", 1, mig=(0,), model="A100-80GB"))
+    busy(c, "x", "n1", 1, 2, 3)
+    # n1 has one idle MIG GPU (its busy GPUs are not MIG), n0 two
+    assert gpus_of(whole_on_mig(c, SliceRequest.whole(1), INF, None)) == [("n1", 0)]
+    # a model filter passes over the classes of other models
+    got = whole_on_mig(c, SliceRequest.whole(1), INF, frozenset({"A100-80GB"}))
+    assert gpus_of(got) == [("n2", 0)]
+
+
+def test_a_mig_occupancy_whose_gpus_are_all_held_back_passes_to_the_next():
+    # GPU 0 is partitioned (preferred) but reserved for a gang before this work would end
+    c = cluster(node("n0", 2, mig=(0, 1)))
+    c.allocate("m", Placement((SliceAlloc("n0", 0, "mig", 143, 6, "1g.10gb"),)))
+    c.reserve(Placement((SliceAlloc("n0", 0),)), 10.0)
+    assert gpus_of(place(c, SliceRequest.mig("1g.10gb"), 5.0)) == [("n0", 0)]
+    assert gpus_of(place(c, SliceRequest.mig("1g.10gb"), 100.0)) == [("n0", 1)]

@@ -305,3 +305,18 @@ def test_decoding_errors_whole():
     e = info.value
     assert (e.message, e.path, e.line, e.source) == (
         "not UTF-8 text (byte 0xff at offset 2)", "", 2, "<input>")
+
+
+def test_errors_found_when_the_document_is_composed():
+    # the parser's events are fine; composing them fails
+    assert whole("a:\n  b: *nope\n") == ("not valid YAML: found undefined alias", "", 2,
+                                       "in.yaml")
+    assert whole("a: 1\n--- \nb: 2\n") == ("not valid YAML: but found another document", "",
+                                         2, "in.yaml")
+    assert whole("a: *nope\n", None)[3] == "<input>"
+    # undecodable and oversized input name the source too
+    assert whole(b"a: 1\n\xff\n", "f.yaml") == ("not UTF-8 text (byte 0xff at offset 5)", "",
+                                              2, "f.yaml")
+    with pytest.raises(ConfigError) as info:
+        decode(b"x" * 11, "f.yaml", limit=10)
+    assert (info.value.path, info.value.line, info.value.source) == ("", None, "f.yaml")

@@ -10,14 +10,18 @@ import math
 import numpy as np
 import pytest
 
+from jupyter_gpubudget.core.capacity import Cluster
 from jupyter_gpubudget.core.fragmentation import (
     MixView,
     Shape,
     ShapeMix,
+    cluster_fragmentation,
     cpu_per_milli,
     cpu_stranded,
+    index_for,
 )
-from jupyter_gpubudget.core.model import SliceRequest
+from jupyter_gpubudget.core.inventory import Inventory, make_node
+from jupyter_gpubudget.core.model import Placement, SliceAlloc, SliceRequest
 
 A = Shape(1000, 1)
 B = Shape(500, 1)
@@ -173,3 +177,57 @@ def test_host_stranding():
     got = cpu_stranded(np.array([1000, 1000, 300]), np.array([200, 5000, 100]), 0.5)
     assert got.tolist() == [600.0, 0.0, 100.0]
     assert cpu_stranded(np.array([1000]), np.array([0]), 0.0).tolist() == [0.0]
+
+
+# ---------------------------------------------------------------- the cluster's figure
+
+
+def two_t4_nodes() -> Cluster:
+    """Node a: GPU 0 holds a 600 share (400 free), GPU 1 is free; node b is out of service
+    (its free capacity counts for nothing)."""
+    c = Cluster(Inventory((make_node("a", "T4", 2), make_node("b", "T4", 2))),
+                unhealthy=["b"])
+    c.allocate("s", Placement((SliceAlloc("a", 0, "mps", 600),)))
+    return c
+
+
+def mix_of(*shapes: tuple[Shape, float]) -> ShapeMix:
+    m = ShapeMix(decay=1.0)
+    for s, w in shapes:
+        m.observe(s, w)
+    return m
+
+
+def test_cluster_fragmentation_by_hand():
+    """F = Σ_m p_m · f_m over a's 1400 free milli: a half-GPU share cannot use GPU 0's 400
+    (f = 400); a quarter-GPU share can use all (f = 0); a 2-GPU gang or CPU-only work cannot
+    use any of it (f = 1400)."""
+    assert cluster_fragmentation(two_t4_nodes(), mix_of()) == 0.0  # nothing known: nothing
+    assert cluster_fragmentation(two_t4_nodes(), mix_of((B, 1.0))) == 400 / 1400
+    assert cluster_fragmentation(two_t4_nodes(), mix_of((B, 1.0), (C, 1.0))) == pytest.approx(
+        0.5 * 400 / 1400, abs=0.0)
+    assert cluster_fragmentation(two_t4_nodes(), mix_of((B, 3.0), (C, 1.0))) == pytest.approx(
+        0.75 * 400 / 1400, abs=0.0)  # weighted by how often each shape arrives
+    assert cluster_fragmentation(two_t4_nodes(), mix_of((Shape(1000, 2), 1.0))) == 1.0
+    assert cluster_fragmentation(two_t4_nodes(), mix_of((Shape(0, 0, 100), 1.0))) == 1.0
+    full = two_t4_nodes()
+    full.allocate("w", Placement((SliceAlloc("a", 1),)))
+    full.allocate("t", Placement((SliceAlloc("a", 0, "mps", 400),)))
+    assert cluster_fragmentation(full, mix_of((B, 1.0))) == 0.0  # nothing free
+    one = Cluster(Inventory((make_node("a", "T4", 1),)))
+    one.allocate("s", Placement((SliceAlloc("a", 0, "mps", 999),)))
+    assert cluster_fragmentation(one, mix_of((B, 1.0))) == 1.0  # one milli, stranded
+
+
+def test_whole_gpus_go_by_fgd_only_when_shares_ask_for_host_room():
+    cases = [((Shape(500, 1, 1000), 1.0),), ((Shape(500, 1, 0, 64), 1.0),),
+             ((Shape(500, 1), 1.0), (Shape(1000, 1, 1000), 1.0)),
+             ((Shape(500, 1), 1.0),), ((Shape(1000, 1, 1000), 1.0),),
+             ((Shape(0, 0, 1000), 1.0),), ((Shape(1, 1, 1), 1.0),), ((Shape(1, 1, 0, 1), 1.0),)]
+    got = [index_for(two_t4_nodes(), mix_of(*shapes)).sharing() for shapes in cases]
+    assert got == [True, True, True, False, False, False, True, True]
+    m = mix_of((Shape(500, 1), 1.0))
+    cf = index_for(two_t4_nodes(), m)
+    assert cf.sharing() is False
+    m.observe(Shape(250, 1, 500), 1.0)  # the mix changed: asked again
+    assert cf.sharing() is True

@@ -16,6 +16,7 @@ from jupyter_gpubudget.core.model import (
     Placement,
     Policy,
     Preempt,
+    Reserve,
     SliceAlloc,
     SliceRequest,
     Start,
@@ -260,3 +261,34 @@ def test_a_known_workload_cannot_be_queued_twice():
     s.submit(job("q", "a"), NOW)
     with pytest.raises(ValueError, match="workload q is already known"):
         s.submit(job("q", "b"), NOW)
+
+
+def test_arrival_keys_by_hand_after_a_cycle():
+    """After a cycle (which knows the usage), a newcomer's key is (its top-level account's
+    usage + the demand already queued under it) / that account's grant; a short debug run's
+    is its top-level account's standing less LANE_OFFSET; an account without a grant: ∞.
+    pa has used 4 of 10 GPU-hours and has two 2-GPU jobs (2 GPU-hours each) waiting; pb has
+    used 0.2 of 0.5."""
+    from jupyter_gpubudget.core.ranking import INF, LANE_OFFSET
+
+    t = tree("""
+accounts:
+  pa: {grant: 10, children: {a: {grant: 5}}}
+  pb: {grant: 0.5, children: {b: {grant: 0.25}}}
+  pz: {grant: 0, children: {z: {grant: 0}}}
+""")
+    run = replace(held("run", "a", since=0.0), protected_until=NOW + 20 * HOUR)
+    pend = [job("p0", "a", gpus=2), job("p1", "a", gpus=2, at=1.0)]
+    state = ClusterState(t, inventory(gpus=1), running=[run], pending=pend,
+                         charges=[used("a", 4.0), used("b", 0.2)])
+    s = Scheduler.from_state(state)
+    assert not [d for d in s.cycle(NOW) if not isinstance(d, Reserve)]
+    for w in (job("x1", "a", at=2), job("y1", "b", at=3), job("x2", "a", at=4),
+              job("y2", "b", at=5), job("z1", "z", at=6),
+              job("d", "b", kind="debug", limit=600.0, at=7)):
+        s.submit(w, NOW)
+    keys = {wid: k for k, _, wid in s._order if wid not in ("p0", "p1")}
+    assert keys == pytest.approx({"x1": (4 + 4) / 10, "y1": 0.2 / 0.5, "x2": (4 + 5) / 10,
+                                  "y2": (0.2 + 1) / 0.5, "z1": INF,
+                                  "d": 0.2 / 0.5 - LANE_OFFSET}, rel=1e-12)
+    assert [w for w in s.queue() if w[0] != "p"] == ["d", "y1", "x1", "x2", "y2", "z1"]

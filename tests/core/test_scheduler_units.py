@@ -292,3 +292,63 @@ accounts:
                                   "y2": (0.2 + 1) / 0.5, "z1": INF,
                                   "d": 0.2 / 0.5 - LANE_OFFSET}, rel=1e-12)
     assert [w for w in s.queue() if w[0] != "p"] == ["d", "y1", "x1", "x2", "y2", "z1"]
+
+
+def test_the_scheduler_is_built_as_configured():
+    from jupyter_gpubudget.core.model import RuntimeHistory
+
+    t = tree("accounts:\n  x: {share: 50%}\n  y: {grant: 10}\n")
+    h = RuntimeHistory()
+    s = Scheduler(t, inventory(gpus=4), history=h)
+    assert s.history is h
+    assert s.capacity_gpu_hours == 4 * 7 * 24  # GPUs × the window in hours
+    assert s.grants() == {"x": 0.5 * 4 * 7 * 24, "y": 10.0}
+    assert s.cluster.frag is not None  # fgd (the default) scores against the shapes seen
+    s.submit(job("m", "x", req=SliceRequest.mps(500)), NOW)
+    assert [sh.milli for sh, _ in s.cluster.frag.mix.typical()] == [500]
+    assert Scheduler(t, inventory(gpus=4), Policy(placement="pack")).cluster.frag is None
+
+
+def test_the_queue_keeps_counts_and_drops_stale_entries():
+    """Queued work is counted per shape (and in the mix); cancelled work leaves stale entries
+    in the order list, which is compacted once it holds more than 64 entries and more than
+    twice the pending work."""
+    s = Scheduler(tree(), inventory(gpus=0))
+    for i in range(70):
+        s.submit(job(f"w{i:02d}", "a", gpus=1 + i % 2, at=float(i)), NOW)
+    one, two = SliceRequest.whole(1).shape, SliceRequest.whole(2).shape
+    assert s._shape_count == {one: 35, two: 35} and s.mix == {one: 35.0, two: 35.0}
+    assert [seq for _, seq, _ in sorted(s._order, key=lambda e: e[1])] == list(range(70))
+    assert s.demand(s.pending["w01"]) == 2.0  # 2 GPUs × its 1-hour limit
+    for i in range(35):
+        s.cancel(f"w{i:02d}", NOW)
+    assert len(s._order) == 70  # 70 entries for 35 pending: not yet more than twice
+    s.cancel("w35", NOW)
+    assert len(s._order) == 34  # compacted
+    for i in range(36, 40):
+        s.cancel(f"w{i:02d}", NOW)
+    assert len(s._order) == 34 and s.queue() == [f"w{i:02d}" for i in range(40, 70)]
+    assert s._shape_count == {one: 15, two: 15} and s.mix == {one: 35.0, two: 35.0}
+
+
+def test_a_cancelled_gang_gives_back_its_reservation():
+    run = replace(held("run", "a", since=0.0), protected_until=NOW + 20 * HOUR)
+    s = Scheduler.from_state(ClusterState(tree(), inventory(gpus=2), running=[run],
+                                          pending=[job("gang", "a", gpus=2)]))
+    ds = s.cycle(NOW)
+    assert [d.workload for d in ds if isinstance(d, Reserve)] == ["gang"]
+    assert [g.reserved_at for g in s.cluster.nodes[0].gpus] != [float("inf")] * 2
+    s.cancel("gang", NOW)
+    assert [g.reserved_at for g in s.cluster.nodes[0].gpus] == [float("inf")] * 2
+    assert s.reservations == {}
+
+
+@pytest.mark.parametrize(("n", "compacted"), [(64, False), (65, True)])
+def test_the_order_list_is_compacted_only_beyond_64_entries(n, compacted):
+    s = Scheduler(tree(), inventory(gpus=0))
+    for i in range(n):
+        s.submit(job(f"w{i:02d}", "a", at=float(i)), NOW)
+    for i in range(n - 30):  # 30 left: fewer than half of the entries
+        s.cancel(f"w{i:02d}", NOW)
+    assert (len(s._order) < n) is compacted
+    assert s.queue() == [f"w{i:02d}" for i in range(n - 30, n)]

@@ -352,3 +352,36 @@ def test_the_order_list_is_compacted_only_beyond_64_entries(n, compacted):
         s.cancel(f"w{i:02d}", NOW)
     assert (len(s._order) < n) is compacted
     assert s.queue() == [f"w{i:02d}" for i in range(n - 30, n)]
+
+
+def lane_state(cap: float, toll: float = 0.0, charges=(), **policy) -> ClusterState:
+    """GPU 0: a batch job that saved its progress 60 s ago (it would lose those 60 s and a
+    120-s reload: 0.05 GPU-hours); GPU 1: a session (never taken for the lane). A 10-minute
+    debug run of a arrives."""
+    saved = held("saved", "b", 0, since=1860.0)
+    sess = replace(held("sess", "b", 1, since=60.0), kind="interactive")
+    return ClusterState(tree(), inventory(gpus=2),
+                        Policy(short_lane_cost=cap, preemption_toll=toll, **policy),
+                        running=[sess, saved],
+                        pending=[job("d", "a", kind="debug", limit=600.0)],
+                        charges=charges)
+
+
+def test_the_short_lane_takes_a_gpu_that_costs_at_most_its_cap():
+    ds = schedule(lane_state(cap=0.05), NOW)  # costs exactly the cap: taken
+    assert [d for d in ds if isinstance(d, Preempt)] == [
+        Preempt("saved", "a short debug run takes it (loses 0.05 GPU-h)", "d")]
+    (start,) = [d for d in ds if isinstance(d, Start)]
+    assert (start.workload, start.backed, start.placement.slices[0].gpu) == ("d", True, 0)
+    # the toll counts towards the cap, and is not part of what the reason says is lost
+    ds = schedule(lane_state(cap=0.35, toll=0.25), NOW)
+    assert [d for d in ds if isinstance(d, Preempt)] == [
+        Preempt("saved", "a short debug run takes it (loses 0.05 GPU-h)", "d")]
+    assert not [d for d in schedule(lane_state(cap=0.049), NOW) if isinstance(d, Preempt)]
+    # the lane refuses (over its cap), yet b stands far above a: an ordinary preemption
+    # that pays goes ahead, of the cheapest victim — the session (a 120-s reload, nothing
+    # unsaved: 0.033 GPU-h), which the lane itself never takes
+    ds = schedule(lane_state(cap=0.049, charges=[used("b", 90.0)]), NOW)
+    pre = [d for d in ds if isinstance(d, Preempt)]
+    assert [(d.workload, d.for_workload) for d in pre] == [("sess", "d")]
+    assert not pre[0].reason.startswith("a short debug run")

@@ -231,3 +231,39 @@ def test_whole_gpus_go_by_fgd_only_when_shares_ask_for_host_room():
     assert cf.sharing() is False
     m.observe(Shape(250, 1, 500), 1.0)  # the mix changed: asked again
     assert cf.sharing() is True
+
+
+def test_the_index_follows_every_kind_of_slice_health_and_untracked_hosts():
+    """Node a: GPU 0 whole, GPU 1 a 300 share, GPU 2 a MIG GPU (FGD never counts it), host
+    CPU and memory tracked; nodes b and c: T4s without host tracking (free host: BIG). Each
+    way the index learns a change — a few nodes reloaded, most rebuilt, a health flip
+    refreshed — gives the same arrays, written out by hand."""
+    from jupyter_gpubudget.core.fragmentation import BIG
+
+    c = Cluster(Inventory((make_node("a", "H100-80GB", 3, mig=(2,), cpu_milli=8000,
+                                     memory_mib=1000),
+                           make_node("b", "T4", 2), make_node("c", "T4", 1))))
+    cf = index_for(c, mix_of((B, 1.0)))
+    cf.sync()
+    big = int(BIG)
+
+    def check(free, cpu, mem, ok) -> None:
+        cf.sync()
+        idx = cf.index
+        assert idx.free.tolist() == free and idx.cpu.tolist() == cpu
+        assert idx.mem.tolist() == mem and idx.ok.tolist() == ok
+
+    check([[1000, 1000, 0], [1000, 1000, 0], [1000, 0, 0]], [8000, big, big],
+          [1000, big, big], [True, True, True])
+    c.allocate("w", Placement((SliceAlloc("a", 0, cpu_milli=1000, memory_mib=100),)))
+    check([[0, 1000, 0], [1000, 1000, 0], [1000, 0, 0]], [7000, big, big], [900, big, big],
+          [True, True, True])  # one node reloaded
+    c.allocate("s", Placement((SliceAlloc("a", 1, "mps", 300, cpu_milli=500, memory_mib=50),)))
+    c.allocate("m", Placement((SliceAlloc("a", 2, "mig", 143, 6, "1g.10gb"),)))
+    c.allocate("t", Placement((SliceAlloc("b", 0, "mps", 200),)))
+    free = [[0, 700, 0], [800, 1000, 0], [1000, 0, 0]]
+    check(free, [6500, big, big], [850, big, big], [True, True, True])  # two: rebuilt
+    c.set_healthy("a", False)
+    check(free, [6500, big, big], [850, big, big], [False, True, True])  # refreshed
+    c.set_healthy("a", True)
+    check(free, [6500, big, big], [850, big, big], [True, True, True])

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 
-.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot demo clean lab labtest
+.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot mutation demo clean lab labtest
 
 # the JupyterLab extension is built here (`make lab`), so the editable install skips
 # hatch-jupyter-builder's build hook (SKIP_JUPYTER_BUILDER)
@@ -99,6 +99,14 @@ bench: install
 bench-snapshot: install criu
 	GPUBUDGET_CRIU="$$(bash .ci/build-criu.sh)" $(BIN)/python bench/snapshot.py
 
+## mutation: the scheduling core's mutation score (docs/core.md, "Testing the core"): mutmut
+## over jupyter_gpubudget/core/ with tests/core as the runner; not part of `make test` (a full
+## run takes tens of minutes on 2 cores). Results are kept in mutants/ while tests/core and the
+## configuration stay the same: `bench/mutation.py --reuse` reports them again.
+mutation: $(STAMP)
+	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install -q -e '.[mutation]'
+	$(BIN)/python bench/mutation.py
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants
 	rm -rf $(LAB)/node_modules $(LAB)/lib $(LAB)/tsconfig.tsbuildinfo $(LAB)/.build-stamp $(LABOUT)

@@ -246,9 +246,9 @@ class Cluster:
         if not n.host_fits(s.cpu_milli, s.memory_mib):
             raise CapacityError(f"node {s.node} has no room for {s.cpu_milli} CPU milli / "
                                 f"{s.memory_mib} MiB")
-        g = n.gpus[s.gpu] if s.gpu >= 0 else None
-        if s.gpu >= len(n.gpus):
+        if s.gpu >= len(n.gpus):  # checked before the GPU is looked up
             raise CapacityError(f"node {s.node} has no GPU {s.gpu}")
+        g = n.gpus[s.gpu] if s.gpu >= 0 else None
         if g is not None:
             if wid in g.tenants:
                 raise CapacityError(f"{wid} holds GPU {s.node}/{s.gpu} twice")

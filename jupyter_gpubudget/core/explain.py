@@ -72,7 +72,7 @@ def why_waiting(state: ClusterState, now: float) -> dict[str, Wait]:
     """For every pending workload, why it waits (see the module's docstring)."""
     s = Scheduler.from_state(state)
     decisions = s.cycle(now)
-    starting = {d.workload for d in decisions if isinstance(d, Start)}
+    starting = {d.workload: d.backed for d in decisions if isinstance(d, Start)}
     reserved = {d.workload: d.at for d in decisions if isinstance(d, Reserve)}
     freeing = {d.for_workload for d in decisions if isinstance(d, Preempt) and d.for_workload}
     empty = Cluster(s.inventory, s.unhealthy)  # every healthy node, nothing running
@@ -81,7 +81,7 @@ def why_waiting(state: ClusterState, now: float) -> dict[str, Wait]:
         what = describe_request(w.request)
         if w.id in starting:
             out[w.id] = Wait(w.id, "starts", f"{what} is free for it: it starts in the next "
-                                             "scheduling cycle", backed=True)
+                                             "scheduling cycle", backed=starting[w.id])
             continue
         if not s.accounts.is_project(w.project):
             out[w.id] = Wait(w.id, "unknown-project", f"project {w.project!r} is not in the "

@@ -188,8 +188,8 @@ def _mig_layouts(node: Node | None, mig: tuple[int, ...], model: str
         items: list[tuple[str, int | None]] = []
         for e in seq.seq():
             text = e.string()
-            name, _, at = text.partition("@")
-            if at and not at.isdigit():
+            name, sep, at = text.partition("@")
+            if sep and not at.isdigit():  # "1g.10gb@" or "1g.10gb@x": no start slot
                 raise e.error(f"{text!r}: expected a profile or profile@start (e.g. 1g.10gb@6)")
             items.append((name, int(at) if at else None))
         try:

@@ -180,18 +180,35 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
         return None
     cands.sort(key=lambda c: (-len(c[1]), c[0].idx))
 
-    def take(group: list[tuple[NodeCap, list[int]]]) -> list[tuple[NodeCap, list[int]]] | None:
+    def greedy(group: list[tuple[NodeCap, list[int]]], want: int
+               ) -> list[tuple[NodeCap, list[int]]]:
         chosen: list[tuple[NodeCap, list[int]]] = []
         got = 0
         for n, free in group:
-            if got >= need:
+            if got >= want:
                 break
-            if not n.host_fits(req.cpu_milli if not chosen else 0, req.memory_mib if not chosen else 0):
-                continue
-            use = _pick_in_node(n, free, min(len(free), need - got))
+            use = _pick_in_node(n, free, min(len(free), want - got))
             chosen.append((n, use))
             got += len(use)
-        return chosen if got >= need else None
+        return chosen
+
+    def take(group: list[tuple[NodeCap, list[int]]]) -> list[tuple[NodeCap, list[int]]] | None:
+        """The fewest nodes of ``group`` (the fullest first) with one of them able to hold
+        the request's host CPU and memory, which go on that node (listed first)."""
+        host = [c for c in group if c[0].host_fits(req.cpu_milli, req.memory_mib)]
+        if not host or sum(len(f) for _, f in group) < need:
+            return None
+        chosen = greedy(group, need)
+        at = next((i for i, (n, _) in enumerate(chosen)
+                   if n.host_fits(req.cpu_milli, req.memory_mib)), None)
+        if at is not None:
+            chosen.insert(0, chosen.pop(at))
+            return chosen
+        # none of the fullest nodes has host room: the fullest node that has anchors it
+        anchor = host[0]
+        first = greedy([anchor], need)
+        rest = greedy([c for c in group if c is not anchor], need - len(first[0][1]))
+        return first + rest
 
     best: list[tuple[NodeCap, list[int]]] | None = None
     racks: dict[str, list[tuple[NodeCap, list[int]]]] = {}

@@ -274,9 +274,11 @@ def _cheapest_freeing_set(held: list[tuple[Gpu, frozenset[str]]], need: int,
                     best = (k, vs)
     if best is not None:
         return best[1]
-    # greedy: take victims in order of GPUs they alone free, then cost
+    # greedy: take victims in order of GPUs they alone free (a GPU they share frees nothing
+    # by itself), then cost
     chosen_set: set[str] = set()
-    order = sorted(ids, key=lambda wid: (-sum(1 for _, t in held if wid in t), key(eligible[wid])))
+    order = sorted(ids, key=lambda wid: (-sum(1 for _, t in held if t == {wid}),
+                                         key(eligible[wid])))
     for wid in order:
         chosen_set.add(wid)
         if sum(1 for _, t in held if t <= chosen_set) >= need:

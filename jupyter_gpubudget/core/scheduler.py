@@ -430,22 +430,33 @@ class Scheduler:
 
     def _fill(self, now: float) -> list[Decision]:
         out: list[Decision] = []
+        while self._fill_pass(now, out):
+            pass  # a start on GPUs reserved for it freed the rest of them: look again
+        return out
+
+    def _fill_pass(self, now: float, out: list[Decision]) -> bool:
+        """Start what fits, in rank order; True when a workload started on its own
+        reservation (the GPUs held for it are no longer held back, so work passed over
+        before may fit now)."""
         failed: set[tuple[object, ...]] = set()
         for _, seq, wid in list(self._order):
-            if len(failed) >= len(self._shape_count):
-                break
+            if len(failed) >= len(self._shape_count) and not self.reservations:
+                break  # no shape fits any more (work with a reservation may still)
             w = self.pending.get(wid)
             if w is None or self._seq.get(wid) != seq:
                 continue
             shape = w.request.shape
-            if shape in failed and wid not in self.reservations:
+            own = wid in self.reservations
+            if shape in failed and not own:
                 continue
             p = self._place(w, now + self.predict_long(w))
             if p is None:
                 failed.add(shape)
                 continue
             self._start(w, p, self.is_backed(w, now), now, out)
-        return out
+            if own:
+                return True
+        return False
 
     # ================================================================= nodes
     def set_healthy(self, node: str, healthy: bool) -> None:
@@ -752,10 +763,12 @@ class Scheduler:
 
     def next_free(self, req: SliceRequest, now: float) -> float:
         """Seconds until running work is predicted to free capacity of the kind ``req`` needs
-        (enough whole GPUs; a GPU outside MIG mode for a share; a MIG GPU for an instance),
+        (enough whole GPUs — a GPU shared by MPS work once its last share has ended; a GPU
+        outside MIG mode for a share; a MIG GPU for an instance),
         ignoring the queue ahead and node boundaries: how much sooner a preemption can start
-        it at most. Work already past its predicted end counts as ending now; ∞ when
-        nothing would ever free enough."""
+        it at most. Work already past its predicted end is expected to run half again as
+        long as it has so far (``backfill.predicted_end``); 0 when enough is free already;
+        ∞ when nothing would ever free enough."""
         c = self.cluster
         models = frozenset(req.gpu_model.split("|")) if req.gpu_model else None
         inf = float("inf")
@@ -765,16 +778,25 @@ class Scheduler:
             return gpu >= 0 and n.healthy and (models is None or n.gpus[gpu].model in models)
 
         have = 0
+        holders: dict[tuple[str, int], int] = {}  # a GPU is whole again when all have ended
         if req.kind == "gpu":
             have = sum(1 for n in c.nodes if n.healthy for i in n.free_whole
                        if n.gpus[i].reserved_at == inf
                        and (models is None or n.gpus[i].model in models))
+            if have >= req.gpus:
+                return 0.0
         for end, wid in self._running_ends(now):
             p = c.allocations.get(wid)
             if p is None:
                 continue
             if req.kind == "gpu":
-                have += sum(1 for sl in p.slices if sl.kind == "gpu" and usable(sl.node, sl.gpu))
+                for sl in p.slices:
+                    if sl.kind in ("gpu", "mps") and usable(sl.node, sl.gpu):
+                        key = (sl.node, sl.gpu)
+                        left = holders.get(key, len(c.by_name[sl.node].gpus[sl.gpu].tenants)) - 1
+                        holders[key] = left
+                        if left == 0:
+                            have += 1
                 if have >= req.gpus:
                     return max(0.0, end - now)
             elif req.kind == "mps":

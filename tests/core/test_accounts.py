@@ -95,7 +95,8 @@ BAD = [
 
 
 @pytest.mark.parametrize(("text", "path", "line", "words"), BAD,
-                         ids=[b[3] + "@" + b[1] for b in BAD])
+                         ids=[(b[3] + "@" + b[1]).encode("ascii", "replace").decode()
+                              for b in BAD])  # ASCII ids: mutmut passes them back to pytest
 def test_bad_budgets_name_path_and_line(text, path, line, words):
     with pytest.raises(BudgetError) as info:
         load_budgets(text, "budgets.yaml")

@@ -72,7 +72,7 @@ def test_mps_shares_pack_before_opening_a_gpu():
     assert place(c, SliceRequest.whole(1), 0) is not None  # the other GPU is still whole
 
 
-@pytest.mark.parametrize(("text", "path", "line", "words"), [
+BAD_INVENTORIES = [
     ("nodes: []\n", "nodes", 1, "no nodes"),
     ("nodes:\n  - {name: a, gpus: 2, colour: red}\n", "nodes[0].colour", 2, "unknown key"),
     ("nodes:\n  - {name: a}\n", "nodes[0]", 2, "missing required key 'gpus'"),
@@ -83,7 +83,12 @@ def test_mps_shares_pack_before_opening_a_gpu():
     ("nodes:\n  - {name: a, gpus: 2.5}\n", "nodes[0].gpus", 2, "whole number"),
     ("nodes:\n  - {name: a, gpus: 2, nvlink: [[0, 1], [1]]}\n", "nodes[0].nvlink[1][0]", 2,
      "two NVLink"),
-])
+]
+
+
+# plain ids: mutmut passes the ids back to pytest, which would not match escaped newlines
+@pytest.mark.parametrize(("text", "path", "line", "words"), BAD_INVENTORIES,
+                         ids=[f"{b[1]}-{b[3]}" for b in BAD_INVENTORIES])
 def test_bad_inventory(text, path, line, words):
     with pytest.raises(InventoryError) as info:
         load_inventory(text, "inv.yaml")
@@ -103,3 +108,42 @@ def test_bulk_load_checks_like_allocate_and_indexes_the_same():
     assert bulk.shared == one_by_one.shared and bulk.mig_index == one_by_one.mig_index
     with pytest.raises(CapacityError):
         Cluster(inv).load([*placements, ("d", Placement((SliceAlloc("n", 0, "gpu"),)))])
+
+
+def _as_rows(table):
+    return [(p.name, p.compute, p.size, p.starts, p.memory_gb) for p in table.values()]
+
+
+def test_profile_tables_are_nvidia_smis_by_hand():
+    """``nvidia-smi mig -lgip`` / ``-lgipp`` on each model: name, compute slices, memory
+    slots, allowed placements, memory — built by mig._table from the six memory sizes."""
+    h100 = [("1g.10gb", 1, 1, (0, 1, 2, 3, 4, 5, 6), 10), ("1g.20gb", 1, 2, (0, 2, 4, 6), 20),
+            ("2g.20gb", 2, 2, (0, 2, 4), 20), ("3g.40gb", 3, 4, (0, 4), 40),
+            ("4g.40gb", 4, 4, (0,), 40), ("7g.80gb", 7, 8, (0,), 80)]
+    assert _as_rows(mig._table((10, 20, 20, 40, 40, 80))) == h100
+    assert _as_rows(mig.MIG_TABLES["H100-80GB"]) == h100
+    assert _as_rows(mig.MIG_TABLES["A100-80GB"]) == h100
+    assert _as_rows(mig._table((5, 10, 10, 20, 20, 40), with_1g_double=False)) == [
+        ("1g.5gb", 1, 1, (0, 1, 2, 3, 4, 5, 6), 5), ("2g.10gb", 2, 2, (0, 2, 4), 10),
+        ("3g.20gb", 3, 4, (0, 4), 20), ("4g.20gb", 4, 4, (0,), 20),
+        ("7g.40gb", 7, 8, (0,), 40)]
+    assert [r[0] for r in _as_rows(mig.MIG_TABLES["H200-141GB"])] == [
+        "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+    assert [p.milli for p in mig.MIG_TABLES["H200-141GB"].values()] == [
+        143, 143, 286, 429, 571, 1000]
+
+
+def test_slot_masks_occupy_and_release_exactly_their_span():
+    t = mig.profiles_for("H100-80GB")
+    assert mig.occupy(t["3g.40gb"], 4, 0) == 0b11110000
+    assert mig.occupy(t["1g.20gb"], 2, 0b1) == 0b1101
+    assert mig.release(t["3g.40gb"], 4, 0b11110001) == 0b1
+    assert mig.release(t["1g.10gb"], 6, 0b11000000) == 0b10000000
+    assert mig.release(t["2g.20gb"], 0, 0b11) == 0
+    assert mig.release(t["1g.10gb"], 3, 0b1) == 0b1  # releasing a free slot changes nothing
+    for p in t.values():
+        for start in p.starts:
+            for mask in (0, 0b10101010, 0xFF):
+                span = ((1 << p.size) - 1) << start
+                assert mig.release(p, start, mig.occupy(p, start, mask)) == mask & ~span
+    assert mig.FULL_MASK == 0xFF and mig.SLOTS == 8 and mig.COMPUTE == 7

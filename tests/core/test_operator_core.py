@@ -142,3 +142,104 @@ def test_drain_preempts_unprotected_at_once_and_protected_at_its_end():
     ds = s.cycle(NOW + 2 * HOUR + 1)
     assert [d.workload for d in ds if isinstance(d, Preempt)] == ["prot"]
     assert Drain(bad) in ds
+
+
+def test_grant_preview_by_hand_with_shares_and_an_unfunded_account():
+    """c has no grant and has used 2 GPU-h (standing ∞, shown as None); funding it with a
+    25 % share of lab changes c's figures and every sibling's share of lab; a pending job
+    of c becomes backed. Unknown accounts are refused."""
+    import pytest
+
+    text = """
+accounts:
+  lab:
+    grant: 300
+    children:
+      a: {grant: 100}
+      b: {grant: 100}
+      c: {grant: 0}
+"""
+    charges = [ChargeInterval("x", "c", "cat", 1000, NOW - 3 * HOUR, NOW - HOUR),
+               ChargeInterval("y", "a", "ann", 2000, NOW - 3 * HOUR, NOW - HOUR)]
+    pend = [job("c2", "c", at=2.0), job("c1", "c", at=1.0), job("a1", "a", at=0.5),
+            job("ghost", "zz", at=0.1)]
+    st = ClusterState(tree(text), inventory(gpus=2), pending=pend, charges=charges)
+    out = grant_preview(st, NOW, "c", None, 25.0)
+    assert out["account"] == "c" and out["grant_hours"] is None and out["share_pct"] == 25.0
+    assert out["before"] == {"grant_hours": 0.0, "share_pct": None}
+    assert out["accounts"] == {
+        "a": {"usage_hours": 4.0, "grant_before": 100.0, "grant_after": 100.0,
+              "standing_before": 0.04, "standing_after": 0.04, "share_before": 0.5,
+              "share_after": 100 / 275},
+        "b": {"usage_hours": 0.0, "grant_before": 100.0, "grant_after": 100.0,
+              "standing_before": 0.0, "standing_after": 0.0, "share_before": 0.5,
+              "share_after": 100 / 275},
+        "c": {"usage_hours": 2.0, "grant_before": 0.0, "grant_after": 75.0,
+              "standing_before": None, "standing_after": 2.0 / 75, "share_before": 0.0,
+              "share_after": 75 / 275},
+    }
+    assert out["backing"] == [
+        {"workload": "c1", "project": "c", "user": "u", "backed_before": False,
+         "backed_after": True},
+        {"workload": "c2", "project": "c", "user": "u", "backed_before": False,
+         "backed_after": True}]
+    # the account itself is listed even when nothing about it changes
+    same = grant_preview(st, NOW, "a", 100.0, None)
+    assert list(same["accounts"]) == ["a"] and same["backing"] == []
+    # a grant change of a's parent changes lab's figures only where they differ
+    lab = grant_preview(st, NOW, "lab", 600.0, None)
+    assert set(lab["accounts"]) == {"lab"}
+    assert lab["accounts"]["lab"]["standing_after"] == 6.0 / 600
+    with pytest.raises(KeyError):
+        grant_preview(st, NOW, "nope", 1.0, None)
+
+
+def test_sibling_shares_of_top_level_accounts_and_of_nothing_used():
+    t = tree("""
+accounts:
+  x: {grant: 30}
+  y: {grant: 10, children: {y1: {grant: 4}, y2: {grant: 0}}}
+""")
+    figs = {"x": {"grant_hours": 30.0, "usage_hours": 0.0},
+            "y": {"grant_hours": 10.0, "usage_hours": 0.0},
+            "y1": {"grant_hours": 4.0, "usage_hours": 3.0},
+            "y2": {"grant_hours": 0.0, "usage_hours": 1.0}}
+    assert sibling_shares(t, figs) == {
+        "x": {"grant_share": 0.75, "delivered_share": None},
+        "y": {"grant_share": 0.25, "delivered_share": None},
+        "y1": {"grant_share": 1.0, "delivered_share": 0.75},
+        "y2": {"grant_share": 0.0, "delivered_share": 0.25}}
+
+
+def test_grant_preview_lists_children_whose_grant_moves_with_their_parent():
+    """x and y hold 50 % of lab each and have used nothing: raising lab's grant by one
+    GPU-hour moves their grants by half an hour each while their standing (0) and their share
+    of lab (1/2) stay: they are listed for the grant alone."""
+    import pytest
+
+    text = """
+accounts:
+  lab:
+    grant: 200
+    children:
+      x: {share: 50%}
+      y: {share: 50%}
+"""
+    st = ClusterState(tree(text), inventory(gpus=2))
+    out = grant_preview(st, NOW, "lab", 201.0, None)
+    assert set(out["accounts"]) == {"lab", "x", "y"}
+    assert out["accounts"]["x"] == {"usage_hours": 0.0, "grant_before": 100.0,
+                                    "grant_after": 100.5, "standing_before": 0.0,
+                                    "standing_after": 0.0, "share_before": 0.5,
+                                    "share_after": 0.5}
+    with pytest.raises(KeyError, match="nope"):
+        grant_preview(st, NOW, "nope", 1.0, None)
+
+
+def test_sibling_shares_of_small_figures_and_missing_ones():
+    t = tree(SMALL)
+    sh = sibling_shares(t, {"lab": {"grant_hours": 0.5, "usage_hours": 0.25},
+                            "a": {"grant_hours": 0.5, "usage_hours": 0.5}})  # b: no figures
+    assert sh["lab"] == {"grant_share": 1.0, "delivered_share": 1.0}
+    assert sh["a"] == {"grant_share": 1.0, "delivered_share": 1.0}
+    assert sh["b"] == {"grant_share": 0.0, "delivered_share": 0.0}

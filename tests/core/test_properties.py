@@ -3,7 +3,7 @@ capacity, protection, standing, backing, gang, backfill reservation — and dete
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from jupyter_gpubudget.core.inventory import Inventory, make_node
@@ -19,10 +19,9 @@ from jupyter_gpubudget.core.model import (
 )
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
 
-from .helpers import check_capacity, tree
+from .helpers import check_capacity, prop_settings, tree
 
-SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = prop_settings(60)
 
 THREE = """
 accounts:

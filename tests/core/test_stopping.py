@@ -101,3 +101,45 @@ def test_an_inconsistent_record_is_left_out_and_reported():
     ds = s.cycle(NOW)
     assert kinds(ds) == [("Start", "next")]
     assert ds[0].placement.slices[0].gpu == 1
+
+
+def _held_by_a_stopping_session(held: str, wants: str, debug_wants: str):
+    """One carved MIG GPU held by b's unbacked session (``held``), which is snapshotted
+    before it stops; b's short debug run and a's backed session (``wants``) wait."""
+    from jupyter_gpubudget.core.model import SliceRequest
+
+    sess = job("sess", "b", kind="interactive", req=SliceRequest.mig(held))
+    sess = replace(sess, started_at=NOW - 60, backed=False, stops_at_once=False,
+                   placement=Placement((SliceAlloc("n0", 0, "mig", 1000 if held == "7g.80gb"
+                                                   else 143, 0 if held == "7g.80gb" else 6,
+                                                   held),)))
+    debug = job("debug", "b", kind="debug", limit=600.0, req=SliceRequest.mig(debug_wants))
+    want = job("want", "a", kind="interactive", req=SliceRequest.mig(wants), at=1.0)
+    state = ClusterState(tree(), inventory(gpus=1, mig=(0,)), running=[sess],
+                         pending=[debug, want],
+                         charges=[ChargeInterval("old", "b", "x", 1000, NOW - 150 * HOUR, NOW)])
+    s = Scheduler.from_state(state)
+    ds = s.cycle(NOW)
+    assert kinds(ds) == [("Preempt", "sess"), ("Reserve", "want")]
+    return s
+
+
+def test_work_reserved_behind_a_stopping_session_starts_when_it_is_gone():
+    """The slice freed by the stopped session goes to the session that preempted it at
+    once — even though a request of the same shape ranked before it found no room (before
+    issue 16 the fill gave up there: every waiting shape had failed)."""
+    s = _held_by_a_stopping_session("7g.80gb", "7g.80gb", "7g.80gb")
+    ds = s.finish("sess", NOW + 10)
+    assert [d.workload for d in ds] == ["want"]
+    check_capacity(s.inventory, s.running.values())
+
+
+def test_what_a_reservation_held_back_is_looked_at_again_once_it_is_used():
+    """b's debug run (1g.10gb) ranks first but may not use the GPU held for a's 4g.40gb;
+    once a's session starts there, the GPU is no longer held and the debug run fits beside
+    it: it starts in the same fill, not a cycle later (before issue 16: a cycle later)."""
+    s = _held_by_a_stopping_session("7g.80gb", "4g.40gb", "1g.10gb")
+    ds = s.finish("sess", NOW + 10)
+    assert [d.workload for d in ds] == ["want", "debug"]
+    assert {d.workload: d.placement.slices[0].mig_start for d in ds} == {"want": 0, "debug": 6}
+    check_capacity(s.inventory, s.running.values())

@@ -89,7 +89,7 @@ def test_policy_errors_word_for_word():
         ("colour: red", "policy.colour", "unknown key 'colour' (allowed: backfill, "
          "checkpoint_interval, default_runtime, max_reservations, min_runtime_cap, placement, "
          "preemption, preemption_margin, preemption_toll, restart_overhead, short_lane, "
-         "short_lane_cost, stop_grace, whole_gpu_on_mig)"),
+         "short_lane_cost, short_lane_hold, stop_grace, whole_gpu_on_mig)"),
         ("stop_grace: -1", "policy.stop_grace", None),
     ]:
         e = bad(f"policy:\n  {text}\n" + ONE)

@@ -385,3 +385,11 @@ def test_the_short_lane_takes_a_gpu_that_costs_at_most_its_cap():
     pre = [d for d in ds if isinstance(d, Preempt)]
     assert [(d.workload, d.for_workload) for d in pre] == [("sess", "d")]
     assert not pre[0].reason.startswith("a short debug run")
+
+
+def test_a_grant_under_one_gpu_hour_still_backs_what_it_covers():
+    s = Scheduler(tree("accounts:\n  p: {grant: 10, children: {a: {grant: 0.5}}}\n"),
+                  inventory(gpus=1))
+    s._standings(NOW)
+    assert s.is_backed(job("q", "a", min_runtime=HOUR / 4), NOW)  # 0.25 of 0.5 GPU-hours
+    assert not s.is_backed(job("r", "a", min_runtime=HOUR), NOW)  # 1 of 0.5

@@ -275,12 +275,19 @@ def _cheapest_freeing_set(held: list[tuple[Gpu, frozenset[str]]], need: int,
     if best is not None:
         return best[1]
     # greedy: take victims in order of GPUs they alone free (a GPU they share frees nothing
-    # by itself), then cost
+    # by itself), then cost; then give back, latest taken first, every victim the set frees
+    # enough without (one taken early may have been made unneeded by those taken after it)
+    def frees(chosen: set[str]) -> int:
+        return sum(1 for _, t in held if t <= chosen)
+
     chosen_set: set[str] = set()
     order = sorted(ids, key=lambda wid: (-sum(1 for _, t in held if t == {wid}),
                                          key(eligible[wid])))
     for wid in order:
         chosen_set.add(wid)
-        if sum(1 for _, t in held if t <= chosen_set) >= need:
+        if frees(chosen_set) >= need:
+            for extra in [w for w in reversed(order) if w in chosen_set]:
+                if frees(chosen_set - {extra}) >= need:
+                    chosen_set.discard(extra)
             return [eligible[w] for w in order if w in chosen_set]
     return None

@@ -55,8 +55,8 @@ class LedgerCollector(Collector):
             yield g
         pre = CounterMetricFamily("gpubudget_preemptions", "Preemptions (from the ledger)",
                                   labels=["project"])
-        for p, n in sorted(v.preemptions.items()):
-            pre.add_metric([p], n)
+        for p in sorted(set(projects) | set(v.preemptions)):  # 0 before the first: rate()
+            pre.add_metric([p], v.preemptions.get(p, 0))     # sees the first one too
         yield pre
         last = GaugeMetricFamily("gpubudget_last_cycle_timestamp_seconds",
                                  "When the last scheduling cycle ran")

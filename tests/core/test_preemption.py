@@ -406,6 +406,21 @@ def test_costs_equal_up_to_float_noise_are_equal():
     assert victim_cost(a, 1.0)[1] == 0.0  # no cost given: nothing is thrown away
 
 
+def test_greedy_gives_back_victims_the_set_does_not_need():
+    """Five GPUs to free, no three victims do it: greedy takes a, b, c (each alone on one
+    GPU), then s1 and s2 (who share three GPUs); with s1 and s2 gone, c is not needed (a, b
+    and the three shared GPUs make five) and is given back — four victims, not five."""
+    vs = {x: w(x, g(0)) for x in ("a", "b", "c", "s1", "s2")}
+    held = [(None, frozenset({x})) for x in ("a", "b", "c")]
+    held += [(None, frozenset({"s1", "s2"})) for _ in range(3)]
+    order = {"a": 0, "b": 1, "c": 2, "s1": 3, "s2": 4}
+    key = lambda v: (order[v.id],)  # noqa: E731
+    sk = lambda s: (sum(order[v.id] for v in s), len(s))  # noqa: E731
+    assert ids(_cheapest_freeing_set(held, 5, vs, key, sk)) == ["a", "b", "s1", "s2"]
+    # all five are needed for six GPUs
+    assert ids(_cheapest_freeing_set(held, 6, vs, key, sk)) == ["a", "b", "c", "s1", "s2"]
+
+
 def test_greedy_frees_gpus_held_alone_first():
     """Beyond three victims the greedy set takes first those who alone hold a GPU: m shares
     four GPUs with p1..p4 and frees none by itself, s1..s4 each free one."""

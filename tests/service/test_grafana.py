@@ -192,8 +192,10 @@ def test_promtool_accepts_the_metrics_and_the_dashboard_names_only_exported_ones
         "gpubudget_made_up_total"}
 
 
-def query(prom: str, expr: str) -> list:
-    st, body = http("GET", prom + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+def query(prom: str, expr: str, at: float | None = None) -> list:
+    """An instant query, now or at ``at`` (Unix time)."""
+    args = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    st, body = http("GET", prom + "/api/v1/query?" + urllib.parse.urlencode(args))
     assert st == 200 and body["status"] == "success", (expr, body)
     return body["data"]["result"]
 
@@ -271,9 +273,14 @@ def test_every_dashboard_query_returns_data_while_a_workload_runs(prometheus, sv
         soon('gpubudget_gpus{state="drained"}', lambda r: float(r[0]["value"][1]) >= 1)
         soon('gpubudget_preemptions_total{project="lattice"}',
              lambda r: float(r[0]["value"][1]) >= 1)
-        soon(substitute(next(e for t, e in expressions(dashboard())
-                             if t.startswith("Preemptions per hour"))),
-             lambda r: any(float(x["value"][1]) > 0 for x in r))
+        # the panel's rate, evaluated just after Prometheus first scraped the preemption (its
+        # window may have passed by now, on a busy machine)
+        samples = query(prometheus, 'gpubudget_preemptions_total{project="lattice"}[15m]')
+        first = min(float(t) for t, v in samples[0]["values"] if float(v) >= 1)
+        panel = substitute(next(e for t, e in expressions(dashboard())
+                                if t.startswith("Preemptions per hour")))
+        rates = [query(prometheus, panel, at=first + dt) for dt in (0.0, 1.0, 2.0, 5.0)]
+        assert any(float(x["value"][1]) > 0 for r in rates for x in r), rates
         soon(f'gpubudget_node_state{{node="{node}",state="ready_for_repair"}}'
              f' or gpubudget_node_state{{node="{node}",state="draining"}}', lambda r: True)
     finally:

@@ -199,9 +199,15 @@ def gpubudget(hub, token: str, *args: str) -> tuple[int, str]:  # noqa: ANN001
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "jupyter_gpubudget.cli", *args, "--url",
-                        f"{hub.url}/services/gpubudget", "--token", token],
-                       capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "jupyter_gpubudget.cli", *args, "--url",
+           f"{hub.url}/services/gpubudget", "--token", token]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:  # what the sessions were doing, and the hub's log
+        st, sessions = http("GET", hub.svc + "/sessions", hub.token)
+        raise AssertionError(f"gpubudget {' '.join(args)}: no answer in 300 s ({e.stdout!r} "
+                             f"{e.stderr!r})\nsessions ({st}): {sessions}\n"
+                             f"{hub.logtail(9000)}") from None
     return p.returncode, p.stdout + p.stderr
 
 

@@ -248,7 +248,11 @@ def test_second_user_queues_sees_position_and_predicted_start_and_leaves(demo):
             position = page.locator("#gb-position").inner_text()
             assert position.startswith(f"{s['queue_position']} "), (position, s)
             start = page.locator("#gb-start").inner_text()
-            assert s["predicted_start"] and near_clock(start, s["predicted_start"]), (start, s)
+            # a clock time, or within the minute (the fillers, running past what the short
+            # sessions of the tests before predict, are expected to end in about a minute)
+            assert s["predicted_start"] and (
+                near_clock(start, s["predicted_start"]) if start != "any moment now"
+                else s["predicted_start"] - time.time() < 90), (start, s, time.time())
             hint = page.locator("#gb-hint").inner_text()
             assert hint.startswith("A MIG 7g.80gb slice is free now"), hint
             assert [f["key"] for f in s["free_now"]][0] == "mig:7g.80gb"

@@ -673,12 +673,7 @@ class Scheduler:
                                  lambda v: costs[v.id])
         if not victims or sum(costs[v.id] for v in victims) > cap:
             return False
-        saved = [(v, self.cluster.release(v.id)) for v in victims]
-        p = place(self.cluster, w.request, end)
-        for v, placement in saved:
-            if placement is not None:
-                self.cluster.allocate(v.id, placement)
-        if p is None:
+        if not self._fits_without(victims, w, end):
             return False
         for v in victims:
             self._preempt(v, now, f"a short debug run takes it (loses {costs[v.id] - toll:.2f} "
@@ -709,12 +704,7 @@ class Scheduler:
                                  lambda v: costs[v.id])
         if not victims:
             return False
-        saved = [(v, self.cluster.release(v.id)) for v in victims]
-        p = place(self.cluster, w.request, end)
-        for v, placement in saved:
-            if placement is not None:
-                self.cluster.allocate(v.id, placement)
-        if p is None:
+        if not self._fits_without(victims, w, end):
             return False
         for v in victims:
             self._preempt(v, now, f"backfilled until {v.backfill_until:.0f}, still running "
@@ -723,6 +713,16 @@ class Scheduler:
         assert p is not None
         self._start(w, p, True, now, out)
         return True
+
+    def _fits_without(self, victims: list[Workload], w: Workload, end: float) -> bool:
+        """Would ``w`` fit once ``victims`` are gone? Their capacity is freed tentatively and
+        given back: nothing changes."""
+        saved = [(v, self.cluster.release(v.id)) for v in victims]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        return p is not None
 
     def _victim_pool(self, now: float) -> dict[str, Workload]:
         """Running work whose slice may be freed for others: unprotected, or already
@@ -901,12 +901,7 @@ class Scheduler:
                                                                 min(gap_of(v) for v in fresh))):
             return False
         # tentatively free their capacity; keep the choice only if the request then fits
-        saved = [(v, self.cluster.release(v.id)) for v in victims]
-        p = place(self.cluster, w.request, end)
-        for v, placement in saved:
-            if placement is not None:
-                self.cluster.allocate(v.id, placement)
-        if p is None:
+        if not self._fits_without(victims, w, end):
             return False
         for v in victims:
             if v.stopping:  # already asked to stop: nothing more to decide

@@ -218,7 +218,10 @@ class CriuSnapshotter(LoggingConfigurable):
                 size = os.path.getsize(path)
                 with open(path, "rb") as f:
                     if size:
-                        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+                        # private and writable (never written): the chunk writer can send
+                        # it to the disk with O_DIRECT, as it does a kernel's arrays, instead
+                        # of through the page cache (where a GiB of dirty pages is throttled)
+                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
                         maps.append(m)
                         futures.append(w.put(m))
                     else:

@@ -403,13 +403,18 @@ def _read_into(root: str, refs: list, mv: memoryview, threads: int | None) -> No
     for r in refs:
         offsets.append(pos)
         pos += r[1]
+    _each(lambda r, o: read_chunk(root, r, mv[o:o + r[1]]), refs, offsets, threads)
+
+
+def _each(fn, refs: list, offsets: list[int], threads: int | None) -> None:  # noqa: ANN001
+    """``fn(ref, offset)`` for every chunk: in this thread for one chunk, else in a pool
+    (the first failure is raised, what has not started yet is cancelled)."""
     if len(refs) <= 1:
         for r, o in zip(refs, offsets, strict=True):
-            read_chunk(root, r, mv[o:o + r[1]])
+            fn(r, o)
         return
     with ThreadPoolExecutor(max_workers=_threads(threads)) as pool:
-        futures = [pool.submit(read_chunk, root, r, mv[o:o + r[1]])
-                   for r, o in zip(refs, offsets, strict=True)]
+        futures = [pool.submit(fn, r, o) for r, o in zip(refs, offsets, strict=True)]
         try:
             for f in futures:
                 f.result()
@@ -436,19 +441,7 @@ def read_refs_to_file(root: str, refs: list, path: str, mode: int = 0o600, *,
             data, offset = data[k:], offset + k
 
     try:
-        if len(refs) <= 1:
-            for r, o in zip(refs, offsets, strict=True):
-                one(r, o)
-            return
-        with ThreadPoolExecutor(max_workers=_threads(threads)) as pool:
-            futures = [pool.submit(one, r, o) for r, o in zip(refs, offsets, strict=True)]
-            try:
-                for f in futures:
-                    f.result()
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        _each(one, refs, offsets, threads)
     finally:
         os.close(fd)
 

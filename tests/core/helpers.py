@@ -39,6 +39,20 @@ accounts:
 """
 
 
+#: two programs, three projects (p, q under prog1; r under prog2); grants to format in
+THREE_PROJECTS = """
+accounts:
+  prog1:
+    grant: {g1}
+    children:
+      p: {{grant: {gp}}}
+      q: {{grant: {gq}}}
+  prog2:
+    grant: {g2}
+    children:
+      r: {{grant: {gr}}}
+"""
+
 def tree(text: str = TWO_PROJECTS):
     return load_budgets(text).accounts
 

@@ -19,22 +19,10 @@ from jupyter_gpubudget.core.model import (
 )
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
 
-from .helpers import check_capacity, prop_settings, tree
+from .helpers import THREE_PROJECTS, check_capacity, prop_settings, tree
 
 SETTINGS = prop_settings(60)
 
-THREE = """
-accounts:
-  prog1:
-    grant: {g1}
-    children:
-      p: {{grant: {gp}}}
-      q: {{grant: {gq}}}
-  prog2:
-    grant: {g2}
-    children:
-      r: {{grant: {gr}}}
-"""
 PROJECTS = ["p", "q", "r"]
 
 
@@ -130,7 +118,7 @@ def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str]
 @given(inventories(), workloads(), grants, st.lists(st.integers(0, 7), max_size=12),
        st.lists(st.sampled_from(PROJECTS), max_size=4))
 def test_invariants_hold_over_random_event_sequences(inv, ws, g, ops, heavy):
-    s = Scheduler(tree(THREE.format(**g)), inv, Policy(max_reservations=2))
+    s = Scheduler(tree(THREE_PROJECTS.format(**g)), inv, Policy(max_reservations=2))
     for p in heavy:
         s.meter.add(ChargeInterval(f"old-{p}", p, "x", 1000, 0.0, 30 * HOUR))
     now = 30 * HOUR
@@ -169,7 +157,7 @@ def test_standing_orders_siblings_and_schedule_is_deterministic(inv, ws, g, heav
     g = dict(g, g1=1000, g2=1000, gp=1000, gq=1000, gr=1000)  # everything backed
     charges = [ChargeInterval(f"c{i}", p, "x", 1000, 0.0, (i + 1) * 7 * HOUR)
                for i, p in enumerate(heavy)]
-    state = ClusterState(tree(THREE.format(**g)), inv, Policy(preemption=False, backfill=False),
+    state = ClusterState(tree(THREE_PROJECTS.format(**g)), inv, Policy(preemption=False, backfill=False),
                          pending=ws, charges=charges)
     now = 40 * HOUR
     ds = schedule(state, now)
@@ -197,7 +185,7 @@ def test_standing_orders_siblings_and_schedule_is_deterministic(inv, ws, g, heav
 @SETTINGS
 @given(inventories(), workloads(n_max=10), grants)
 def test_full_cycle_from_state_respects_capacity(inv, ws, g):
-    state = ClusterState(tree(THREE.format(**g)), inv, pending=ws)
+    state = ClusterState(tree(THREE_PROJECTS.format(**g)), inv, pending=ws)
     s = Scheduler.from_state(state)
     ds = s.cycle(10 * HOUR)
     _check_cycle(s, ds, 10 * HOUR, set(), {})
@@ -215,7 +203,7 @@ def test_full_cycle_from_state_respects_capacity(inv, ws, g):
 def test_contention_preempts_only_unprotected_and_eligible(inv, first, second, hours, gr):
     """Phase 1 fills the cluster with an over-used project's work; phase 2, some hours later,
     brings under-used work. Whatever is preempted was unprotected and eligible."""
-    t = tree(THREE.format(g1=1000, g2=1000, gp=500, gq=500, gr=gr))
+    t = tree(THREE_PROJECTS.format(g1=1000, g2=1000, gp=500, gq=500, gr=gr))
     s = Scheduler(t, inv, Policy(max_reservations=2))
     s.meter.add(ChargeInterval("past", "r", "x", 1000, 0.0, 10 * HOUR))
     for w in first:
@@ -247,7 +235,7 @@ def test_lower_standing_sibling_goes_first_with_mirrored_queues(inv, ws, used_ho
     """p and q queue identical work; q has used more. Then for every shape, q never has more
     of it started than p, and p's first workload (first in its own order: short lane, kind,
     submission) starts whenever any q workload of its kind, shape and run time does."""
-    t = tree(THREE.format(g1=1000, g2=1000, gp=1000, gq=1000, gr=1000))
+    t = tree(THREE_PROJECTS.format(g1=1000, g2=1000, gp=1000, gq=1000, gr=1000))
     pend = []
     for w in ws:
         for proj in ("p", "q"):

@@ -27,20 +27,8 @@ from jupyter_gpubudget.core.model import (
 )
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
 
-from .helpers import check_capacity, prop_settings, tree
+from .helpers import THREE_PROJECTS, check_capacity, prop_settings, tree
 
-BUDGETS = """
-accounts:
-  prog1:
-    grant: {g1}
-    children:
-      p: {{grant: {gp}}}
-      q: {{grant: {gq}}}
-  prog2:
-    grant: {g2}
-    children:
-      r: {{grant: {gr}}}
-"""
 PATHS = {"p": ("prog1", "p"), "q": ("prog1", "q"), "r": ("prog2", "r")}
 PROJECTS = ["p", "q", "r"]
 H100 = "H100-80GB"
@@ -101,7 +89,7 @@ def states(draw) -> tuple[ClusterState, float]:
                     preemption_margin=draw(st.sampled_from([0.0, 0.25])),
                     preemption_toll=draw(st.sampled_from([0.0, 0.25])),
                     placement=draw(st.sampled_from(["fgd", "pack"])))
-    t = tree(BUDGETS.format(**g))
+    t = tree(THREE_PROJECTS.format(**g))
     s = Scheduler(t, inv, policy)
     for p in draw(st.lists(st.sampled_from(PROJECTS), max_size=3)):
         s.meter.add(ChargeInterval(f"old-{p}", p, "x", 2000, 0.0,

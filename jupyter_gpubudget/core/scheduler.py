@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import gc
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -544,6 +544,8 @@ class Scheduler:
             else:
                 self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool,
                                out)
+            if w.id in pending:  # may fit what a preemption for work ranked after it frees
+                later.append((w, self._memo_gen))
         # then unbacked work on whatever is idle (it never preempts), and anything whose shape
         # may fit again after a preemption or reservation reset the memo
         gen = self._memo_gen
@@ -659,7 +661,7 @@ class Scheduler:
         costs: dict[str, float] = {}
         eligible: dict[str, Workload] = {}
         for wid, v in pool.items():
-            if wid not in self.running or v.kind != "batch":
+            if wid not in self.running or v.kind != "batch" or v.stopping:
                 continue
             c = preemption_cost(v, now, self.policy) + toll
             if c <= cap:
@@ -675,13 +677,8 @@ class Scheduler:
             return False
         if not self._fits_without(victims, w, end):
             return False
-        for v in victims:
-            self._preempt(v, now, f"a short debug run takes it (loses {costs[v.id] - toll:.2f} "
-                          "GPU-h)", w.id, out)
-            pool.pop(v.id, None)
-        p = place(self.cluster, w.request, end)
-        assert p is not None
-        self._start(w, p, True, now, out)
+        self._take(w, victims, end, now, out, pool,
+                   lambda v: f"a short debug run takes it (loses {costs[v.id] - toll:.2f} GPU-h)")
         return True
 
     def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
@@ -693,7 +690,7 @@ class Scheduler:
         if self._overdue is None or self._overdue[0] != now:  # once per cycle
             self._overdue = (now, {wid: v for wid, v in self.running.items()
                                    if v.backfill_until is not None and v.backfill_until <= now
-                                   and not v.is_protected(now)})
+                                   and not v.is_protected(now) and not v.stopping})
         overdue = {wid: v for wid, v in self._overdue[1].items() if self.running.get(wid) is v}
         if not overdue:
             return False
@@ -706,13 +703,40 @@ class Scheduler:
             return False
         if not self._fits_without(victims, w, end):
             return False
-        for v in victims:
-            self._preempt(v, now, f"backfilled until {v.backfill_until:.0f}, still running "
-                          f"(loses {costs[v.id]:.2f} GPU-h)", w.id, out)
-        p = place(self.cluster, w.request, end)
-        assert p is not None
-        self._start(w, p, True, now, out)
+        self._take(w, victims, end, now, out, None,
+                   lambda v: f"backfilled until {v.backfill_until:.0f}, still running "
+                             f"(loses {costs[v.id]:.2f} GPU-h)")
         return True
+
+    def _take(self, w: Workload, victims: list[Workload], end: float, now: float,
+              out: list[Decision], pool: dict[str, Workload] | None,
+              reason: Callable[[Workload], str]) -> None:
+        """Preempt ``victims`` (those already stopping are only waited for) and start ``w``
+        on their capacity — or, when it does not fit before a victim that does not stop at
+        once has really stopped (semantics 1), reserve that capacity for ``w`` until
+        ``policy.stop_grace`` from now."""
+        for v in victims:
+            if v.stopping:
+                continue
+            self._preempt(v, now, reason(v), w.id, out)
+            if pool is not None:
+                pool.pop(v.id, None)
+        holders = [v for v in victims if v.id in self.running]
+        p = place(self.cluster, w.request, end)  # what stopped at once may be enough
+        if p is not None or not holders:
+            assert p is not None
+            self._start(w, p, True, now, out)
+            return
+        saved = [(v, self.cluster.release(v.id)) for v in holders]
+        p = place(self.cluster, w.request, end)
+        for v, placement in saved:
+            if placement is not None:
+                self.cluster.allocate(v.id, placement)
+        assert p is not None
+        at = now + self.policy.stop_grace
+        self.cluster.reserve(p, at)
+        self.reservations[w.id] = (at, p)
+        out.append(Reserve(w.id, at, p))
 
     def _fits_without(self, victims: list[Workload], w: Workload, end: float) -> bool:
         """Would ``w`` fit once ``victims`` are gone? Their capacity is freed tentatively and
@@ -903,34 +927,14 @@ class Scheduler:
         # tentatively free their capacity; keep the choice only if the request then fits
         if not self._fits_without(victims, w, end):
             return False
-        for v in victims:
-            if v.stopping:  # already asked to stop: nothing more to decide
-                continue
-            reason = ("unbacked work yields to backed work" if not v.backed else
-                      "an idle session yields to waiting work" if v.idle else
-                      f"project {v.project} stands above {w.project}")
-            self._preempt(v, now, f"{reason} (loses {costs[v.id]:.2f} GPU-h)", w.id, out)
-            pool.pop(v.id, None)
-        holders = [v for v in victims if v.id in self.running]  # still holding: stopping
-        if holders:
-            # the slice is free only once they have really stopped (semantics 1): hold it for
-            # ``w`` meanwhile instead of placing onto it
-            for v in holders:
-                self.cluster.release(v.id)
-            p = place(self.cluster, w.request, end)
-            for v in holders:
-                v_placement = self.running[v.id].placement
-                assert v_placement is not None
-                self.cluster.allocate(v.id, v_placement)
-            assert p is not None
-            at = now + self.policy.stop_grace
-            self.cluster.reserve(p, at)
-            self.reservations[w.id] = (at, p)
-            out.append(Reserve(w.id, at, p))
-            return True
-        p = place(self.cluster, w.request, end)
-        assert p is not None
-        self._start(w, p, True, now, out)
+
+        def reason(v: Workload) -> str:
+            why = ("unbacked work yields to backed work" if not v.backed else
+                   "an idle session yields to waiting work" if v.idle else
+                   f"project {v.project} stands above {w.project}")
+            return f"{why} (loses {costs[v.id]:.2f} GPU-h)"
+
+        self._take(w, victims, end, now, out, pool, reason)
         return True
 
     def _drain(self, now: float, out: list[Decision]) -> None:

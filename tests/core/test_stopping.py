@@ -12,6 +12,7 @@ from jupyter_gpubudget.core.model import (
     Preempt,
     Reserve,
     SliceAlloc,
+    SliceRequest,
     Start,
 )
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
@@ -143,3 +144,72 @@ def test_what_a_reservation_held_back_is_looked_at_again_once_it_is_used():
     assert [d.workload for d in ds] == ["want", "debug"]
     assert {d.workload: d.placement.slices[0].mig_start for d in ds} == {"want": 0, "debug": 6}
     check_capacity(s.inventory, s.running.values())
+
+
+def test_a_short_run_waits_for_a_batch_job_that_does_not_stop_at_once():
+    """A debug run may take the GPU of batch work that has just saved its progress (the short
+    lane). On a backend where a job does not stop at once (Slurm, Kubernetes) the job keeps
+    its GPU until it is gone: the debug run is given a reservation on it, not placed on top
+    (this crashed the cycle); and a job already stopping is not asked to stop again."""
+    s = Scheduler(tree(), inventory(gpus=1))
+    s.meter.add(ChargeInterval("ca", "a", "x", 1000, NOW - 80 * HOUR, NOW - 10 * HOUR))
+    s.submit(replace(job("b1", "b", resumable=True, limit=10 * HOUR), stops_at_once=False),
+             NOW - 1860.0)
+    s.submit(job("d1", "a", kind="debug", limit=600.0, at=1.0), NOW)
+    ds = s.cycle(NOW)
+    assert kinds(ds) == [("Preempt", "b1"), ("Reserve", "d1")], kinds(ds)
+    (p,) = [d for d in ds if isinstance(d, Preempt)]
+    assert p.reason.startswith("a short debug run")
+    res = next(d for d in ds if isinstance(d, Reserve))
+    assert res.at == NOW + s.policy.stop_grace and res.placement.slices[0].gpu == 0
+    assert s.running["b1"].stopping and "d1" in s.pending
+    check_capacity(s.inventory, s.running.values())
+    # the next cycle, b1 still stopping: d1 keeps waiting for it, nobody is asked twice
+    ds = s.cycle(NOW + 30)
+    assert not any(isinstance(d, Start | Preempt) for d in ds), kinds(ds)
+    # once it is gone, d1 starts on its GPU
+    s.finish("b1", NOW + 40)
+    assert "d1" in s.running and s.running["d1"].placement.slices[0].gpu == 0
+
+
+def test_what_a_preemption_for_later_work_frees_is_filled_by_work_ranked_before_it():
+    """Work conservation within one cycle. One GPU, held by an unbacked job. Two MPS shares
+    of the same project wait: the first, ten minutes long, gains too little to pay for a
+    preemption; the second, long, preempts the job. The first then fits beside it on the
+    freed GPU and starts in the same cycle instead of waiting for the next event."""
+    t = tree()
+    # b is over its grant: its job runs unbacked; it started a minute ago (cheap to preempt)
+    held = on_gpu(job("old", "b", resumable=True, limit=None), 0, started=NOW - 60)
+    short = job("s-short", "a", req=SliceRequest.mps(250), kind="interactive", limit=600.0,
+                at=NOW - 20)
+    long_ = job("s-long", "a", req=SliceRequest.mps(500), kind="interactive", limit=None,
+                at=NOW - 10)
+    state = ClusterState(t, inventory(gpus=1), running=[held], pending=[short, long_],
+                         charges=[ChargeInterval("c", "b", "x", 1000, NOW - 150 * HOUR, NOW)])
+    ds = schedule(state, NOW)
+    assert ("Preempt", "old") in kinds(ds), kinds(ds)
+    assert sorted(d.workload for d in ds if isinstance(d, Start)) == ["s-long", "s-short"]
+    s = Scheduler.from_state(state)
+    s.cycle(NOW)
+    check_capacity(state.inventory, s.running.values())
+
+
+def test_a_stopping_share_that_is_not_needed_does_not_make_the_newcomer_wait():
+    """One GPU shared by MPS: a 250-milli share being snapshotted (still holding it) and an
+    idle 500-milli session that stops at once. A 700-milli share arrives: the idle session
+    goes, and the newcomer fits beside the stopping share at once — it starts now rather than
+    waiting out the stop grace behind a share it does not need gone."""
+    def share(wid, milli, **kw):
+        w = on_gpu(job(wid, "b", req=SliceRequest.mps(milli), kind="interactive"), 0)
+        return replace(w, placement=Placement((SliceAlloc("n0", 0, "mps", milli),)), **kw)
+
+    stopping = share("snap", 250, stopping=True, stops_at_once=False)
+    idle = share("idle", 500, idle=True)
+    new = job("new", "a", req=SliceRequest.mps(700), kind="interactive", at=NOW - 5)
+    state = ClusterState(tree(), inventory(gpus=1), running=[stopping, idle], pending=[new])
+    ds = schedule(state, NOW)
+    assert kinds(ds) == [("Preempt", "idle"), ("Start", "new")], kinds(ds)
+    s = Scheduler.from_state(state)
+    s.cycle(NOW)
+    check_capacity(state.inventory, s.running.values())
+    assert s.running["snap"].stopping

@@ -180,10 +180,11 @@ class SchedulingLoop:
         """Settle ended local workloads; return the ids still alive."""
         alive: list[str] = []
         # (the cycle's own reads, shared with build_state: reread only what changed)
-        open_iv = {c.workload: c for c in self._live.open_charges(self.ledger)[0]}
+        with self._live.lock:  # (request threads read through it too)
+            open_iv = {c.workload: c for c in self._live.open_charges(self.ledger)[0]}
+            live_rows = self._live.rows(self.ledger)
         mine = self.backend.name
-        for row in [r for r in self._live.rows(self.ledger)
-                    if r.state == "running" and r.backend == mine]:
+        for row in [r for r in live_rows if r.state == "running" and r.backend == mine]:
             iv = open_iv.get(row.id)
             if iv is None:  # cannot happen (start opens one in the same transaction)
                 continue

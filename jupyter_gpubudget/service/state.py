@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import threading
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -100,9 +101,14 @@ class LiveWorkloads:
 
     :meth:`rows` reads the ledger's live rows again only for the workloads this process wrote
     since the last read (``Ledger.watch_workloads``; the service is the ledger's only
-    writer): a cycle after an arrival or an end reads one row, not the whole queue."""
+    writer): a cycle after an arrival or an end reads one row, not the whole queue.
+
+    The cycle thread and request threads read through one instance: :func:`build_state`
+    holds :attr:`lock` from the first read to the conversion, so that no read sees the
+    cache half-updated by another."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
         self._cache: dict[str, tuple[Row, tuple, Workload]] = {}
         self._requests: dict[str, SliceRequest] = {}
         self._ledger: Ledger | None = None
@@ -262,20 +268,21 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     """The ledger as the core sees it. Returns the state and the live rows it was built from
     (plain rows: id, project, user, kind, state, backend, ...; see ``Ledger.live``)."""
     live = live or LiveWorkloads()
-    rows = live.rows(ledger)
-    idle, stopping = ledger.running_marks()
     horizon = max(policy.window, 20 * policy.half_life if policy.half_life else 0.0)
-    # sessions' snapshot cost and reliability, from their users' snapshot history
-    snaps = snapshot_history(ledger, now - horizon) if any(
-        r.kind == "interactive" for r in rows) else {}
-    workloads = live.convert(rows, idle, stopping, sync_backends, snaps, now)
+    with live.lock:
+        rows = live.rows(ledger)
+        idle, stopping = ledger.running_marks()
+        # sessions' snapshot cost and reliability, from their users' snapshot history
+        snaps = snapshot_history(ledger, now - horizon) if any(
+            r.kind == "interactive" for r in rows) else {}
+        workloads = live.convert(rows, idle, stopping, sync_backends, snaps, now)
+        charges = live.usage(ledger, now - horizon) + live.open_charges(ledger)[1]
     running = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "running" and w.placement is not None]
     # pending work of a project no longer in the budgets file cannot be scheduled: it waits
     # (visible in the API) until the project is back or the job is cancelled
     pending = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "pending" and tree.is_project(r.project)]
-    charges = live.usage(ledger, now - horizon) + live.open_charges(ledger)[1]
     history = RuntimeHistory()
     for user, project, kind, seconds, req, command in ledger.recent_runs(history_keep):
         history.add(user, project, kind, seconds,

@@ -404,3 +404,53 @@ def test_usage_and_preemption_versions_move_exactly_with_what_they_track(ledger)
     ledger.start(w.id, placement=[], milli=1000, backed=True, protected_until=None, now=5000.0)
     ledger.stop(w.id, now=6000.0, state="done", closed_by="exit")  # usage, no preemption
     assert versions()[0] > v1[0] and versions()[1] == v1[1]
+
+
+def test_reads_from_several_threads_at_once_stay_whole(ledger):
+    """The service builds the core's state from its cycle thread and from request threads
+    (a reported start checks the slice is free; the queue and preview pages) at the same
+    time, through one cache of converted rows. Reading while others read and the ledger is
+    written never fails (a torn cache raised KeyError: a 500 to an external backend) and
+    ends equal to a fresh read."""
+    from jupyter_gpubudget.core.inventory import Inventory, make_node
+    from jupyter_gpubudget.core.model import Policy
+    from jupyter_gpubudget.service.state import LiveWorkloads, build_state
+
+    tree = load_budgets(BUDGETS).accounts
+    inv = Inventory((make_node("n1", "H100-80GB", 8),))
+    live = LiveWorkloads()
+    ids = [_submit(ledger, now=float(i), user="bob").id for i in range(80)]
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                build_state(ledger, tree, inv, Policy(), 5000.0, live=live)
+            except BaseException as e:  # noqa: BLE001 — reported below
+                errors.append(e)
+                return
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for r in readers:
+        r.start()
+    try:
+        t = 100.0
+        for k in range(60):
+            t += 10
+            wid = ids[k]
+            ledger.start(wid, placement=[{"node": "n1", "gpu": k % 8, "milli": 1000}],
+                         milli=1000, backed=True, protected_until=t + 60, now=t)
+            if k % 3 == 0:
+                ledger.stop(wid, now=t + 5, state="done", closed_by="exit")
+            ids.append(_submit(ledger, now=t, user="bob").id)
+    finally:
+        done.set()
+        for r in readers:
+            r.join()
+    assert not errors, repr(errors[0])
+    got, rows = build_state(ledger, tree, inv, Policy(), 5000.0, live=live)
+    fresh, fresh_rows = build_state(ledger, tree, inv, Policy(), 5000.0)
+    assert rows == fresh_rows
+    assert (got.running, got.pending, got.charges) == (fresh.running, fresh.pending,
+                                                      fresh.charges)

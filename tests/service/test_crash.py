@@ -34,7 +34,9 @@ def call_until_applied(svc: ServiceProc, kills: list, method: str, path: str, to
             time.sleep(0.02)
             continue
         if status >= 500:
-            raise AssertionError(f"{status} {out}")
+            log = svc.dir / "service.log"
+            tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+            raise AssertionError(f"{status} {out}\n--- service.log (tail) ---\n{tail}")
         return status, out
     raise AssertionError("operation never applied")
 

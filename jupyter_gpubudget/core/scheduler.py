@@ -438,20 +438,26 @@ class Scheduler:
         """Start what fits, in rank order; True when a workload started on its own
         reservation (the GPUs held for it are no longer held back, so work passed over
         before may fit now)."""
+        # whether a shape fits depends on its predicted end only against the times GPUs are
+        # held back to (reservations, the short lane): work ending before one may fit where
+        # longer work of the same shape did not
+        res_times = sorted({at for at, _ in self.reservations.values()}
+                           | ({self._lane_until} if self._lane_held else set()))
         failed: set[tuple[object, ...]] = set()
         for _, seq, wid in list(self._order):
-            if len(failed) >= len(self._shape_count) and not self.reservations:
-                break  # no shape fits any more (work with a reservation may still)
+            if not res_times and len(failed) >= len(self._shape_count):
+                break  # no shape fits any more
             w = self.pending.get(wid)
             if w is None or self._seq.get(wid) != seq:
                 continue
-            shape = w.request.shape
+            end = now + self.predict_long(w)
+            memo = (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0)
             own = wid in self.reservations
-            if shape in failed and not own:
+            if memo in failed and not own:
                 continue
-            p = self._place(w, now + self.predict_long(w))
+            p = self._place(w, end)
             if p is None:
-                failed.add(shape)
+                failed.add(memo)
                 continue
             self._start(w, p, self.is_backed(w, now), now, out)
             if own:

@@ -213,3 +213,26 @@ def test_a_stopping_share_that_is_not_needed_does_not_make_the_newcomer_wait():
     s.cycle(NOW)
     check_capacity(state.inventory, s.running.values())
     assert s.running["snap"].stopping
+
+
+def test_a_finish_fills_with_short_work_where_longer_work_of_its_shape_did_not_fit():
+    """Work conservation on the incremental path. Two GPUs; a gang of two waits with a
+    reservation from when the longer running job ends. The other job finishes: a one-GPU job
+    of three hours ranked first does not fit before the reservation, but a ten-minute one
+    ranked after it does, and starts at once as a backfill — the same shape failing for
+    longer work does not keep it waiting."""
+    from jupyter_gpubudget.core.model import Policy
+
+    s = Scheduler(tree(), inventory(gpus=2), Policy(max_reservations=1))
+    # (both protected: nothing is preempted here)
+    s.submit(job("long-running", "b", limit=2 * HOUR, min_runtime=2 * HOUR), NOW - 600)
+    s.submit(job("ends-soon", "b", limit=HOUR, min_runtime=HOUR), NOW - 600)
+    s.submit(job("gang", "a", gpus=2, limit=HOUR, at=NOW - 300), NOW - 300)
+    s.submit(job("three-hours", "a", limit=3 * HOUR, at=NOW - 200), NOW - 200)
+    s.submit(job("ten-minutes", "a", limit=600.0, at=NOW - 100), NOW - 100)
+    ds = s.cycle(NOW)
+    assert [d.workload for d in ds if isinstance(d, Reserve)] == ["gang"], kinds(ds)
+    ds = s.finish("ends-soon", NOW + 60)
+    assert [d.workload for d in ds] == ["ten-minutes"], kinds(ds)
+    assert s.running["ten-minutes"].backfill_until is not None
+    assert {"gang", "three-hours"} <= set(s.pending)

@@ -566,6 +566,8 @@ class Scheduler:
             if p is None:
                 failed.add(memo)
                 continue
+            if w.id in self.reservations:  # it starts now instead: its reservation is moot
+                out[:] = [d for d in out if not (isinstance(d, Reserve) and d.workload == w.id)]
             self._start(w, p, self.is_backed(w, now), now, out)
         return out
 

@@ -236,3 +236,32 @@ def test_a_finish_fills_with_short_work_where_longer_work_of_its_shape_did_not_f
     assert [d.workload for d in ds] == ["ten-minutes"], kinds(ds)
     assert s.running["ten-minutes"].backfill_until is not None
     assert {"gang", "three-hours"} <= set(s.pending)
+
+
+def test_work_waiting_on_a_stopping_share_starts_where_a_later_preemption_frees_room():
+    """Two GPUs. On GPU 0 an idle 250-milli share that is snapshotted when preempted (it
+    holds its slice meanwhile) beside a busy 700-milli one; on GPU 1 an idle whole-GPU
+    session that stops at once. Two 250-milli shares wait. The first takes the cheaper idle
+    share and would wait for it (a reservation); the second takes GPU 1 — where the first
+    then fits too: it starts now, and no reservation is left behind for work that started."""
+    def on(wid, gpu, milli, kind="mps", **kw):
+        req = SliceRequest.mps(milli) if kind == "mps" else SliceRequest.whole(1)
+        w = on_gpu(job(wid, "b", req=req, kind="interactive"), gpu, started=NOW - 60)
+        return replace(w, placement=Placement((SliceAlloc("n0", gpu, kind, milli),)), **kw)
+
+    running = [on("snap", 0, 250, idle=True, stops_at_once=False), on("busy", 0, 700),
+               on("idle-gpu", 1, 1000, kind="gpu", idle=True)]
+    pending = [job(f"new{i}", "a", req=SliceRequest.mps(250), kind="interactive", limit=None,
+                   at=NOW - 10 + i) for i in range(2)]
+    from jupyter_gpubudget.core.model import Policy
+
+    state = ClusterState(tree(), inventory(gpus=2), Policy(preemption_toll=0.0),
+                         running=running, pending=pending)
+    ds = schedule(state, NOW)
+    assert not any(isinstance(d, Reserve) for d in ds), kinds(ds)
+    assert ("Preempt", "snap") in kinds(ds) and ("Preempt", "idle-gpu") in kinds(ds)
+    assert sorted(d.workload for d in ds if isinstance(d, Start)) == ["new0", "new1"]
+    s = Scheduler.from_state(state)
+    s.cycle(NOW)
+    check_capacity(state.inventory, s.running.values())
+    assert not s.reservations

@@ -347,15 +347,21 @@ class SlurmBackend(Backend):
             except SlurmError as e:
                 self.log.warning("slurm: scancel %s: %s", j.job_id, e)
         deadline = time.monotonic() + self.stop_grace
+        asked = time.time()
         while jobs and time.monotonic() < deadline:
             time.sleep(0.2)
+            asked = time.time()
             jobs = self._alive_jobs(name, fresh=True)
         if jobs:
             self.log.warning("slurm: %s still in Slurm %.0f s after scancel", name,
                              self.stop_grace)
         # when it left the queue: its end, should its accounting record be late (slurmdbd
-        # writes a heterogeneous job's components one by one)
-        gone_at = time.time()
+        # writes a heterogeneous job's components one by one) — the end slurmctld still
+        # lists for it, else when the query that found it gone was made (not when that
+        # query answered: on a loaded machine squeue takes seconds)
+        ends = [j.end for j in self.queue() if j.name == name and j.state not in ALIVE
+                and j.end is not None]
+        gone_at = max(ends) if ends and not jobs else asked
         st = self.status(workload, attempt)
         while st.alive and time.monotonic() < deadline:  # its accounting record
             time.sleep(0.2)

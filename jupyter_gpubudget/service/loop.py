@@ -290,9 +290,11 @@ class SchedulingLoop:
             self.ledger.record_decision(now=now, kind="preempting", workload=row.id,
                                         reason=d.reason, cycle=cycle,
                                         detail={"for": d.for_workload})
-            self.backend.stop(row.id, iv.seq if iv else 0)
+            asked = self.clock()
+            st = self.backend.stop(row.id, iv.seq if iv else 0)
             with self.ledger.tx() as s:
-                self.ledger.stop(row.id, now=self.clock(), closed_by="preempt", reason=d.reason,
+                self.ledger.stop(row.id, now=self._stopped_at(asked, st), closed_by="preempt",
+                                 reason=d.reason,
                                  state="pending" if row.resumable else "preempted", s=s)
                 self.ledger.record_decision(now=now, kind="preempt", workload=row.id,
                                             reason=d.reason, cycle=cycle,
@@ -504,6 +506,14 @@ class SchedulingLoop:
             + dt * prev.idle_held / 3600}
         v.idle_held = idle_held
 
+    def _stopped_at(self, asked: float, st: BackendStatus | None) -> float:
+        """When a job asked to stop at ``asked`` ended, for its charge: the end its backend
+        reports (Slurm: sacct, or when it left the queue) — a stop may take seconds to
+        confirm, which are not charged — never before it was asked to stop nor after now."""
+        now = self.clock()
+        end = getattr(st, "ended_at", None)
+        return now if end is None else min(max(end, asked), now)
+
     # ------------------------------------------------------------------ user actions
     def cancel(self, wid: str, by: str) -> WorkloadRow:
         """Cancel a pending or running job (serialised with the cycle)."""
@@ -515,11 +525,14 @@ class SchedulingLoop:
                 iv = self.ledger.open_interval(wid)
                 self.ledger.record_decision(now=self.clock(), kind="cancelling", workload=wid,
                                             actor=by)
-                self.backend.stop(wid, iv.seq if iv else 0)
+                asked = self.clock()
+                end = self._stopped_at(asked, self.backend.stop(wid, iv.seq if iv else 0))
             elif row.state not in ("pending", "running"):
                 raise LedgerError(409, f"workload {wid} is already {row.state}")
+            else:
+                end = self.clock()
             with self.ledger.tx() as s:
-                row = self.ledger.stop(wid, now=self.clock(), state="cancelled",
+                row = self.ledger.stop(wid, now=end, state="cancelled",
                                        closed_by="cancel", reason=f"cancelled by {by}", s=s)
                 self.ledger.record_decision(now=self.clock(), kind="cancel", workload=wid,
                                             actor=by, s=s)
@@ -540,9 +553,10 @@ class SchedulingLoop:
             iv = self.ledger.open_interval(wid)
             self.ledger.record_decision(now=self.clock(), kind="requeueing", workload=wid,
                                         actor=by)
-            self.backend.stop(wid, iv.seq if iv else 0)
+            asked = self.clock()
+            st = self.backend.stop(wid, iv.seq if iv else 0)
             with self.ledger.tx() as s:
-                row = self.ledger.stop(wid, now=self.clock(), state="pending",
+                row = self.ledger.stop(wid, now=self._stopped_at(asked, st), state="pending",
                                        closed_by="requeue", reason=f"requeued by {by}", s=s)
                 self.ledger.record_decision(now=self.clock(), kind="requeue", workload=wid,
                                             actor=by, reason=f"requeued by {by}", s=s)

@@ -71,7 +71,16 @@ def client(kernel: KernelRef) -> BlockingKernelClient:
 
 def execute(kc: BlockingKernelClient, code: str, *, timeout: float = 120, silent: bool = False,
             user_expressions: dict[str, str] | None = None) -> Reply:
-    """Run code in the kernel; collect what it printed and its error, if any."""
+    """Run code in the kernel; collect what it printed and its error, if any.
+
+    First waits until the kernel answers and its IOPub messages reach this client: a client
+    whose IOPub subscription is not yet in place when the kernel reports the run idle (a
+    kernel just started, a loaded machine) would wait the whole ``timeout`` for it."""
+    try:
+        kc.wait_for_ready(timeout=timeout)
+    except RuntimeError as e:
+        raise SnapshotError("timeout", f"the kernel did not answer within {timeout:.0f} s "
+                                       f"({e})") from None
     out: list[str] = []
 
     def hook(msg: dict) -> None:

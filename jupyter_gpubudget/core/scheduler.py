@@ -735,11 +735,7 @@ class Scheduler:
             assert p is not None
             self._start(w, p, True, now, out)
             return
-        saved = [(v, self.cluster.release(v.id)) for v in holders]
-        p = place(self.cluster, w.request, end)
-        for v, placement in saved:
-            if placement is not None:
-                self.cluster.allocate(v.id, placement)
+        p = self._place_without(holders, w, end)
         assert p is not None
         at = now + self.policy.stop_grace
         self.cluster.reserve(p, at)
@@ -747,14 +743,19 @@ class Scheduler:
         out.append(Reserve(w.id, at, p))
 
     def _fits_without(self, victims: list[Workload], w: Workload, end: float) -> bool:
-        """Would ``w`` fit once ``victims`` are gone? Their capacity is freed tentatively and
-        given back: nothing changes."""
+        """Would ``w`` fit once ``victims`` are gone? Nothing changes."""
+        return self._place_without(victims, w, end) is not None
+
+    def _place_without(self, victims: list[Workload], w: Workload, end: float
+                       ) -> Placement | None:
+        """Where ``w`` would go once ``victims`` are gone: their capacity is freed
+        tentatively and given back."""
         saved = [(v, self.cluster.release(v.id)) for v in victims]
         p = place(self.cluster, w.request, end)
         for v, placement in saved:
             if placement is not None:
                 self.cluster.allocate(v.id, placement)
-        return p is not None
+        return p
 
     def _victim_pool(self, now: float) -> dict[str, Workload]:
         """Running work whose slice may be freed for others: unprotected, or already

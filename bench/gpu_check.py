@@ -8,7 +8,7 @@ through the core; turns each placement into ``CUDA_VISIBLE_DEVICES`` with the de
 back); reads every GPU's health fields the service's NVML health source uses (XID events,
 retired pages pending, row remapping, uncorrected ECC errors, temperature against the
 slowdown threshold, a GPU off the bus). ``--mps`` also starts and stops an MPS control daemon
-for one GPU in a temporary directory (backends/mps.py; the compute mode is left as it is).
+for one GPU in a temporary directory (launcher/mps.py; the compute mode is left as it is).
 Ends with one JSON line. Without an NVIDIA driver it says so plainly and exits 2 — nothing is
 faked here.
 

@@ -17,7 +17,7 @@ Device ids:
 An MPS share adds ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (its fraction of the GPU's SMs),
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` when a memory limit was asked for (per visible device
 index) and, when the caller runs the GPU's MPS control daemon, ``CUDA_MPS_PIPE_DIRECTORY``
-(that daemon's pipe directory, see ``backends/mps.py``).
+(that daemon's pipe directory, see ``launcher/mps.py``).
 
 Pure: no I/O; what the inventory and the daemons say is passed in.
 """

@@ -41,7 +41,7 @@ from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
 from . import devices as dev
 from .base import Backend, BackendStatus, Launch, LogChunk
-from .mps import CONTROL, MpsDaemons, MpsUnavailable
+from .mps import CONTROL, LauncherMps, MpsDaemons, MpsUnavailable
 
 
 class CommandError(ValueError):
@@ -126,11 +126,17 @@ class LocalBackend(Backend):
         self._watch = _ExitWatch(self)
         self._declared_told = False
         self.use_inventory(None)
-        # jobs of other users (root / sudo isolation) reach the daemon's pipe directory; the
-        # daemon must then be root to start their MPS servers (refused, and said, otherwise)
-        self.mps = MpsDaemons(self.mps_state_dir, self.mps_control,
-                              other_users=self.isolation != "off", logger=self.log)
-        self._mps_checked: dict[str, float] = {}
+        # jobs of other users (root / sudo isolation) reach the daemon's pipe directory, and
+        # only a root daemon starts their MPS servers: under sudo the launcher runs it
+        self.mps: MpsDaemons | LauncherMps
+        if self.isolation == "sudo":
+            self.mps = LauncherMps(self._launcher)
+        else:
+            self.mps = MpsDaemons(self.mps_state_dir, self.mps_control,
+                                  other_users=self.isolation != "off", logger=self.log)
+        self._mps_checked: dict[str, float] = {}  # holder -> when its daemons were checked
+        self._mps_holders: set[str] = set()  # attempts holding daemons (started here)
+        self._mps_released: set[str] = set()
         if self.isolation == "off":
             self.log.warning(
                 "LocalBackend: isolation is OFF: the service is not root and has no launcher "
@@ -166,29 +172,43 @@ class LocalBackend(Backend):
             self.log.warning("LocalBackend: %s", dev.DECLARED_NOTE)
         if holder is None or not built.mps_gpus or built.declared:
             return built.env
-        pipes: dict[str, str] = {}
         try:
             dev.build(placement, self.devices, dict.fromkeys(built.mps_gpus, "-"))  # one GPU
-            for gpu in built.mps_gpus:
-                pipes[gpu] = self.mps.acquire(gpu, holder)
+            pipes = self.mps.acquire_all(holder, list(built.mps_gpus))
+            self._mps_holders.add(holder)
+            self._mps_released.discard(holder)
         except MpsUnavailable as e:
-            self.mps.release(holder)
             raise MpsUnavailable(f"MPS share on {', '.join(built.mps_gpus)}: {e}") from None
         return dev.build(placement, self.devices, pipes).env
 
     def release_devices(self, workload: str, attempt: int) -> None:
-        """The attempt has ended: let go of the MPS daemons it held (idempotent)."""
-        self.mps.release(f"{workload}.{attempt}")
+        """The attempt has ended: let go of the MPS daemons it held (idempotent; through the
+        launcher once per attempt: its holders are root's to read)."""
+        holder = f"{workload}.{attempt}"
+        if isinstance(self.mps, LauncherMps):
+            if holder in self._mps_released:
+                return
+            self._mps_released.add(holder)
+        self._mps_checked.pop(holder, None)
+        try:
+            self.mps.release(holder)
+        except RuntimeError as e:
+            self.log.error("MPS daemons of %s: release failed: %s", holder, e)
 
     def _supervise_mps(self, workload: str, attempt: int) -> None:
+        """Start again, at most every mps_check_interval, a daemon this running attempt holds
+        that died (under sudo: the attempts this service started shares for)."""
+        holder = f"{workload}.{attempt}"
+        if isinstance(self.mps, LauncherMps) and holder not in self._mps_holders:
+            return
         now = time.monotonic()
-        for gpu in self.mps.held_by(f"{workload}.{attempt}"):
-            if now - self._mps_checked.get(gpu, float("-inf")) >= self.mps_check_interval:
-                self._mps_checked[gpu] = now
-                try:
-                    self.mps.ensure(gpu)
-                except MpsUnavailable as e:
-                    self.log.error("MPS control daemon for %s: %s", gpu, e)
+        if now - self._mps_checked.get(holder, float("-inf")) < self.mps_check_interval:
+            return
+        self._mps_checked[holder] = now
+        try:
+            self.mps.ensure_held(holder)
+        except (MpsUnavailable, RuntimeError) as e:
+            self.log.error("MPS control daemon of %s: %s", holder, e)
 
     # ------------------------------------------------------------------ who and what
     @property
@@ -293,7 +313,7 @@ class LocalBackend(Backend):
         try:
             out = self._launcher("launch", spec=spec)
         except BaseException:
-            self.mps.release(holder)
+            self.release_devices(launch.workload, launch.attempt)
             raise
         self._watch.add(int(out["monitor_pid"]))
         self.log.info("launched %s attempt %d as %s, pid %s", launch.workload, launch.attempt,

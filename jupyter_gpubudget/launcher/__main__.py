@@ -14,13 +14,16 @@ import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from . import jobs
+from . import jobs, mps
 from .config import LauncherConfig, LauncherError, load_config, make_config
 
 #: verb -> function(config, args, stdin) -> dict; one module per group of verbs
 VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]] = {
     "launch": jobs.launch,
     "signal": jobs.signal_job,
+    "mps-acquire": mps.mps_acquire,
+    "mps-release": mps.mps_release,
+    "mps-ensure": mps.mps_ensure,
 }
 
 USAGE = ("usage: python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR "

@@ -11,8 +11,13 @@ root), named by the sudoers line, never by the job spec::
       "env": {},                                # the admin's variables for every job
       "workdir": "{home}",                      # where a job starts ({home}, {user},
                                                 #  {workload}, {attempt}); made as the user
-      "umask": "0077"                           # the job's umask
+      "umask": "0077",                          # the job's umask
+      "mps_root": "/var/lib/gpubudget/mps",     # MPS control daemons' directories
+      "mps_control": "/usr/bin/nvidia-cuda-mps-control",
+      "mps_driver_probe": "/proc/driver/nvidia/version"  # present when a driver is loaded
     }
+
+``mps_root`` defaults to ``mps`` beside the jobs root.
 
 Without a file (``--jobs-root DIR``) the defaults apply; that form is for a service that
 runs as root itself or, unprivileged, on a developer's machine (no isolation).
@@ -29,7 +34,10 @@ from pathlib import Path
 from .policy import DEFAULT_JOB_PATH, ENV_KEY, bad_text
 
 KEYS = {"jobs_root", "group", "min_uid", "allowed_groups", "denied_users", "path", "env",
-        "workdir", "umask", "max_grace"}
+        "workdir", "umask", "max_grace", "mps_root", "mps_control", "mps_driver_probe"}
+
+MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+DRIVER_PROBE = "/proc/driver/nvidia/version"
 
 
 class LauncherError(Exception):
@@ -48,6 +56,9 @@ class LauncherConfig:
     workdir: str = "{home}"
     umask: int = 0o077
     max_grace: float = 300.0
+    mps_root: Path = Path("/var/lib/gpubudget/mps")
+    mps_control: str = MPS_CONTROL
+    mps_driver_probe: str = DRIVER_PROBE
 
     @property
     def gid(self) -> int | None:
@@ -145,5 +156,14 @@ def make_config(jobs_root: str, raw: dict | None = None, where: str = "defaults"
     grace = raw.get("max_grace", 300)
     if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 < grace <= 3600:
         raise bad("max_grace", "expected seconds, 0..3600")
+    mps: dict[str, str] = {}
+    for key, default in (("mps_root", os.path.join(os.path.dirname(os.path.abspath(jobs_root)),
+                                                   "mps")),
+                         ("mps_control", MPS_CONTROL), ("mps_driver_probe", DRIVER_PROBE)):
+        v = raw.get(key, default)
+        if not isinstance(v, str) or not os.path.isabs(v) or bad_text(v):
+            raise bad(key, "expected an absolute path")
+        mps[key] = os.path.normpath(v)
     return LauncherConfig(Path(os.path.abspath(jobs_root)), group, min_uid, tuple(groups),
-                          tuple(denied), path, dict(env), workdir, umask_v, float(grace))
+                          tuple(denied), path, dict(env), workdir, umask_v, float(grace),
+                          Path(mps["mps_root"]), mps["mps_control"], mps["mps_driver_probe"])

@@ -1,4 +1,4 @@
-"""MPS control daemons (backends/mps.py) and the local backend running jobs on MPS shares.
+"""MPS control daemons (launcher/mps.py) and the local backend running jobs on MPS shares.
 
 No NVIDIA driver here: a stand-in ``nvidia-cuda-mps-control`` (fake_mps_control.py: it
 daemonizes, listens on its pipe directory, answers the front end and quits like the real one,

@@ -19,6 +19,11 @@ An MPS share adds ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (its fraction of the GPU
 index) and, when the caller runs the GPU's MPS control daemon, ``CUDA_MPS_PIPE_DIRECTORY``
 (that daemon's pipe directory, see ``launcher/mps.py``).
 
+With ``dynamic_mig`` a MIG GPU of an NVML inventory has no fixed layout: the core may place a
+MIG slice where no instance exists yet. :func:`to_carve` lists those slices (GPU UUID, profile,
+start, memory slots) so the backend has the launcher create them first
+(``launcher/mig.py``) and passes the new ``MIG-<uuid>`` ids back in (:func:`with_migs`).
+
 Pure: no I/O; what the inventory and the daemons say is passed in.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from jupyter_gpubudget.core import mig as migtab
 from jupyter_gpubudget.core.inventory import Inventory
 
 #: what callers log (once) when device ids are derived stand-ins
@@ -46,6 +52,8 @@ class DeviceMap:
     gpus: Mapping[tuple[str, int], str] = field(default_factory=dict)
     migs: Mapping[tuple[str, int, str, int], str] = field(default_factory=dict)
     real: bool = False
+    #: (node, gpu) -> (GPU UUID, model) of MIG GPUs carved freely (dynamic_mig, NVML)
+    carvable: Mapping[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
 
 
 def device_map(inventory: Inventory | None,
@@ -55,15 +63,51 @@ def device_map(inventory: Inventory | None,
     those GPUs' whole-GPU and MPS slices get the given id."""
     gpus: dict[tuple[str, int], str] = {}
     migs: dict[tuple[str, int, str, int], str] = {}
+    carvable: dict[tuple[str, int], tuple[str, str]] = {}
     real = inventory is not None and inventory.source == "nvml"
     for node in inventory.nodes if inventory is not None else ():
         for g in node.gpus:
             if real and g.uuid:
                 gpus[(node.name, g.index)] = g.uuid
+                if g.mig and g.mig_layout is None:
+                    carvable[(node.name, g.index)] = (g.uuid, g.model)
             for profile, start, uuid in g.mig_uuids:
                 migs[(node.name, g.index, profile, start)] = uuid
     gpus.update(overrides or {})
-    return DeviceMap(gpus, migs, real)
+    return DeviceMap(gpus, migs, real, carvable)
+
+
+@dataclass(frozen=True)
+class Carve:
+    """A MIG instance to create before a placement can run on it."""
+
+    key: tuple[str, int, str, int]  # (node, gpu, profile, start) as in DeviceMap.migs
+    gpu_uuid: str
+    profile: str
+    start: int
+    size: int  # memory slots
+
+
+def to_carve(placement: Iterable[Mapping], devices: DeviceMap) -> list[Carve]:
+    """The placement's MIG slices that have no instance yet on GPUs carved freely."""
+    out = []
+    for s in placement:
+        if s.get("kind") != "mig" or _gpu(s) < 0:
+            continue
+        key = (str(s.get("node")), _gpu(s), str(s.get("profile")), int(s.get("mig_start", -1)))
+        if key in devices.migs or key[:2] not in devices.carvable:
+            continue
+        uuid, model = devices.carvable[key[:2]]
+        prof = migtab.profiles_for(model).get(key[2])
+        if prof is None:
+            raise DeviceError(f"placement: {model} has no MIG profile {key[2]}")
+        out.append(Carve(key, uuid, key[2], key[3], prof.size))
+    return out
+
+
+def with_migs(devices: DeviceMap, created: Mapping[tuple[str, int, str, int], str]) -> DeviceMap:
+    """``devices`` knowing the instances just created for a placement."""
+    return DeviceMap(devices.gpus, {**devices.migs, **created}, devices.real, devices.carvable)
 
 
 def declared_gpu_id(node: str, gpu: int) -> str:

@@ -136,7 +136,8 @@ class LocalBackend(Backend):
                                   other_users=self.isolation != "off", logger=self.log)
         self._mps_checked: dict[str, float] = {}  # holder -> when its daemons were checked
         self._mps_holders: set[str] = set()  # attempts holding daemons (started here)
-        self._mps_released: set[str] = set()
+        self._mig_holders: set[str] = set()  # attempts MIG instances were created for
+        self._released: set[str] = set()  # attempts whose devices were given back
         if self.isolation == "off":
             self.log.warning(
                 "LocalBackend: isolation is OFF: the service is not root and has no launcher "
@@ -164,36 +165,88 @@ class LocalBackend(Backend):
 
     def job_devices(self, placement: list[dict], holder: str | None = None) -> dict[str, str]:
         """The job's device environment (see ``backends/devices.py``). With ``holder`` (the
-        attempt), MPS shares on real GPUs hold their GPU's MPS control daemon (started for
-        the first share; ``release_devices`` lets it go)."""
-        built = dev.build(placement, self.devices)
-        if built.declared and not self._declared_told:
-            self._declared_told = True
-            self.log.warning("LocalBackend: %s", dev.DECLARED_NOTE)
-        if holder is None or not built.mps_gpus or built.declared:
-            return built.env
+        attempt): MIG slices with no instance yet (``dynamic_mig``) are created through the
+        launcher, and MPS shares on real GPUs hold their GPU's MPS control daemon (started
+        for the first share); ``release_devices`` undoes both. All or nothing: what was
+        taken is given back when a step fails."""
+        devices = self.devices
+        if holder is not None:
+            self._released.discard(holder)
+            devices = self._carve(placement, holder)
         try:
-            dev.build(placement, self.devices, dict.fromkeys(built.mps_gpus, "-"))  # one GPU
-            pipes = self.mps.acquire_all(holder, list(built.mps_gpus))
-            self._mps_holders.add(holder)
-            self._mps_released.discard(holder)
-        except MpsUnavailable as e:
-            raise MpsUnavailable(f"MPS share on {', '.join(built.mps_gpus)}: {e}") from None
-        return dev.build(placement, self.devices, pipes).env
+            built = dev.build(placement, devices)
+            if built.declared and not self._declared_told:
+                self._declared_told = True
+                self.log.warning("LocalBackend: %s", dev.DECLARED_NOTE)
+            if holder is None or not built.mps_gpus or built.declared:
+                return built.env
+            try:
+                dev.build(placement, devices, dict.fromkeys(built.mps_gpus, "-"))  # one GPU
+                pipes = self.mps.acquire_all(holder, list(built.mps_gpus))
+                self._mps_holders.add(holder)
+            except MpsUnavailable as e:
+                raise MpsUnavailable(f"MPS share on {', '.join(built.mps_gpus)}: {e}") \
+                    from None
+            return dev.build(placement, devices, pipes).env
+        except BaseException:
+            if holder is not None:
+                self._destroy_carved(holder)
+            raise
+
+    def _carve(self, placement: list[dict], holder: str) -> dev.DeviceMap:
+        """Create the placement's MIG instances that do not exist yet (dynamic_mig)."""
+        carves = dev.to_carve(placement, self.devices)
+        if not carves:
+            return self.devices
+        created: dict[tuple[str, int, str, int], str] = {}
+        for c in carves:
+            try:
+                out = self._launcher("mig-create", holder, c.gpu_uuid, c.profile, str(c.start),
+                                     str(c.size))
+            except RuntimeError as e:
+                self._destroy_carved(holder)
+                raise dev.DeviceError(f"MIG {c.profile} at slot {c.start} of {c.gpu_uuid}: "
+                                      f"{e}") from None
+            created[c.key] = str(out.get("uuid"))
+            self._mig_holders.add(holder)
+            self.log.info("MIG instance %s %s created for %s (dynamic_mig)", c.profile,
+                          created[c.key], holder)
+        return dev.with_migs(self.devices, created)
+
+    def _destroy_carved(self, holder: str) -> bool:
+        """Destroy the MIG instances created for ``holder``; False when some are left (still
+        in use: a later end check tries again)."""
+        if holder not in self._mig_holders and not self.devices.carvable:
+            return True
+        try:
+            out = self._launcher("mig-destroy", holder)
+        except RuntimeError as e:
+            self.log.error("MIG instances of %s: %s", holder, e)
+            return False
+        self._mig_holders.discard(holder)
+        if out.get("destroyed"):
+            self.log.info("MIG instances of %s destroyed: %s", holder,
+                          ", ".join(out["destroyed"]))
+        return True
 
     def release_devices(self, workload: str, attempt: int) -> None:
-        """The attempt has ended: let go of the MPS daemons it held (idempotent; through the
-        launcher once per attempt: its holders are root's to read)."""
+        """The attempt has ended: destroy the MIG instances created for it and let go of the
+        MPS daemons it held. Idempotent, and done once per attempt (through the launcher,
+        whose records are root's to read); an instance still in use is tried again at the
+        next check."""
         holder = f"{workload}.{attempt}"
-        if isinstance(self.mps, LauncherMps):
-            if holder in self._mps_released:
-                return
-            self._mps_released.add(holder)
+        if holder in self._released:
+            return
         self._mps_checked.pop(holder, None)
+        done = self._destroy_carved(holder)
         try:
             self.mps.release(holder)
+            self._mps_holders.discard(holder)
         except RuntimeError as e:
             self.log.error("MPS daemons of %s: release failed: %s", holder, e)
+            done = False
+        if done:
+            self._released.add(holder)
 
     def _supervise_mps(self, workload: str, attempt: int) -> None:
         """Start again, at most every mps_check_interval, a daemon this running attempt holds

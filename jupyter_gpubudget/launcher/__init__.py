@@ -6,7 +6,8 @@ submitting user's Unix account it runs, through a sudoers line that pins the con
     sudo -n /path/to/python -I -m jupyter_gpubudget.launcher --config /etc/gpubudget/launcher.json VERB ...
 
 Verbs are grouped one module per group (``jobs``: ``launch``, ``signal``; ``mps``:
-``mps-acquire``, ``mps-release``, ``mps-ensure``); each verb is a
-function ``(config, args, stdin) -> dict`` registered in ``__main__.VERBS`` and answers one
-JSON line on stdout. Nothing here imports the rest of the package: standard library only.
+``mps-acquire``, ``mps-release``, ``mps-ensure``; ``mig``: ``mig-create``, ``mig-destroy``);
+each verb is a function ``(config, args, stdin) -> dict`` registered in ``__main__.VERBS`` and answers one
+JSON line on stdout. Nothing here imports the rest of the package: standard library only (the
+MIG verbs import NVIDIA's ``pynvml`` when they run).
 """

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from . import jobs, mps
+from . import jobs, mig, mps
 from .config import LauncherConfig, LauncherError, load_config, make_config
 
 #: verb -> function(config, args, stdin) -> dict; one module per group of verbs
@@ -24,6 +24,8 @@ VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]
     "mps-acquire": mps.mps_acquire,
     "mps-release": mps.mps_release,
     "mps-ensure": mps.mps_ensure,
+    "mig-create": mig.mig_create,
+    "mig-destroy": mig.mig_destroy,
 }
 
 USAGE = ("usage: python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR "

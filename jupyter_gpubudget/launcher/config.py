@@ -14,10 +14,12 @@ root), named by the sudoers line, never by the job spec::
       "umask": "0077",                          # the job's umask
       "mps_root": "/var/lib/gpubudget/mps",     # MPS control daemons' directories
       "mps_control": "/usr/bin/nvidia-cuda-mps-control",
-      "mps_driver_probe": "/proc/driver/nvidia/version"  # present when a driver is loaded
+      "mps_driver_probe": "/proc/driver/nvidia/version", # present when a driver is loaded
+      "dynamic_mig": false,                     # may MIG instances be created for work
+      "mig_root": "/var/lib/gpubudget/mig"      # which instances the launcher created
     }
 
-``mps_root`` defaults to ``mps`` beside the jobs root.
+``mps_root`` and ``mig_root`` default to ``mps`` and ``mig`` beside the jobs root.
 
 Without a file (``--jobs-root DIR``) the defaults apply; that form is for a service that
 runs as root itself or, unprivileged, on a developer's machine (no isolation).
@@ -34,7 +36,8 @@ from pathlib import Path
 from .policy import DEFAULT_JOB_PATH, ENV_KEY, bad_text
 
 KEYS = {"jobs_root", "group", "min_uid", "allowed_groups", "denied_users", "path", "env",
-        "workdir", "umask", "max_grace", "mps_root", "mps_control", "mps_driver_probe"}
+        "workdir", "umask", "max_grace", "mps_root", "mps_control", "mps_driver_probe",
+        "dynamic_mig", "mig_root"}
 
 MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
 DRIVER_PROBE = "/proc/driver/nvidia/version"
@@ -59,6 +62,8 @@ class LauncherConfig:
     mps_root: Path = Path("/var/lib/gpubudget/mps")
     mps_control: str = MPS_CONTROL
     mps_driver_probe: str = DRIVER_PROBE
+    dynamic_mig: bool = False
+    mig_root: Path = Path("/var/lib/gpubudget/mig")
 
     @property
     def gid(self) -> int | None:
@@ -156,14 +161,19 @@ def make_config(jobs_root: str, raw: dict | None = None, where: str = "defaults"
     grace = raw.get("max_grace", 300)
     if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 < grace <= 3600:
         raise bad("max_grace", "expected seconds, 0..3600")
+    beside = os.path.dirname(os.path.abspath(jobs_root))
     mps: dict[str, str] = {}
-    for key, default in (("mps_root", os.path.join(os.path.dirname(os.path.abspath(jobs_root)),
-                                                   "mps")),
-                         ("mps_control", MPS_CONTROL), ("mps_driver_probe", DRIVER_PROBE)):
+    for key, default in (("mps_root", os.path.join(beside, "mps")),
+                         ("mps_control", MPS_CONTROL), ("mps_driver_probe", DRIVER_PROBE),
+                         ("mig_root", os.path.join(beside, "mig"))):
         v = raw.get(key, default)
         if not isinstance(v, str) or not os.path.isabs(v) or bad_text(v):
             raise bad(key, "expected an absolute path")
         mps[key] = os.path.normpath(v)
+    dynamic_mig = raw.get("dynamic_mig", False)
+    if not isinstance(dynamic_mig, bool):
+        raise bad("dynamic_mig", "expected true or false")
     return LauncherConfig(Path(os.path.abspath(jobs_root)), group, min_uid, tuple(groups),
                           tuple(denied), path, dict(env), workdir, umask_v, float(grace),
-                          Path(mps["mps_root"]), mps["mps_control"], mps["mps_driver_probe"])
+                          Path(mps["mps_root"]), mps["mps_control"], mps["mps_driver_probe"],
+                          dynamic_mig, Path(mps["mig_root"]))

@@ -131,9 +131,11 @@ class GpuBudgetService(Application):
     )).tag(config=True)
     dynamic_mig = Bool(False, help="Let the core carve MIG GPUs itself (any profile that "
                        "fits) instead of placing only on the MIG instances that exist (NVML's "
-                       "layout, set by the admin, mig-parted or the GPU operator). Creating "
-                       "instances needs the privileged launcher and an idle GPU; off by "
-                       "default. A declared inventory says per GPU: a MIG GPU with a "
+                       "layout, set by the admin, mig-parted or the GPU operator). The "
+                       "instances are created for each job and destroyed after it by the "
+                       "privileged launcher, whose root-owned config must say "
+                       "\"dynamic_mig\": true too; the GPU must be in MIG mode already "
+                       "(docs/backends.md). Off by default. A declared inventory says per GPU: a MIG GPU with a "
                        "'mig_layout' is fixed, one without is carved.").tag(config=True)
     cycle_interval = Float(10.0, help="Seconds between scheduling cycles when nothing happens "
                            "(events such as a submission trigger a cycle sooner)."

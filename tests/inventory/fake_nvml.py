@@ -8,6 +8,7 @@ runs the same discovery against the real library where a GPU exists.
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
 
@@ -35,6 +36,16 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801
     value = 3
 
 
+#: H200 GPU instance profiles by NVML profile id: (name, compute slices, memory slots)
+GI_PROFILES = {0x0: ("1g.18gb", 1, 1), 0x1: ("2g.35gb", 2, 2), 0x2: ("3g.71gb", 3, 4),
+               0x3: ("4g.71gb", 4, 4), 0x4: ("7g.141gb", 7, 8), 0x7: ("1g.18gb+me", 1, 1),
+               0x9: ("1g.35gb", 1, 2)}
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):  # noqa: N801 - pynvml's own name
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
 PROFILE_GEOMETRY = {"1g": (1, 1), "1g.35gb": (1, 2), "2g": (2, 2), "3g": (3, 4), "4g": (4, 4),
                     "7g": (7, 8)}
 
@@ -55,9 +66,16 @@ class FakeNvml:
     NVML_VOLATILE_ECC = 0
     NVML_TEMPERATURE_GPU = 0
     NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
 
     def __init__(self, gpus: list[dict] | None, driver: str = "580.65.06") -> None:
+        """MIG instances may carry ``gi`` / ``ci`` ids (default: their index, 0) and ``busy``
+        (a process uses it: its destruction is refused, as NVML does)."""
         self.gpus = gpus
+        for g in gpus or ():
+            for j, inst in enumerate(g.get("mig") or ()):
+                inst.setdefault("gi", j)
+                inst.setdefault("ci", 0)
         self.driver = driver
         self.initialised = False
         self.events: list[tuple[int, int]] = []  # (gpu index, xid) not yet delivered
@@ -113,20 +131,96 @@ class FakeNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h, j):
         instances = self._gpu(h)["mig"] or []
-        if j >= len(instances):
+        if j >= len(instances) or instances[j]["ci"] is None:  # no compute instance yet
             raise NVMLError_NotFound("Not Found")
         return ("mig", h[1], j)
 
     def nvmlDeviceGetGpuInstanceId(self, mh):
-        return mh[2]
+        return self._gpu(mh)["mig"][mh[2]]["gi"]
+
+    def nvmlDeviceGetComputeInstanceId(self, mh):
+        return self._gpu(mh)["mig"][mh[2]]["ci"]
+
+    def _instance(self, gih):
+        for inst in self._gpu(gih)["mig"] or ():
+            if inst["gi"] == gih[2]:
+                return inst
+        raise NVMLError_NotFound("Not Found")
 
     def nvmlDeviceGetGpuInstanceById(self, h, gi):
+        self._instance(("gi", h[1], gi))
         return ("gi", h[1], gi)
 
     def nvmlGpuInstanceGetInfo(self, gih):
-        inst = self.gpus[gih[1]]["mig"][gih[2]]
+        inst = self._instance(gih)
         _, size = self._geometry(inst["profile"])
-        return SimpleNamespace(placement=SimpleNamespace(start=inst["start"], size=size))
+        return SimpleNamespace(id=inst["gi"],
+                               placement=SimpleNamespace(start=inst["start"], size=size))
+
+    # --- carving (the launcher's mig-create / mig-destroy) ---------------------------------
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for i, g in enumerate(self.gpus):
+            if g["uuid"] == uuid:
+                return ("gpu", i)
+        raise NVMLError_NotFound("Not Found")
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h, pid, version=2):
+        if not self._gpu(h).get("mig") and self._gpu(h).get("mig") != []:
+            raise NVMLError_NotSupported("Not Supported")
+        if pid not in GI_PROFILES:
+            raise NVMLError_NotSupported("Not Supported")
+        name, slices, _ = GI_PROFILES[pid]
+        return SimpleNamespace(id=pid, sliceCount=slices, name=f"MIG {name}".encode())
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h, pid, placement):
+        p = placement._obj  # ctypes.byref(...)
+        name, _, size = GI_PROFILES[pid]
+        g = self._gpu(h)
+        if g.get("mig") is False:
+            raise NVMLError("Not Supported")
+        if p.size != size or p.start % size:
+            raise NVMLError("Invalid Argument")
+        taken = set()
+        for inst in g["mig"]:
+            s0, sz = inst["start"], self._geometry(inst["profile"])[1]
+            taken |= set(range(s0, s0 + sz))
+        if taken & set(range(p.start, p.start + p.size)) or p.start + p.size > 8:
+            raise NVMLError("Insufficient Resources")
+        gi = max((inst["gi"] for inst in g["mig"]), default=-1) + 1
+        g["mig"].append({"uuid": None, "profile": name.removesuffix("+me"), "start": p.start,
+                         "gi": gi, "ci": None})
+        return ("gi", h[1], gi)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gih, profile, eng, version=2):
+        return SimpleNamespace(id=profile)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gih, profile_id):
+        inst = self._instance(gih)
+        if inst["ci"] is not None:
+            raise NVMLError("Insufficient Resources")
+        inst["ci"] = 0
+        inst["uuid"] = f"MIG-fake-{gih[1]}-gi{gih[2]}"
+        return ("ci", gih[1], gih[2], 0)
+
+    def nvmlComputeInstanceGetInfo(self, cih):
+        return SimpleNamespace(id=cih[3])
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gih, ci):
+        if self._instance(gih)["ci"] != ci:
+            raise NVMLError_NotFound("Not Found")
+        return ("ci", gih[1], gih[2], ci)
+
+    def nvmlComputeInstanceDestroy(self, cih):
+        inst = self._instance(cih)
+        if inst.get("busy"):
+            raise NVMLError("In use by another client")
+        inst["ci"] = None
+
+    def nvmlGpuInstanceDestroy(self, gih):
+        inst = self._instance(gih)
+        if inst["ci"] is not None:
+            raise NVMLError("In use by another client")
+        self._gpu(gih)["mig"].remove(inst)
 
     def nvmlDeviceGetAttributes(self, mh):
         inst = self._gpu(mh)["mig"][mh[2]]

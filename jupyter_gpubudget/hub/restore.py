@@ -188,7 +188,7 @@ async def preempt(sp: BudgetSpawner, sess: dict) -> None:
     sp._handed_off = saved
     sp._ending = True
     try:
-        await sp.child.stop(now=False)
+        await sp._stop_child(now=False)
     finally:
         if saved:
             try:
@@ -228,7 +228,7 @@ async def hibernate(sp: BudgetSpawner, idle_s: float, source: str) -> bool:
     sp._handed_off = True
     sp._ending = True
     try:
-        await sp.child.stop(now=False)
+        await sp._stop_child(now=False)
     finally:
         try:
             await sp.api("DELETE", f"/sessions/{sid}?reason=hibernate&snapshot={snap['id']}")

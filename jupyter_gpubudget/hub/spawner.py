@@ -10,7 +10,8 @@ the scheduler to grant it a slice, then starts the server through a wrapped back
 - While queued (``queue.py``), progress events report the queue position and predicted start;
   the wait ends with a clear message after ``max_queue_wait``.
 - The granted placement reaches the backend spawner (``child.py``): for local processes
-  ``CUDA_VISIBLE_DEVICES`` = GPU or MIG UUIDs and MPS variables.
+  ``CUDA_VISIBLE_DEVICES`` = GPU or MIG UUIDs and MPS variables. An MPS share on a real GPU
+  holds that GPU's MPS control daemon while the server runs (``mps.py``).
 - While the server runs (``watch.py``): heartbeats, preemption, idle detection. Stop, cull,
   preemption and a server that exits all end the charge.
 - Snapshots (``restore.py``): before a preemption stops the server its kernels are saved and
@@ -35,9 +36,10 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Enum, Float, List, Type, Unicode, default
 
+from jupyter_gpubudget.backends.mps import CONTROL
 from jupyter_gpubudget.service.validate import Invalid, duration
 
-from . import queue, restore, watch
+from . import mps, queue, restore, watch
 from .child import configure_child, construct_child
 from .client import ServiceClient, ServiceError
 from .form import render_form
@@ -149,6 +151,20 @@ class BudgetSpawner(Spawner):
         help="Longest a spawn waits for the new server to restore its kernels before the "
              "browser is let in (the server keeps restoring after that).")
 
+    mps_state_dir = Unicode(
+        config=True,
+        help="Directory of the MPS control daemons the hub runs for sessions on MPS shares, "
+             "one per GPU (<dir>/<gpu id>/pipe, /log, /holders). Default: "
+             "/var/lib/gpubudget/mps when the hub runs as root, else gpubudget-mps in the "
+             "hub's working directory (LocalBackend.mps_state_dir's default: a hub and "
+             "service of one user sharing the directory share one daemon per GPU). Only for "
+             "an NVML inventory: a declared one has no real GPUs to run them for.")
+    mps_control = Unicode(
+        CONTROL, config=True,
+        help="The MPS control program (a name on the hub's PATH, or a path). When it or the "
+             "NVIDIA driver is missing, a session on an MPS share fails to start with a "
+             "message saying so.")
+
     child_configurer = Unicode(
         "", config=True,
         help="How the granted placement reaches the backend spawner: 'module:function' "
@@ -173,6 +189,10 @@ class BudgetSpawner(Spawner):
     @default("service_token")
     def _default_token(self) -> str:
         return os.environ.get("GPUBUDGET_SPAWNER_TOKEN", "")
+
+    @default("mps_state_dir")
+    def _default_mps_state_dir(self) -> str:
+        return "/var/lib/gpubudget/mps" if os.geteuid() == 0 else "gpubudget-mps"
 
     @default("start_timeout")
     def _default_start_timeout(self) -> int:
@@ -367,8 +387,10 @@ class BudgetSpawner(Spawner):
             self.placement = sess.get("placement") or []
             self._phase = "starting"
             self._changed.set()
+            disc = self._get_discovery()
+            pipes = await mps.acquire(self, self.placement, disc)  # before any server runs
             child = self._construct_child()
-            env = placement_env(self.placement, self._get_discovery())
+            env = placement_env(self.placement, disc, mps_pipes=pipes)
             env.update({"GPUBUDGET_SESSION": self.session_id, "GPUBUDGET_PROJECT":
                         str(body["project"]), "GPUBUDGET_INVENTORY": str(sess.get("inventory"))})
             if self._resuming:
@@ -402,11 +424,10 @@ class BudgetSpawner(Spawner):
                 await self._end(reason)
             except Exception:  # noqa: BLE001 - the original error matters more
                 self.log.exception("gpubudget: could not end session %s", self.session_id)
-            if self.child is not None:
-                try:
-                    await self.child.stop(now=True)
-                except Exception:  # noqa: BLE001
-                    pass
+            try:
+                await self._stop_child(now=True)
+            except Exception:  # noqa: BLE001
+                pass
             raise
         self._phase = "running"
         self._changed.set()
@@ -468,6 +489,15 @@ class BudgetSpawner(Spawner):
                 return  # still away: keep it
         self.pending_end = {}
 
+    async def _stop_child(self, now: bool = False) -> None:
+        """Stop the server, then let go of its MPS control daemon: every stop of the server
+        (the hub's, the watcher's, a failed start) comes through here."""
+        try:
+            if self.child is not None:
+                await self.child.stop(now=now)
+        finally:
+            await mps.release(self)
+
     async def progress(self) -> Any:
         async for event in queue.progress(self):
             yield event
@@ -482,6 +512,7 @@ class BudgetSpawner(Spawner):
         assert self.child is not None
         status = await self.child.poll()
         if status is not None:
+            await mps.release(self)  # the server is gone: so is its MPS share
             if self.session_id:
                 await self._end_quietly(self._stop_reason)
             return status
@@ -509,8 +540,7 @@ class BudgetSpawner(Spawner):
         if self.child is None and self.child_state:
             self._construct_child()
         try:
-            if self.child is not None:
-                await self.child.stop(now=now)
+            await self._stop_child(now=now)
         finally:
             await self._end_quietly(self._stop_reason)
             self._phase = "idle"

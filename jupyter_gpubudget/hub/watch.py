@@ -2,7 +2,8 @@
 utilisation when NVML can tell), stopping the server when the scheduler preempted the session —
 after its kernels are saved (``restore.preempt``) — users' snapshot and restore requests, and
 idle detection (GPU utilisation via NVML, else the hub's record of kernel activity), which
-reports the session idle or hibernates it (``BudgetSpawner.idle_action``)."""
+reports the session idle or hibernates it (``BudgetSpawner.idle_action``), and supervision of
+the MPS control daemon an MPS share holds (``mps.supervise``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from . import restore
+from . import mps, restore
 from .client import ServiceError
 from .idle import gpu_busy, gpu_utilisation
 from .words import hours
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 async def watch(sp: BudgetSpawner) -> None:
     while sp.session_id and sp.child is not None:
         await asyncio.sleep(sp.heartbeat_interval)
+        await mps.supervise(sp)
         util = gpu_utilisation(_devices(sp)) if sp.use_nvml else None
         try:
             sess = await sp.api("POST", f"/sessions/{sp.session_id}/heartbeat",
@@ -39,7 +41,7 @@ async def watch(sp: BudgetSpawner) -> None:
                            sp.user.name, sp.session_id, sess.get("state"))
             sp._stop_reason = "preempt"
             try:
-                await sp.child.stop(now=False)
+                await sp._stop_child(now=False)
             finally:
                 await sp._end_quietly("preempt")
             return  # the hub's next poll sees the server gone and cleans up

@@ -2,7 +2,7 @@
 
 An MPS share's limits only hold when an MPS control daemon serves its GPU; without one the
 server would run unconfined on the whole GPU. So before the server of a session granted an MPS
-share on a real (NVML) GPU starts, the spawner holds that GPU's daemon (``backends/mps.py``:
+share on a real (NVML) GPU starts, the spawner holds that GPU's daemon (``launcher/mps.py``:
 one per GPU, started for its first share, with its own pipe and log directories under
 ``BudgetSpawner.mps_state_dir``) as ``session-<session id>``, and the server gets the daemon's
 ``CUDA_MPS_PIPE_DIRECTORY``. Every end of the server lets go of it (the last share's end stops
@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_gpubudget.backends import devices as dev
 from jupyter_gpubudget.backends.mps import MpsDaemons, MpsUnavailable
+from jupyter_gpubudget.launcher import config as launcher_config
 
 if TYPE_CHECKING:
     from .spawner import BudgetSpawner
 
 #: present while an NVIDIA kernel driver is loaded, as for the batch jobs' daemons (a file
 #: stands in for it in the tests)
-DRIVER_PROBE: str | Path = "/proc/driver/nvidia/version"
+DRIVER_PROBE: str | Path = launcher_config.DRIVER_PROBE
 
 _daemons: dict[tuple[str, str, str, bool], MpsDaemons] = {}
 _checked: dict[tuple[str, str], float] = {}  # (root, gpu) -> when ensure last ran
@@ -94,13 +95,16 @@ def _hold(d: MpsDaemons, gpus: tuple[str, ...], hold: str) -> dict[str, str]:
     return pipes
 
 
-async def acquire(sp: BudgetSpawner, placement: list[dict],
-                  discovery: Any) -> dict[str, str] | None:
+async def acquire(sp: BudgetSpawner, placement: list[dict], discovery: Any,
+                  migs: dict[tuple[str, int, str, int], str] | None = None
+                  ) -> dict[str, str] | None:
     """Hold the daemon of each GPU carrying an MPS share of ``placement`` for ``sp``'s session
     (starting it for the first share); returns GPU id -> pipe directory for ``placement_env``
     (None: no share on a real GPU, no daemon). Raises :class:`MpsUnavailable` saying why when
     the daemon cannot run, holding nothing."""
     devices = dev.device_map(discovery.inventory if discovery is not None else None)
+    if migs:  # instances just created for the session (mig.py)
+        devices = dev.with_migs(devices, migs)
     built = dev.build(placement, devices)
     if not built.mps_gpus or built.declared:
         return None

@@ -20,11 +20,15 @@ _told_declared = False
 
 
 def placement_env(placement: list[dict], discovery: Any = None,
-                  mps_pipes: dict[str, str] | None = None) -> dict[str, str]:
+                  mps_pipes: dict[str, str] | None = None,
+                  migs: dict[tuple[str, int, str, int], str] | None = None) -> dict[str, str]:
     """``discovery``: this host's NVML :class:`~jupyter_gpubudget.inventory.nvml.Discovery`
-    (None: a declared inventory)."""
+    (None: a declared inventory); ``migs``: MIG instances just created for the session
+    (``mig.py``), (node, gpu, profile, start) -> ``MIG-<uuid>``."""
     global _told_declared
     devices = dev.device_map(discovery.inventory if discovery is not None else None)
+    if migs:
+        devices = dev.with_migs(devices, migs)
     built = dev.build(placement, devices, mps_pipes)
     if built.declared and not _told_declared:
         _told_declared = True

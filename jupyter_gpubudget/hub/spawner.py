@@ -39,7 +39,7 @@ from traitlets import Bool, Dict, Enum, Float, List, Type, Unicode, default
 from jupyter_gpubudget.backends.mps import CONTROL
 from jupyter_gpubudget.service.validate import Invalid, duration
 
-from . import mps, queue, restore, watch
+from . import mig, mps, queue, restore, watch
 from .child import configure_child, construct_child
 from .client import ServiceClient, ServiceError
 from .form import render_form
@@ -159,6 +159,17 @@ class BudgetSpawner(Spawner):
              "hub's working directory (LocalBackend.mps_state_dir's default: a hub and "
              "service of one user sharing the directory share one daemon per GPU). Only for "
              "an NVML inventory: a declared one has no real GPUs to run them for.")
+    dynamic_mig = Bool(
+        False, config=True,
+        help="Set it as GpuBudgetService.dynamic_mig: the core may grant a session a MIG "
+             "slice that has no instance yet, and the hub (as root) creates the instance "
+             "before the server starts and destroys it when the server ends (docs/hub.md). "
+             "An unprivileged hub refuses such a start, saying so.")
+    mig_state_dir = Unicode(
+        config=True,
+        help="Where the hub records the MIG instances it created for sessions (so that a "
+             "restarted hub destroys them). Default: /var/lib/gpubudget/mig when the hub runs "
+             "as root, else gpubudget-mig in the hub's working directory.")
     mps_control = Unicode(
         CONTROL, config=True,
         help="The MPS control program (a name on the hub's PATH, or a path). When it or the "
@@ -189,6 +200,10 @@ class BudgetSpawner(Spawner):
     @default("service_token")
     def _default_token(self) -> str:
         return os.environ.get("GPUBUDGET_SPAWNER_TOKEN", "")
+
+    @default("mig_state_dir")
+    def _default_mig_state_dir(self) -> str:
+        return "/var/lib/gpubudget/mig" if os.geteuid() == 0 else "gpubudget-mig"
 
     @default("mps_state_dir")
     def _default_mps_state_dir(self) -> str:
@@ -388,9 +403,10 @@ class BudgetSpawner(Spawner):
             self._phase = "starting"
             self._changed.set()
             disc = self._get_discovery()
-            pipes = await mps.acquire(self, self.placement, disc)  # before any server runs
+            migs = await mig.carve(self, self.placement, disc)  # before any server runs
+            pipes = await mps.acquire(self, self.placement, disc, migs)
             child = self._construct_child()
-            env = placement_env(self.placement, disc, mps_pipes=pipes)
+            env = placement_env(self.placement, disc, mps_pipes=pipes, migs=migs)
             env.update({"GPUBUDGET_SESSION": self.session_id, "GPUBUDGET_PROJECT":
                         str(body["project"]), "GPUBUDGET_INVENTORY": str(sess.get("inventory"))})
             if self._resuming:
@@ -444,11 +460,11 @@ class BudgetSpawner(Spawner):
     def _get_discovery(self) -> Any:
         if not self.use_nvml or self._session.get("inventory") != "nvml":
             return None
-        if self._discovery is None:
+        if self._discovery is None or self.dynamic_mig:  # carved instances come and go
             try:
                 from jupyter_gpubudget.inventory.nvml import NoNvidiaDriver, discover
 
-                self._discovery = discover()
+                self._discovery = discover(mig.NVML, dynamic_mig=self.dynamic_mig)
             except (ImportError, NoNvidiaDriver) as e:
                 self.log.warning("gpubudget: NVML unavailable for device UUIDs (%s)", e)
         return self._discovery
@@ -490,13 +506,18 @@ class BudgetSpawner(Spawner):
         self.pending_end = {}
 
     async def _stop_child(self, now: bool = False) -> None:
-        """Stop the server, then let go of its MPS control daemon: every stop of the server
-        (the hub's, the watcher's, a failed start) comes through here."""
+        """Stop the server, then give back what it held (its MPS control daemon, the MIG
+        instances created for it): every stop of the server (the hub's, the watcher's, a
+        failed start) comes through here."""
         try:
             if self.child is not None:
                 await self.child.stop(now=now)
         finally:
-            await mps.release(self)
+            await self._release_devices()
+
+    async def _release_devices(self) -> None:
+        await mps.release(self)
+        await mig.release(self)
 
     async def progress(self) -> Any:
         async for event in queue.progress(self):
@@ -512,7 +533,7 @@ class BudgetSpawner(Spawner):
         assert self.child is not None
         status = await self.child.poll()
         if status is not None:
-            await mps.release(self)  # the server is gone: so is its MPS share
+            await self._release_devices()  # the server is gone: so are its MPS share, MIG
             if self.session_id:
                 await self._end_quietly(self._stop_reason)
             return status

@@ -1,4 +1,4 @@
-"""Runtime prediction and reservations for blocked gangs (DESIGN semantics 5).
+"""Runtime prediction and reservations for blocked gangs (docs/core.md semantics 5).
 
 A blocked whole-GPU gang gets a *reservation*: the earliest time at which, as running work
 ends at its predicted time, enough GPUs come free for it, and which GPUs those are. Work ranked

@@ -1,7 +1,7 @@
 """The live capacity model: what is free on every GPU, MIG slot map and node, with indexes so
 placement is a few look-ups instead of a scan of the cluster.
 
-Invariant (DESIGN semantics 1): nothing is allocated twice or beyond its size. ``allocate``
+Invariant (docs/core.md semantics 1): nothing is allocated twice or beyond its size. ``allocate``
 checks every slice against current occupancy and raises :class:`CapacityError` otherwise, so
 a bug elsewhere cannot silently overcommit.
 """

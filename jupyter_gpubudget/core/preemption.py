@@ -1,6 +1,6 @@
 """Whom to preempt so a blocked, backed workload fits — and whether it pays at all.
 
-Only *eligible* victims are considered: never a protected one (DESIGN semantics 2); any
+Only *eligible* victims are considered: never a protected one (docs/core.md semantics 2); any
 unbacked one (semantics 4); any session reported idle; another backed one only when its
 project stands above the requester's — counted after the requester's protected run — at the
 first level where their paths differ (so preemption never flips straight back).

@@ -474,7 +474,7 @@ class Scheduler:
             self.unhealthy.add(node)
 
     def fail_node(self, node: str, now: float) -> list[str]:
-        """The node died: everything on it stops now, protected or not (DESIGN semantics 2's
+        """The node died: everything on it stops now, protected or not (docs/core.md semantics 2's
         one exception). Returns the stopped workload ids; the caller decides what requeues."""
         self.set_healthy(node, False)
         victims = [wid for wid, w in self.running.items()
@@ -691,7 +691,7 @@ class Scheduler:
 
     def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
                           ) -> bool:
-        """DESIGN semantics 5, when a prediction was wrong: work backfilled onto reserved
+        """docs/core.md semantics 5, when a prediction was wrong: work backfilled onto reserved
         GPUs that is still running at the reservation's time, unprotected, is preempted for
         a blocked gang that those GPUs (with what is free) would start now. The cheapest such
         set goes; True if ``w`` started."""

@@ -1,4 +1,4 @@
-"""DESIGN semantics 3, long run: projects that keep demand up get their grant's share."""
+"""docs/core.md semantics 3, long run: projects that keep demand up get their grant's share."""
 
 import pytest
 

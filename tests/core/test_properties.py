@@ -1,4 +1,4 @@
-"""Property tests over random clusters and workloads for DESIGN.md's core invariants:
+"""Property tests over random clusters and workloads for the core's invariants (docs/core.md, semantics 1-5):
 capacity, protection, standing, backing, gang, backfill reservation — and determinism."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpubudget.backends import devices as dev
-from jupyter_gpubudget.launcher.mig import Carved, MigError, create_instance, destroy_instance
+from jupyter_gpubudget.launcher.mig import Carved, MigError, create_instance
 
 from .mps import holder
 
@@ -73,22 +73,9 @@ def _destroy(sp: BudgetSpawner, hold: str) -> list[str]:
     """Destroy what was created for ``hold``; what cannot be (still in use) stays recorded
     for the next end check, and is the error."""
     carved = _carved(sp)
-    records = carved.load(hold)
-    if not records:
+    if not carved.load(hold):
         return []
-    nv = _nvml()
-    left, done, why = [], [], []
-    for rec in records:
-        try:
-            destroy_instance(nv, rec)
-            done.append(rec["uuid"])
-        except MigError as e:
-            left.append(rec)
-            why.append(str(e))
-    carved.save(hold, left)
-    if why:
-        raise MigError("; ".join(why))
-    return done
+    return carved.destroy(_nvml(), hold)
 
 
 async def carve(sp: BudgetSpawner, placement: list[dict], discovery: Any

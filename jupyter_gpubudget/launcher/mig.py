@@ -203,6 +203,23 @@ class Carved:
         os.replace(tmp, f)
 
 
+    def destroy(self, nv: Any, holder: str) -> list[str]:
+        """Destroy what was created for ``holder`` (its MIG uuids); what cannot be (still in
+        use) stays recorded, so a later call tries again, and is the :class:`MigError`."""
+        left, done, why = [], [], []
+        for rec in self.load(holder):
+            try:
+                destroy_instance(nv, rec)
+                done.append(rec["uuid"])
+            except MigError as e:
+                left.append(rec)
+                why.append(str(e))
+        self.save(holder, left)
+        if why:
+            raise MigError("; ".join(why))
+        return done
+
+
 def _import_nvml() -> Any:
     try:
         import pynvml  # nvidia-ml-py
@@ -254,19 +271,10 @@ def mig_destroy(cfg: LauncherConfig, args: list[str], stdin: BinaryIO,
     if len(args) != 1:
         raise LauncherError("mig-destroy: expected HOLDER")
     carved = _checked(cfg, args[0])
-    records = carved.load(args[0])
-    if not records:
+    if not carved.load(args[0]):
         return {"destroyed": []}
-    nv = nvml or _import_nvml()
-    left, done, why = [], [], []
-    for rec in records:
-        try:
-            destroy_instance(nv, rec)
-            done.append(rec["uuid"])
-        except MigError as e:
-            left.append(rec)
-            why.append(str(e))
-    carved.save(args[0], left)
-    if why:
-        raise LauncherError(f"mig-destroy: {'; '.join(why)}")
+    try:
+        done = carved.destroy(nvml or _import_nvml(), args[0])
+    except MigError as e:
+        raise LauncherError(f"mig-destroy: {e}") from None
     return {"destroyed": done}

@@ -43,6 +43,9 @@ from . import devices as dev
 from .base import Backend, BackendStatus, Launch, LogChunk
 from .mps import CONTROL, LauncherMps, MpsDaemons, MpsUnavailable
 
+#: ended attempts remembered as released (their ends are reported a few times at most)
+RELEASED_KEPT = 4096
+
 
 class CommandError(ValueError):
     def __init__(self, field: str, message: str) -> None:
@@ -137,7 +140,9 @@ class LocalBackend(Backend):
         self._mps_checked: dict[str, float] = {}  # holder -> when its daemons were checked
         self._mps_holders: set[str] = set()  # attempts holding daemons (started here)
         self._mig_holders: set[str] = set()  # attempts MIG instances were created for
-        self._released: set[str] = set()  # attempts whose devices were given back
+        # attempts whose devices were given back (so the launcher is not asked twice); an
+        # attempt's end is seen a few times at most, so the last RELEASED_KEPT are enough
+        self._released: dict[str, None] = {}
         if self.isolation == "off":
             self.log.warning(
                 "LocalBackend: isolation is OFF: the service is not root and has no launcher "
@@ -171,7 +176,7 @@ class LocalBackend(Backend):
         taken is given back when a step fails."""
         devices = self.devices
         if holder is not None:
-            self._released.discard(holder)
+            self._released.pop(holder, None)
             devices = self._carve(placement, holder)
         try:
             built = dev.build(placement, devices)
@@ -246,7 +251,9 @@ class LocalBackend(Backend):
             self.log.error("MPS daemons of %s: release failed: %s", holder, e)
             done = False
         if done:
-            self._released.add(holder)
+            self._released[holder] = None
+            if len(self._released) > RELEASED_KEPT:  # a long-running service: the oldest go
+                del self._released[next(iter(self._released))]
 
     def _supervise_mps(self, workload: str, attempt: int) -> None:
         """Start again, at most every mps_check_interval, a daemon this running attempt holds

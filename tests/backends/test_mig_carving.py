@@ -196,3 +196,18 @@ def test_a_carve_that_fails_starts_nothing_and_leaves_nothing(tmp_path):
     assert [p for p, _, _ in instances(nv, 5)] == ["1g.18gb"]  # j2's, untouched
     b.stop("j2", 1)
     assert instances(nv, 5) == []
+
+
+def test_ended_attempts_are_forgotten_after_a_while(tmp_path, monkeypatch):
+    """A long-running service does not remember every attempt it ever released."""
+    from jupyter_gpubudget.backends import local
+
+    monkeypatch.setattr(local, "RELEASED_KEPT", 3)
+    b = CarvingBackend(tmp_path, FakeNvml(node_gpus())).backend
+    calls: list[str] = []
+    b.mps.release = lambda holder: calls.append(holder) or []  # type: ignore[method-assign]
+    for i in range(5):
+        b.release_devices(f"w{i}", 1)
+    b.release_devices("w4", 1)  # remembered: not asked again
+    assert calls == [f"w{i}.1" for i in range(5)]
+    assert list(b._released) == ["w2.1", "w3.1", "w4.1"]

@@ -39,7 +39,8 @@ _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", 
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
-                "short_lane_hold", "stop_grace"}
+                "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
+                "short_lane_patience", "short_lane_late_cost"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -319,6 +320,15 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, short_lane=fields["short_lane"].duration())
     if "whole_gpu_on_mig" in fields:
         policy = replace(policy, whole_gpu_on_mig=fields["whole_gpu_on_mig"].boolean())
+    if "mig_first" in fields:
+        policy = replace(policy, mig_first=fields["mig_first"].boolean())
+    if "mps_on_mig" in fields:
+        policy = replace(policy, mps_on_mig=fields["mps_on_mig"].boolean())
+    if "short_lane_patience" in fields:
+        policy = replace(policy, short_lane_patience=fields["short_lane_patience"].duration())
+    if "short_lane_late_cost" in fields:
+        policy = replace(policy, short_lane_late_cost=fields["short_lane_late_cost"].number(
+            minimum=0))
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:

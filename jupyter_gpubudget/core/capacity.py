@@ -94,6 +94,8 @@ class Cluster:
         self.touched: set[str] | None = None
         self.frag: Any = None  # placement's fragmentation index, when the policy uses one
         self.whole_gpu_on_mig = False  # may a one-GPU request take an idle MIG GPU (7g)?
+        self.mig_first = False  # ... before the GPUs outside MIG mode?
+        self.mps_on_mig = False  # may an MPS share with no room take a MIG instance?
         # bumped whenever an occupancy key appears in or leaves mig_index[class]
         self.mig_version: dict[tuple, int] = {}
         self.mig_scored: dict[tuple, tuple[int, list]] = {}  # placement's cache

@@ -256,9 +256,16 @@ class Policy:
     # that is snapshotted in a minute) are not taken for small gains
     preemption_toll: float = 0.25
     # a one-GPU request may take an idle MIG-mode GPU whole, as its full-size instance
-    # (7g), when no GPU outside MIG mode is free: MIG capacity nobody asks slices of is
-    # not left idle
+    # (7g): MIG capacity nobody asks slices of is not left idle
     whole_gpu_on_mig: bool = True
+    # ... and tries such a GPU *before* the GPUs outside MIG mode (off: only when none of
+    # those is free): a MIG-mode GPU can serve no gang, a GPU outside MIG mode can, so
+    # one-GPU work leaves the latter to the gangs that need them
+    mig_first: bool = True
+    # an MPS share that finds no GPU with room may take the smallest MIG instance with at
+    # least its compute and GPU memory (before a fresh GPU is opened for it); it is charged
+    # as the share it asked for
+    mps_on_mig: bool = True
     # debug work predicted to run at most this long (seconds) is considered before all other
     # waiting work, by standing among itself: a ten-minute debug run does not queue behind
     # other projects' training (0: no such lane)
@@ -267,6 +274,11 @@ class Policy:
     # preemption loses at most this many GPU-hours (toll included), i.e. work that has just
     # saved its progress (0: never)
     short_lane_cost: float = 0.35
+    # ... and a short-lane run that has waited ``short_lane_patience`` seconds may take a
+    # victim losing up to ``short_lane_late_cost`` GPU-hours: a debug run is not kept
+    # waiting for minutes behind training that would lose a little more (0: never more)
+    short_lane_patience: float = 180.0
+    short_lane_late_cost: float = 1.0
     # whole GPUs that, standing free when a cycle begins, are kept for short work until the
     # next cycle: work predicted to run past ``short_lane`` is not placed there (a gang
     # still may), so a debug run that arrives finds a GPU instead of waiting for long work

@@ -87,6 +87,10 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
     if need <= 0:
         return place_cpu(cluster, req)
     models = _models(req)
+    if need == 1 and cluster.mig_first:
+        p = whole_on_mig(cluster, req, end, models)
+        if p is not None:
+            return p
     fgd = frag.active(cluster)
     ranked = fgd.rank_whole(req) if fgd is not None and fgd.sharing() else None
     if ranked is not None:  # one node, least fragmentation
@@ -102,7 +106,7 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
             p = _on_node(cluster.nodes[idx], req, models, end)
             if p is not None:
                 return p
-    if need == 1 and cluster.whole_gpu_on_mig:
+    if need == 1 and cluster.whole_gpu_on_mig and not cluster.mig_first:
         p = whole_on_mig(cluster, req, end, models)
         if p is not None:
             return p
@@ -121,9 +125,10 @@ def full_profile(model: str) -> migtab.MigProfile | None:
 
 def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
                  models: frozenset[str] | None) -> Placement | None:
-    """One GPU as the full-size instance of an idle MIG-mode GPU (``Policy.whole_gpu_on_mig``,
-    tried only when no GPU outside MIG mode is free): the GPU with no instance at all, on the
-    node with the fewest such GPUs (keep whole MIG GPUs together for slices)."""
+    """One GPU as the full-size instance of an idle MIG-mode GPU (``Policy.whole_gpu_on_mig``;
+    tried before the GPUs outside MIG mode with ``Policy.mig_first``, else only when none of
+    them is free): the GPU with no instance at all, on the node with the fewest such GPUs
+    (keep whole MIG GPUs together for slices)."""
     best: tuple[int, int, Gpu, migtab.MigProfile] | None = None
     for (model, layout), by_occ in cluster.mig_index.items():
         if models is not None and model not in models:
@@ -321,6 +326,10 @@ def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
             g = cluster.gpu(key)
             if _mps_ok(g, req, models, end):
                 return _mps_alloc(g, req)
+    if cluster.mps_on_mig:
+        p = mps_as_mig(cluster, req, end)
+        if p is not None:
+            return p
     # open a free GPU on the fullest node that has one
     for k in range(1, len(cluster.whole_buckets)):
         for idx in cluster.whole_buckets[k]:
@@ -330,6 +339,36 @@ def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
                 if _mps_ok(g, req, models, end):
                     return _mps_alloc(g, req)
     return None
+
+
+def mps_as_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+    """An MPS share as a MIG instance (``Policy.mps_on_mig``): of each MIG model, the smallest
+    profile with at least the share's compute and GPU memory, placed like a MIG request
+    (partitioned GPUs first); the slice is charged the share's milli, not the instance's."""
+    models = _models(req)
+    best: Placement | None = None
+    best_key: tuple[int, int] | None = None
+    for model, _ in cluster.mig_index:
+        if models is not None and model not in models:
+            continue
+        fit = [p for p in migtab.profiles_for(model).values()
+               if p.milli >= req.milli and p.memory_gb * 1024 >= req.gpu_memory_mib]
+        if not fit:
+            continue
+        prof = min(fit, key=lambda p: (p.compute, p.size))
+        key = (prof.compute, prof.size)
+        if best_key is not None and best_key <= key:
+            continue
+        got = place_mig(cluster, SliceRequest.mig(prof.name, gpu_model=model,
+                                                  cpu_milli=req.cpu_milli,
+                                                  memory_mib=req.memory_mib), end)
+        if got is not None:
+            best, best_key = got, key
+    if best is None:
+        return None
+    s = best.slices[0]
+    return Placement((SliceAlloc(s.node, s.gpu, "mig", req.milli, s.mig_start, s.profile, 0,
+                                 req.cpu_milli, req.memory_mib),))
 
 
 def _mps_alloc(g: Gpu, req: SliceRequest) -> Placement:

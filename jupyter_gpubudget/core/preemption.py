@@ -113,12 +113,21 @@ def set_cost(vs: list[Workload], standing: Callable[[Workload], float],
             -sum(min(standing(v), 1e9) for v in vs))
 
 
+def _full_instance_ok(g: Gpu) -> bool:
+    """Can MIG-mode GPU ``g``, once empty, hold its full-size (7g) instance?"""
+    for p in migtab.profiles_for(g.model).values():
+        if p.compute == migtab.COMPUTE:
+            return g.layout is None or (p.name, 0) in g.layout
+    return False
+
+
 def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
                    eligible: dict[str, Workload], standing: Callable[[Workload], float],
-                   cost: Callable[[Workload], float] = lambda v: 0.0
-                   ) -> list[Workload] | None:
+                   cost: Callable[[Workload], float] = lambda v: 0.0,
+                   whole_on_mig: bool = False) -> list[Workload] | None:
     """The cheapest set of eligible victims whose removal lets ``req`` fit, or None
-    (``cost``: GPU-hours each victim's preemption throws away)."""
+    (``cost``: GPU-hours each victim's preemption throws away; ``whole_on_mig``: a one-GPU
+    request may also empty a MIG-mode GPU, to take it whole)."""
     if not eligible:
         return None
     nodes = sorted({cluster.by_name[s.node].idx
@@ -170,6 +179,17 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
             if found:
                 consider(found)
                 found_single = True
+        if req.gpus == 1 and whole_on_mig and cluster.whole_gpu_on_mig:
+            # one GPU may also be a MIG-mode GPU emptied of its instances (its full-size one)
+            for idx in nodes:
+                n = cluster.nodes[idx]
+                if not n.healthy or not n.host_fits(req.cpu_milli, req.memory_mib):
+                    continue
+                for g in n.gpus:
+                    if g.mig and g.tenants and gpu_ok(g) and _full_instance_ok(g):
+                        occ = occupants(g)
+                        if occ:
+                            consider(occ)
         if not found_single and not req.single_node and req.gpus > 1:
             # a gang across nodes: free GPUs everywhere, then the cheapest freeable ones
             have = sum(1 for n in cluster.nodes if n.healthy

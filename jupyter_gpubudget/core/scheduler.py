@@ -105,6 +105,8 @@ class Scheduler:
         self.unhealthy: set[str] = set(unhealthy)
         self.cluster = Cluster(inventory, self.unhealthy)
         self.cluster.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
+        self.cluster.mig_first = self.policy.whole_gpu_on_mig and self.policy.mig_first
+        self.cluster.mps_on_mig = self.policy.mps_on_mig
         self.meter = UsageMeter(self.policy)
         self.pending: dict[str, Workload] = {}
         self.running: dict[str, Workload] = {}
@@ -663,8 +665,12 @@ class Scheduler:
         """A short-lane run (backed debug work predicted short) that finds no room may take
         the GPU of unprotected batch work whose preemption costs almost nothing right now —
         it saved its progress moments ago: at most ``policy.short_lane_cost`` GPU-hours lost,
-        reload and toll included. Sessions are never taken for it."""
-        cap = self.policy.short_lane_cost
+        reload and toll included; once the run has waited ``policy.short_lane_patience``, up
+        to ``policy.short_lane_late_cost``. Sessions are never taken for it."""
+        pol = self.policy
+        cap = pol.short_lane_cost
+        if pol.short_lane_patience > 0 and now - w.submitted_at >= pol.short_lane_patience:
+            cap = max(cap, pol.short_lane_late_cost)
         toll = self.policy.preemption_toll
         costs: dict[str, float] = {}
         eligible: dict[str, Workload] = {}
@@ -680,7 +686,7 @@ class Scheduler:
         st = self._st
         victims = choose_victims(self.cluster, w.request, end, eligible,
                                  lambda v: st.standing.get(v.project, INF) if st else INF,
-                                 lambda v: costs[v.id])
+                                 lambda v: costs[v.id], whole_on_mig=True)
         if not victims or sum(costs[v.id] for v in victims) > cap:
             return False
         if not self._fits_without(victims, w, end):

@@ -319,7 +319,7 @@ def test_protected_backfill_is_not_preempted() -> None:
 def test_one_gpu_takes_an_idle_mig_gpu_whole_when_allowed() -> None:
     inv = inventory(gpus=2, mig=(1,))
     for allowed, expect in ((True, "7g.80gb"), (False, None)):
-        s = Scheduler(tree(), inv, Policy(whole_gpu_on_mig=allowed))
+        s = Scheduler(tree(), inv, Policy(whole_gpu_on_mig=allowed, mig_first=False))
         s.submit(job("w1", "a"), NOW)
         ds = s.submit(job("w2", "a", at=1.0), NOW)
         if expect is None:
@@ -330,6 +330,46 @@ def test_one_gpu_takes_an_idle_mig_gpu_whole_when_allowed() -> None:
         assert (sl.gpu, sl.kind, sl.profile, sl.milli) == (1, "mig", expect, 1000)
         # a MIG slice asked for now finds the GPU taken whole
         assert s.submit(job("m", "a", req=SliceRequest.mig("1g.10gb"), at=2.0), NOW) == []
+
+
+def test_one_gpu_work_takes_the_mig_gpu_first_and_leaves_the_others_to_gangs() -> None:
+    """``mig_first`` (the default): the first one-GPU job takes the idle MIG-mode GPU whole,
+    the next a GPU outside MIG mode; a two-GPU gang then finds none for it. Without it the
+    first job takes GPU 0 and the MIG-mode GPU is left for the second."""
+    inv = inventory(gpus=3, mig=(2,))
+    for first, gpus in ((True, [2, 0]), (False, [0, 1])):
+        s = Scheduler(tree(), inv, Policy(mig_first=first))
+        got = [s.submit(job(f"w{i}", "a", at=float(i)), NOW)[0].placement.slices[0]
+               for i in range(2)]
+        assert [sl.gpu for sl in got] == gpus
+        assert [sl.kind for sl in got] == (["mig", "gpu"] if first else ["gpu", "gpu"])
+        assert all(sl.milli == 1000 for sl in got)  # charged as a whole GPU either way
+    s = Scheduler(tree(), inv, Policy(whole_gpu_on_mig=False))  # mig_first needs it
+    assert s.submit(job("w0", "a"), NOW)[0].placement.slices[0].gpu == 0
+
+
+def test_an_mps_share_with_no_room_takes_the_smallest_mig_instance_that_holds_it() -> None:
+    """GPU 0 is held whole, GPU 1 is in MIG mode. A 250-milli, 20,000-MiB share finds no GPU
+    with room: with ``mps_on_mig`` it takes a 2g.20gb instance (2/7 of a GPU, 20 GB: the
+    smallest with its compute and memory) and is charged its own 250 milli; without it, it
+    waits. A 500-milli share takes a 4g.40gb (3g has 3/7 < 1/2 of the compute)."""
+    inv = inventory(gpus=2, mig=(1,))
+    share = SliceRequest.mps(250, 20000)
+    for allowed in (True, False):
+        s = Scheduler(tree(), inv, Policy(mps_on_mig=allowed, whole_gpu_on_mig=False))
+        s.submit(job("big", "a"), NOW)
+        ds = s.submit(job("m", "a", req=share, at=1.0), NOW)
+        if not allowed:
+            assert ds == []
+            continue
+        (sl,) = ds[0].placement.slices
+        assert (sl.gpu, sl.kind, sl.profile, sl.milli) == (1, "mig", "2g.20gb", 250)
+        assert s.usage_hours(NOW + HOUR)["a"] == pytest.approx(1.25)  # 1 GPU + 250 milli
+        (sl,) = s.submit(job("h", "a", req=SliceRequest.mps(500), at=2.0),
+                         NOW)[0].placement.slices
+        assert (sl.gpu, sl.profile, sl.milli) == (1, "4g.40gb", 500)
+        # no instance of the GPU is big enough for a share of 80 GB: it waits
+        assert s.submit(job("x", "a", req=SliceRequest.mps(100, 81920), at=3.0), NOW) == []
 
 
 def test_short_lane_and_kind_order() -> None:
@@ -361,7 +401,7 @@ def test_short_run_takes_a_gpu_that_just_saved_its_progress() -> None:
     toll = 0.3 ≤ 0.35: it goes, whatever the standings (a stands higher here). Ten minutes
     after: 0.2 + 0.25 > 0.35: it stays. A session is never taken."""
     def cycle(since_ckpt: float, kind: str = "batch") -> list:  # type: ignore[type-arg]
-        s = Scheduler(tree(), inventory(gpus=1))
+        s = Scheduler(tree(), inventory(gpus=1), Policy(short_lane_patience=0.0))
         s.meter.add(ChargeInterval("ca", "a", "x", 1000, NOW - 80 * HOUR, NOW - 10 * HOUR))
         start = NOW - 1800.0 - since_ckpt
         s.submit(job("b1", "b", resumable=True, kind=kind, limit=10 * HOUR), start)
@@ -374,7 +414,38 @@ def test_short_run_takes_a_gpu_that_just_saved_its_progress() -> None:
     assert [d.workload for d in ds if isinstance(d, Start)] == ["d1"]
     assert not [d for d in cycle(600.0) if isinstance(d, Preempt)]
     assert not [d for d in cycle(60.0, kind="interactive") if isinstance(d, Preempt)]
-    s = Scheduler(tree(), inventory(gpus=1), Policy(short_lane_cost=0.0))
+    s = Scheduler(tree(), inventory(gpus=1), Policy(short_lane_cost=0.0,
+                                                    short_lane_patience=0.0))
     s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW - 1860.0)
     s.submit(job("d1", "a", kind="debug", limit=600.0, at=1.0), NOW)
     assert not [d for d in s.cycle(NOW) if isinstance(d, Preempt)]
+
+
+def test_a_debug_run_that_has_waited_may_take_a_dearer_victim() -> None:
+    """b1 saved its progress 10 min ago: taking it loses 0.2 GPU-h + the 0.25 toll, over the
+    lane's 0.35. A debug run that arrived 2 min ago leaves it; one that has waited 3 min
+    (``short_lane_patience``) may take up to ``short_lane_late_cost`` (1.0) and takes it.
+    A late cap below the cost still leaves it."""
+    def cycle(waited: float, **policy: float) -> list:  # type: ignore[type-arg]
+        s = Scheduler(tree(), inventory(gpus=1), Policy(**policy))  # type: ignore[arg-type]
+        s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW - 1800.0 - 600.0)
+        s.submit(job("d1", "a", kind="debug", limit=600.0, at=NOW - waited), NOW - waited)
+        return [d for d in s.cycle(NOW) if isinstance(d, Preempt)]
+
+    assert not cycle(120.0)
+    (p,) = cycle(180.0)
+    assert (p.workload, p.reason) == ("b1", "a short debug run takes it (loses 0.20 GPU-h)")
+    assert not cycle(180.0, short_lane_late_cost=0.44)
+    assert not cycle(3600.0, short_lane_patience=0.0)
+
+
+def test_the_short_lane_empties_a_mig_gpu_to_take_it_whole() -> None:
+    """The only GPU is in MIG mode, held whole (7g) by b's batch job that just saved its
+    progress. a's debug run takes it the same way a GPU outside MIG mode would be taken."""
+    s = Scheduler(tree(), inventory(gpus=1, mig=(0,)), Policy(short_lane_patience=0.0))
+    (d,) = s.submit(job("b1", "b", resumable=True, limit=10 * HOUR), NOW - 1860.0)
+    assert d.placement.slices[0].profile == "7g.80gb"
+    s.submit(job("d1", "a", kind="debug", limit=600.0, at=NOW), NOW)
+    ds = s.cycle(NOW)
+    assert [(d.workload, d.reason) for d in ds if isinstance(d, Preempt)] == [
+        ("b1", "a short debug run takes it (loses 0.05 GPU-h)")]

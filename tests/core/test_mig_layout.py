@@ -6,7 +6,7 @@ import pytest
 
 from jupyter_gpubudget.core.capacity import CapacityError, Cluster
 from jupyter_gpubudget.core.inventory import Inventory, carve, load_inventory, make_node
-from jupyter_gpubudget.core.model import Placement, SliceAlloc, SliceRequest, Start
+from jupyter_gpubudget.core.model import Placement, Policy, SliceAlloc, SliceRequest, Start
 from jupyter_gpubudget.core.offer import slice_choices
 from jupyter_gpubudget.core.placement import place
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler
@@ -70,7 +70,7 @@ def test_a_fixed_layout_without_a_full_instance_is_never_taken_as_a_whole_gpu():
     assert not any(isinstance(d, Start) for d in ds)
     # a layout that is one full-size instance may take it
     full = fixed(carve("H100-80GB", [("7g.80gb", None)]))
-    s2 = Scheduler(tree(), full)
+    s2 = Scheduler(tree(), full, Policy(mig_first=False))
     s2.submit(job("busy", "b", gpus=1), 0.0)
     ds = s2.submit(job("want", "a", gpus=1, at=1.0), 1.0)
     assert [(d.placement.slices[0].gpu, d.placement.slices[0].profile) for d in ds

@@ -228,8 +228,10 @@ def test_offer_free_now_and_standings_of_the_last_cycle():
     assert got["a"]["mig:1g.10gb"]["cost_gpu_hours"] == pytest.approx(2 * 143 / 1000)
     assert got["b"]["gpu:1"]["starts_now"] is False
     keys = ["gpu:1", "mig:1g.10gb", "mig:7g.80gb", "mps:250", "cpu"]
-    assert q.free_now(SliceRequest.whole(1), keys, NOW) == ["mig:1g.10gb", "mig:7g.80gb"]
-    assert q.free_now(SliceRequest.mig("1g.10gb"), keys, NOW) == ["mig:7g.80gb"]
+    # the share would start as a MIG instance (Policy.mps_on_mig)
+    assert q.free_now(SliceRequest.whole(1), keys, NOW) == ["mig:1g.10gb", "mig:7g.80gb",
+                                                            "mps:250"]
+    assert q.free_now(SliceRequest.mig("1g.10gb"), keys, NOW) == ["mig:7g.80gb", "mps:250"]
     st = standings_of(q.sched, NOW)
     assert st["b"] == {"usage_hours": 10.0, "grant_hours": 100.0, "standing": 0.1}
     assert st["lab"]["grant_hours"] == 200.0

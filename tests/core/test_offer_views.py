@@ -62,6 +62,9 @@ def test_a_queued_whole_gpu_request_learns_that_mig_slices_are_free():
     _run(state)
     assert [w.id for w in state.running] == ["hold"]
     state.pending = [job("want", "a", kind="interactive", min_runtime=HOUR)]
+    # (an MPS share too: with no GPU outside MIG mode free it would start as a MIG instance)
+    assert starts_now(state, "want", OPTIONS, NOW) == ["mig:1g.10gb", "mig:3g.40gb", "mps:500"]
+    state.policy = replace(state.policy, mps_on_mig=False)
     assert starts_now(state, "want", OPTIONS, NOW) == ["mig:1g.10gb", "mig:3g.40gb"]
     assert [w.id for w in state.pending] == ["want"]  # nothing kept
     assert state.pending[0].request == SliceRequest.whole(1)

@@ -361,7 +361,8 @@ def lane_state(cap: float, toll: float = 0.0, charges=(), **policy) -> ClusterSt
     saved = held("saved", "b", 0, since=1860.0)
     sess = replace(held("sess", "b", 1, since=60.0), kind="interactive")
     return ClusterState(tree(), inventory(gpus=2),
-                        Policy(short_lane_cost=cap, preemption_toll=toll, **policy),
+                        Policy(short_lane_cost=cap, preemption_toll=toll,
+                               short_lane_patience=0.0, **policy),
                         running=[sess, saved],
                         pending=[job("d", "a", kind="debug", limit=600.0)],
                         charges=charges)

@@ -88,7 +88,9 @@ def states(draw) -> tuple[ClusterState, float]:
     policy = Policy(max_reservations=draw(st.sampled_from([0, 1, 2])),
                     preemption_margin=draw(st.sampled_from([0.0, 0.25])),
                     preemption_toll=draw(st.sampled_from([0.0, 0.25])),
-                    placement=draw(st.sampled_from(["fgd", "pack"])))
+                    placement=draw(st.sampled_from(["fgd", "pack"])),
+                    mig_first=draw(st.booleans()), mps_on_mig=draw(st.booleans()),
+                    short_lane_patience=draw(st.sampled_from([0.0, 180.0])))
     t = tree(THREE_PROJECTS.format(**g))
     s = Scheduler(t, inv, policy)
     for p in draw(st.lists(st.sampled_from(PROJECTS), max_size=3)):

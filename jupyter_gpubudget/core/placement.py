@@ -343,16 +343,20 @@ def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
 
 def mps_as_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
     """An MPS share as a MIG instance (``Policy.mps_on_mig``): of each MIG model, the smallest
-    profile with at least the share's compute and GPU memory, placed like a MIG request
-    (partitioned GPUs first); the slice is charged the share's milli, not the instance's."""
+    profile with at least the share's compute and GPU memory — a share that sets no memory
+    limit would use the GPU's memory alongside others, so it needs its part of the GPU's memory
+    (its milli of it) — placed like a MIG request (partitioned GPUs first); the slice is
+    charged the share's milli, not the instance's."""
     models = _models(req)
     best: Placement | None = None
     best_key: tuple[int, int] | None = None
     for model, _ in cluster.mig_index:
         if models is not None and model not in models:
             continue
-        fit = [p for p in migtab.profiles_for(model).values()
-               if p.milli >= req.milli and p.memory_gb * 1024 >= req.gpu_memory_mib]
+        table = migtab.profiles_for(model).values()
+        gpu_gb = max(p.memory_gb for p in table)
+        need_mib = req.gpu_memory_mib or gpu_gb * 1024 * req.milli // MILLI
+        fit = [p for p in table if p.milli >= req.milli and p.memory_gb * 1024 >= need_mib]
         if not fit:
             continue
         prof = min(fit, key=lambda p: (p.compute, p.size))

@@ -370,6 +370,14 @@ def test_an_mps_share_with_no_room_takes_the_smallest_mig_instance_that_holds_it
         assert (sl.gpu, sl.profile, sl.milli) == (1, "4g.40gb", 500)
         # no instance of the GPU is big enough for a share of 80 GB: it waits
         assert s.submit(job("x", "a", req=SliceRequest.mps(100, 81920), at=3.0), NOW) == []
+    # a share with no memory limit needs its part of the GPU's 80 GB: 10 % (8 GB) a 1g.10gb;
+    # 13 % (10.4 GB) a 1g.20gb — 1g.10gb has the compute (1/7) but not the memory
+    for milli, profile in ((100, "1g.10gb"), (130, "1g.20gb")):
+        s = Scheduler(tree(), inv, Policy(whole_gpu_on_mig=False))
+        s.submit(job("big", "a"), NOW)
+        (sl,) = s.submit(job("m", "a", req=SliceRequest.mps(milli), at=1.0),
+                         NOW)[0].placement.slices
+        assert (sl.profile, sl.milli) == (profile, milli)
 
 
 def test_short_lane_and_kind_order() -> None:

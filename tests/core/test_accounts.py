@@ -14,6 +14,10 @@ GOOD = textwrap.dedent("""\
       min_runtime_cap: {interactive: 4h}
       max_reservations: 3
       short_lane_hold: 2
+      mig_first: false
+      mps_on_mig: false
+      short_lane_patience: 5m
+      short_lane_late_cost: 0.5
     accounts:
       physics:
         grant: 1000
@@ -43,6 +47,8 @@ def test_good_file_loads_tree_policy_and_people():
     assert b.policy.cap_for("batch") == 2 * DAY  # default kept
     assert b.policy.max_reservations == 3
     assert b.policy.short_lane_hold == 2
+    assert (b.policy.mig_first, b.policy.mps_on_mig) == (False, False)  # defaults: on
+    assert (b.policy.short_lane_patience, b.policy.short_lane_late_cost) == (300.0, 0.5)
     assert b.admins == {"root"}
     grants = t.effective_grants(cluster_gpu_hours=8000)
     assert grants["astro"] == pytest.approx(400)
@@ -91,6 +97,12 @@ BAD = [
      "'fgd' or 'pack'"),
     ("policy: {preemption_margin: -1}\naccounts: {a: {grant: 1}}\n",
      "policy.preemption_margin", 1, "must be ≥ 0"),
+    ("policy: {short_lane_late_cost: -1}\naccounts: {a: {grant: 1}}\n",
+     "policy.short_lane_late_cost", 1, "must be ≥ 0"),
+    ("policy: {mps_on_mig: maybe}\naccounts: {a: {grant: 1}}\n", "policy.mps_on_mig", 1,
+     "true or false"),
+    ("policy: {short_lane_patience: soon}\naccounts: {a: {grant: 1}}\n",
+     "policy.short_lane_patience", 1, "duration"),
 ]
 
 

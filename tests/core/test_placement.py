@@ -422,3 +422,81 @@ def test_a_mig_occupancy_whose_gpus_are_all_held_back_passes_to_the_next():
     c.reserve(Placement((SliceAlloc("n0", 0),)), 10.0)
     assert gpus_of(place(c, SliceRequest.mig("1g.10gb"), 5.0)) == [("n0", 0)]
     assert gpus_of(place(c, SliceRequest.mig("1g.10gb"), 100.0)) == [("n0", 1)]
+
+
+# ---------------------------------------------------------------- MIG-mode GPUs first
+
+
+def test_an_mps_share_as_the_smallest_mig_instance_of_each_model():
+    """``mps_as_mig``: of each MIG model the smallest profile with the share's compute and GPU
+    memory; across models the smallest of those (the first model on a tie); GPU models
+    asked for, host room and exact edges respected; charged the share's milli, with its
+    host CPU and memory."""
+    from jupyter_gpubudget.core.placement import mps_as_mig
+
+    three = cluster(make_node("h", H100, 1, mig=(0,), cpu_milli=4000, memory_mib=4096),
+                    make_node("a", "A100-40GB", 1, mig=(0,), cpu_milli=4000, memory_mib=4096),
+                    make_node("x", "H200-141GB", 1, mig=(0,), cpu_milli=4000,
+                              memory_mib=4096))
+
+    def got(c: Cluster, req: SliceRequest) -> tuple[str, str | None, int] | None:
+        p = mps_as_mig(c, req, 0.0)
+        return None if p is None else (p.slices[0].node, p.slices[0].profile,
+                                       p.slices[0].milli)
+
+    # 10 % with 15,000 MiB: H100 1g.20gb (1 compute, 2 slots), A100-40 3g.20gb, H200
+    # 1g.18gb (1, 1): the H200's is the smallest, though it comes last
+    req = SliceRequest.mps(100, 15000, cpu_milli=1000, memory_mib=1024)
+    assert got(three, req) == ("x", "1g.18gb", 100)
+    (sl,) = mps_as_mig(three, req, 0.0).slices  # type: ignore[union-attr]
+    assert (sl.kind, sl.gpu, sl.mig_start, sl.gpu_memory_mib, sl.cpu_milli, sl.memory_mib) == (
+        "mig", 0, 6, 0, 1000, 1024)
+    for model, where, profile in (("H100-80GB", "h", "1g.20gb"), ("A100-40GB", "a", "3g.20gb"),
+                                  ("A100-40GB|H100-80GB", "h", "1g.20gb")):
+        assert got(three, SliceRequest.mps(100, 15000, gpu_model=model)) == (
+            where, profile, 100)
+    assert got(three, SliceRequest.mps(100, 15000, gpu_model="A100-80GB")) is None
+    # exact edges: 286 milli is 2g's own (2/7); 20,480 MiB is 20 GB, 20,481 is not
+    assert got(three, SliceRequest.mps(286, 20000, gpu_model=H100)) == ("h", "2g.20gb", 286)
+    assert got(three, SliceRequest.mps(287, 20000, gpu_model=H100)) == ("h", "3g.40gb", 287)
+    assert got(three, SliceRequest.mps(100, 20480, gpu_model=H100)) == ("h", "1g.20gb", 100)
+    assert got(three, SliceRequest.mps(100, 20481, gpu_model=H100)) == ("h", "3g.40gb", 100)
+    # a model where nothing fits is passed over, not the end of the search
+    # (60,000 MiB: the H100's 7g, none on the A100-40, the H200's 3g.71gb)
+    assert got(three, SliceRequest.mps(100, 60000)) == ("x", "3g.71gb", 100)
+    # equal smallest profiles: the first model's GPU
+    twins = cluster(make_node("p", "A100-80GB", 1, mig=(0,)), make_node("q", H100, 1, mig=(0,)))
+    assert got(twins, SliceRequest.mps(250, 20000)) == ("p", "2g.20gb", 250)
+    # host room: the node that has it
+    assert got(three, SliceRequest.mps(100, 15000, cpu_milli=5000)) is None
+    assert got(three, SliceRequest.mps(100, 15000, memory_mib=5000)) is None
+    roomy = cluster(make_node("h", H100, 1, mig=(0,), cpu_milli=1000, memory_mib=1024),
+                    make_node("x", "H200-141GB", 1, mig=(0,), cpu_milli=500, memory_mib=4096))
+    assert got(roomy, SliceRequest.mps(100, 15000, cpu_milli=800)) == ("h", "1g.20gb", 100)
+    assert got(roomy, SliceRequest.mps(100, 15000, memory_mib=2048)) == ("x", "1g.18gb", 100)
+    # no MIG-mode GPU at all
+    assert got(cluster(node("n", 2)), SliceRequest.mps(100)) is None
+
+
+def test_place_mps_tries_a_mig_instance_only_when_asked_and_before_a_fresh_gpu():
+    c = cluster(node("n", 2), make_node("m", H100, 1, mig=(0,)))
+    share(c, "s", "n", 0, 900)
+    req = SliceRequest.mps(250, 20000)
+    assert gpus_of(place_mps(c, req, 0.0)) == [("n", 1)]  # off: a fresh GPU
+    c.mps_on_mig = True
+    p = place_mps(c, req, 0.0)
+    assert p is not None and p.slices[0].node == "m" and p.slices[0].profile == "2g.20gb"
+    assert gpus_of(place_mps(c, SliceRequest.mps(100), 0.0)) == [("n", 0)]  # room first
+
+
+def test_mig_first_takes_an_idle_mig_gpu_before_a_free_one_for_one_gpu_only():
+    c = cluster(node("n", 2), make_node("m", H100, 1, mig=(0,)),
+                make_node("a", "A100-80GB", 1, mig=(0,)))
+    c.whole_gpu_on_mig = True
+    assert gpus_of(place_whole(c, SliceRequest.whole(1), 0.0)) == [("n", 0)]
+    c.mig_first = True
+    p = place_whole(c, SliceRequest.whole(1), 0.0)
+    assert p is not None and p.slices[0].node == "m" and p.slices[0].profile == "7g.80gb"
+    p = place_whole(c, SliceRequest.whole(1, gpu_model="A100-80GB"), 0.0)
+    assert p is not None and p.slices[0].node == "a"
+    assert gpus_of(place_whole(c, SliceRequest.whole(2), 0.0)) == [("n", 0), ("n", 1)]

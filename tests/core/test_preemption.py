@@ -636,3 +636,68 @@ def test_mig_compute_limit_beyond_the_overlap_on_a_table_that_needs_it(monkeypat
     del el["z"]
     got = choose_victims(c, SliceRequest.mig("3c.top"), 0.0, el, standing, cost)
     assert [v.id for v in got] == ["x", "y"]
+
+
+# ---------------------------------------------------------------- a MIG-mode GPU taken whole
+
+
+def test_a_one_gpu_request_may_empty_a_mig_gpu_only_when_asked_to():
+    """GPU 0 (outside MIG mode) is held by an ineligible job; GPU 1 (MIG mode) by two
+    eligible instances. With ``whole_on_mig`` one GPU can be had by preempting both
+    instances; without it, or for two GPUs, or with whole MIG GPUs not allowed, there is no
+    way. An ineligible instance, a fixed layout without a full-size instance, a reservation,
+    a GPU model not asked for, too little host room or an unhealthy node keep the GPU."""
+    COSTS.clear()
+    x, y = w("x", mig(1, "3g.40gb", 4)), w("y", mig(1, "1g.10gb", 0))
+    held = w("held", g(0))
+    one = SliceRequest.whole(1)
+
+    def run(inv: Inventory, *, req: SliceRequest = one, end: float = 0.0,
+            flag: bool = True, allowed: bool = True, ws: tuple[Workload, ...] = (x, y),
+            ineligible: tuple[Workload, ...] = (held,), reserved: float | None = None,
+            unhealthy: bool = False):
+        c, el = setup(inv, *ws, ineligible=ineligible)
+        c.whole_gpu_on_mig = allowed
+        if reserved is not None:
+            c.nodes[0].gpus[1].reserved_at = reserved
+        if unhealthy:
+            c.set_healthy("n0", False)
+        return ids(choose_victims(c, req, end, el, standing, cost, whole_on_mig=flag))
+
+    inv = one_node(2, mig=(1,), cpu_milli=8000, memory_mib=8192)
+    assert run(inv) == ["x", "y"]
+    assert run(inv, flag=False) is None
+    assert run(inv, allowed=False) is None
+    assert run(inv, req=SliceRequest.whole(2)) is None
+    assert run(inv, ws=(x,), ineligible=(held, y)) is None  # y may not go
+    assert run(inv, reserved=100.0, end=200.0) is None  # held back for a gang
+    assert run(inv, reserved=300.0, end=200.0) == ["x", "y"]
+    assert run(inv, req=SliceRequest.whole(1, gpu_model="A100-80GB")) is None
+    assert run(inv, req=SliceRequest.whole(1, cpu_milli=9000)) is None
+    assert run(inv, req=SliceRequest.whole(1, memory_mib=9000)) is None
+    assert run(inv, unhealthy=True) is None
+    # a free MIG-mode GPU is nobody's to preempt; a GPU outside MIG mode is not "emptied"
+    assert run(inv, ws=(), ineligible=(held,)) is None
+    small = one_node(2, mig=(1,), mig_layout={1: (("3g.40gb", 4), ("1g.10gb", 0))})
+    assert run(small) is None  # no 7g instance in its layout
+    full = one_node(2, mig=(1,), mig_layout={1: (("7g.80gb", 0),)})
+    z = w("z", mig(1, "7g.80gb", 0))
+    assert run(full, ws=(z,)) == ["z"]
+    # on a node after one without room: the walk goes on to it
+    two = Inventory((make_node("n0", H100, 1, cpu_milli=1000, memory_mib=8192),
+                     make_node("n1", H100, 1, mig=(0,), cpu_milli=8000, memory_mib=8192)))
+    c, el = setup(two, w("far", SliceAlloc("n1", 0, "mig", 429, 4, "3g.40gb")),
+                  ineligible=(held,))
+    c.whole_gpu_on_mig = True
+    assert ids(choose_victims(c, SliceRequest.whole(1, cpu_milli=2000), 0.0, el, standing,
+                              cost, whole_on_mig=True)) == ["far"]
+
+
+def test_a_full_size_instance_is_possible_on_a_carved_gpu_or_a_layout_that_has_one():
+    from jupyter_gpubudget.core.preemption import _full_instance_ok
+
+    c = Cluster(one_node(4, mig=(1, 2, 3), mig_layout={
+        2: (("7g.80gb", 0),), 3: (("3g.40gb", 0), ("3g.40gb", 4))}))
+    assert [_full_instance_ok(c.nodes[0].gpus[i]) for i in (1, 2, 3)] == [True, True, False]
+    assert _full_instance_ok(Cluster(Inventory((make_node("n0", "T4", 1, mig=(0,)),))
+                                     ).nodes[0].gpus[0]) is False  # no MIG table at all

@@ -28,6 +28,7 @@ from typing import Any
 from . import mig as migtab
 from .capacity import Cluster, Gpu
 from .model import HOUR, MILLI, Policy, SliceRequest, Workload
+from .placement import full_profile
 
 SetCost = tuple[int, float, int, int, float]
 INF = float("inf")
@@ -115,10 +116,8 @@ def set_cost(vs: list[Workload], standing: Callable[[Workload], float],
 
 def _full_instance_ok(g: Gpu) -> bool:
     """Can MIG-mode GPU ``g``, once empty, hold its full-size (7g) instance?"""
-    for p in migtab.profiles_for(g.model).values():
-        if p.compute == migtab.COMPUTE:
-            return g.layout is None or (p.name, 0) in g.layout
-    return False
+    prof = full_profile(g.model)
+    return prof is not None and (g.layout is None or (prof.name, 0) in g.layout)
 
 
 def choose_victims(cluster: Cluster, req: SliceRequest, end: float,

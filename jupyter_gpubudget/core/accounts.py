@@ -40,7 +40,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
-                "short_lane_patience", "short_lane_late_cost"}
+                "short_lane_patience", "short_lane_late_cost", "gang_overdue_after"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -329,6 +329,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     if "short_lane_late_cost" in fields:
         policy = replace(policy, short_lane_late_cost=fields["short_lane_late_cost"].number(
             minimum=0))
+    if "gang_overdue_after" in fields:
+        policy = replace(policy, gang_overdue_after=fields["gang_overdue_after"].duration())
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:

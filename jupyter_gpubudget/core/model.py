@@ -284,6 +284,12 @@ class Policy:
     # still may), so a debug run that arrives finds a GPU instead of waiting for long work
     # to end; only once debug work has been seen (0: keep nothing back)
     short_lane_hold: int = 1
+    # a blocked gang still waiting this many seconds after the start first planned for it
+    # (its first reservation's time) may preempt unprotected work of accounts standing
+    # above its own whatever that work loses: a reservation that keeps slipping because
+    # running work outlives its predictions is kept, at a price in preemptions (0: never;
+    # off by default, see docs/simulator.md for what it costs)
+    gang_overdue_after: float = 0.0
     #: seconds a preempted workload that does not stop at once (``Workload.stops_at_once``)
     #: is expected to take to release its slice (a notebook's snapshot grace period)
     stop_grace: float = 120.0

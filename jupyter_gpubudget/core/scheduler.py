@@ -111,6 +111,9 @@ class Scheduler:
         self.pending: dict[str, Workload] = {}
         self.running: dict[str, Workload] = {}
         self.reservations: dict[str, tuple[float, Placement]] = {}
+        # per waiting gang, the time its first reservation planned it to start
+        # (Policy.gang_overdue_after)
+        self.first_planned: dict[str, float] = {}
         self.drained: set[str] = set()
         self.mix: dict[tuple[object, ...], float] = {}  # decayed histogram of request shapes
         self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
@@ -322,6 +325,7 @@ class Scheduler:
         else:
             del self._shape_count[shape]
         self._seq.pop(wid, None)
+        self.first_planned.pop(wid, None)
         own = self.reservations.pop(wid, None)
         if own is not None:  # its reserved GPUs are no longer held back
             for sl in own[1].slices:
@@ -596,8 +600,9 @@ class Scheduler:
         if backed and pool and self.policy.preemption and w.project in st.path_standing:
             mine = st.path_standing[w.project]
             worst = preempt_failed.get(shape)
-            if worst is None or mine < worst:
-                if self._try_preempt(w, end, now, pool, st, out):
+            overdue = self._overdue_gang(w, now)
+            if overdue or worst is None or mine < worst:
+                if self._try_preempt(w, end, now, pool, st, out, overdue):
                     failed.clear()
                     self._memo_gen += 1
                     return
@@ -620,10 +625,18 @@ class Scheduler:
                 at, placement = plan
                 self.cluster.reserve(placement, at)
                 self.reservations[w.id] = (at, placement)
+                self.first_planned.setdefault(w.id, at)
                 bisect.insort(res_times, at)
                 failed.clear()  # memo keys depend on reservation times
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
+
+    def _overdue_gang(self, w: Workload, now: float) -> bool:
+        """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first
+        reservation planned for it?"""
+        after = self.policy.gang_overdue_after
+        first = self.first_planned.get(w.id)
+        return after > 0 and first is not None and now >= first + after
 
     def _hold_for_lane(self, now: float) -> None:
         """Keep up to ``policy.short_lane_hold`` whole GPUs that stand free for the short
@@ -858,7 +871,10 @@ class Scheduler:
         return min(self.predict(w), cap) if cap > 0 else self.predict(w)
 
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
-                     st: Standings, out: list[Decision]) -> bool:
+                     st: Standings, out: list[Decision], overdue: bool = False) -> bool:
+        """Preempt eligible running work so that ``w`` starts now, if that pays; for an
+        overdue gang (``policy.gang_overdue_after``) whatever it costs, but still only work
+        of accounts standing above its own."""
         margin = self.policy.preemption_margin
         frac = request_milli(w.request) / MILLI
         need = frac * self.policy.effective_min_runtime(w) / HOUR
@@ -924,7 +940,7 @@ class Scheduler:
             if gap <= 0:
                 continue
             c = preemption_cost(v, now, self.policy) + self.policy.preemption_toll
-            if preemption_pays(c, preemption_gain(gain_hours, gap)):
+            if overdue or preemption_pays(c, preemption_gain(gain_hours, gap)):
                 costs[wid] = c
                 eligible[wid] = v
         if not eligible:
@@ -936,7 +952,7 @@ class Scheduler:
             return False
         total = sum(costs[v.id] for v in victims)
         fresh = [v for v in victims if not v.stopping]
-        if fresh and not preemption_pays(total, preemption_gain(gain_hours,
+        if fresh and not overdue and not preemption_pays(total, preemption_gain(gain_hours,
                                                                 min(gap_of(v) for v in fresh))):
             return False
         # tentatively free their capacity; keep the choice only if the request then fits
@@ -947,6 +963,9 @@ class Scheduler:
             why = ("unbacked work yields to backed work" if not v.backed else
                    "an idle session yields to waiting work" if v.idle else
                    f"project {v.project} stands above {w.project}")
+            if overdue:
+                late = (now - self.first_planned[w.id]) / HOUR
+                why += f"; gang {w.id} is {late:.1f} h past the start first planned for it"
             return f"{why} (loses {costs[v.id]:.2f} GPU-h)"
 
         self._take(w, victims, end, now, out, pool, reason)

@@ -18,6 +18,7 @@ GOOD = textwrap.dedent("""\
       mps_on_mig: false
       short_lane_patience: 5m
       short_lane_late_cost: 0.5
+      gang_overdue_after: 2h
     accounts:
       physics:
         grant: 1000
@@ -49,6 +50,8 @@ def test_good_file_loads_tree_policy_and_people():
     assert b.policy.short_lane_hold == 2
     assert (b.policy.mig_first, b.policy.mps_on_mig) == (False, False)  # defaults: on
     assert (b.policy.short_lane_patience, b.policy.short_lane_late_cost) == (300.0, 0.5)
+    assert b.policy.gang_overdue_after == 2 * HOUR
+    assert load_budgets("accounts: {a: {grant: 1}}").policy.gang_overdue_after == 0  # off
     assert b.admins == {"root"}
     grants = t.effective_grants(cluster_gpu_hours=8000)
     assert grants["astro"] == pytest.approx(400)
@@ -103,6 +106,8 @@ BAD = [
      "true or false"),
     ("policy: {short_lane_patience: soon}\naccounts: {a: {grant: 1}}\n",
      "policy.short_lane_patience", 1, "duration"),
+    ("policy:\n  gang_overdue_after: late\naccounts: {a: {grant: 1}}\n",
+     "policy.gang_overdue_after", 2, "duration"),
 ]
 
 

@@ -87,7 +87,8 @@ def test_policy_errors_word_for_word():
         ("min_runtime_cap: {gpu: 1h}", "policy.min_runtime_cap.gpu",
          "unknown key 'gpu' (allowed: batch, debug, interactive)"),
         ("colour: red", "policy.colour", "unknown key 'colour' (allowed: backfill, "
-         "checkpoint_interval, default_runtime, max_reservations, mig_first, min_runtime_cap, "
+         "checkpoint_interval, default_runtime, gang_overdue_after, max_reservations, mig_first, "
+         "min_runtime_cap, "
          "mps_on_mig, placement, preemption, preemption_margin, preemption_toll, "
          "restart_overhead, short_lane, short_lane_cost, short_lane_hold, "
          "short_lane_late_cost, short_lane_patience, stop_grace, whole_gpu_on_mig)"),

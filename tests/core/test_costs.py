@@ -313,6 +313,72 @@ def test_protected_backfill_is_not_preempted() -> None:
     assert "gang" in s.pending
 
 
+def _overdue(after: float, *, b_min_runtime: float = 0.0, a_used: float = 0.0,
+             b_used: float = 80.0) -> Scheduler:
+    """4 GPUs. b (used 80 of 100 GPU-h) runs r1 on all 4 since NOW − 1 h: not resumable,
+    predicted 2 h. The gang (a, 4 GPUs, 1 h) arrives at NOW: preempting r1 would lose 4 GPU-h
+    for a 4-GPU-h run, so it does not pay, and the gang's first reservation plans it at
+    NOW + 1 h. r1 then runs past its prediction and the reservation slips."""
+    s = Scheduler(tree(), inventory(gpus=4),
+                  Policy(max_reservations=1, gang_overdue_after=after))
+    s.meter.add(ChargeInterval("old", "b", "x", 1000, NOW - 90 * HOUR,
+                               NOW - 90 * HOUR + b_used * HOUR))
+    if a_used:
+        s.meter.add(ChargeInterval("olda", "a", "x", 1000, NOW - 90 * HOUR,
+                                   NOW - 90 * HOUR + a_used * HOUR))
+    s.submit(job("r1", "b", gpus=4, limit=2 * HOUR, min_runtime=b_min_runtime), NOW - HOUR)
+    s.submit(job("gang", "a", gpus=4, at=1.0), NOW)
+    ds = s.cycle(NOW)
+    assert not [d for d in ds if isinstance(d, Preempt)]
+    assert [d.at for d in ds if isinstance(d, Reserve)] == [NOW + HOUR]
+    assert s.first_planned == {"gang": NOW + HOUR}
+    return s
+
+
+def test_an_overdue_gang_preempts_what_would_not_pay() -> None:
+    """With gang_overdue_after 1 h, the gang is overdue from NOW + 2 h (its first planned
+    start plus 1 h), however late its reservation has slipped by then: it takes r1, which
+    loses 12 GPU-h (3 h on 4 GPUs), and starts."""
+    s = _overdue(HOUR)
+    ds = s.cycle(NOW + HOUR)  # r1 overran: the reservation slips, the first plan stays
+    assert [d.at for d in ds if isinstance(d, Reserve)] == [NOW + 2 * HOUR]
+    assert s.first_planned == {"gang": NOW + HOUR}
+    assert not [d for d in s.cycle(NOW + 2 * HOUR - 1.0) if isinstance(d, Preempt)]
+    ds = s.cycle(NOW + 2 * HOUR)
+    (pre,) = [d for d in ds if isinstance(d, Preempt)]
+    assert pre.workload == "r1"
+    assert "gang gang is 1.0 h past the start first planned for it" in pre.reason
+    assert "project b stands above a" in pre.reason and "(loses 12." in pre.reason
+    assert [d.workload for d in ds if isinstance(d, Start)] == ["gang"]
+    assert s.first_planned == {}  # forgotten once it starts
+
+
+@pytest.mark.parametrize("case", ["off", "protected", "a stands higher"])
+def test_an_overdue_gang_still_respects_protection_and_standing(case: str) -> None:
+    """Off (0), a victim still in its protected run (b used 40 GPU-h: r1 is backed, so its
+    protection holds), or a victim whose project stands below the gang's: no preemption at
+    NOW + 3 h, well past overdue; the gang keeps waiting."""
+    protected = case == "protected"
+    s = _overdue(0.0 if case == "off" else HOUR, b_min_runtime=10 * HOUR if protected else 0.0,
+                 b_used=40.0 if protected else 80.0,
+                 a_used=95.0 if case == "a stands higher" else 0.0)
+    s.cycle(NOW + HOUR)
+    ds = s.cycle(NOW + 3 * HOUR)
+    assert not [d for d in ds if isinstance(d, Preempt)]
+    assert "gang" in s.pending and "r1" in s.running
+
+
+def test_only_a_gang_that_had_a_reservation_can_be_overdue() -> None:
+    """With no reservations at all, nothing is planned for the gang: never overdue."""
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=0, gang_overdue_after=1.0))
+    s.meter.add(ChargeInterval("old", "b", "x", 1000, NOW - 90 * HOUR, NOW - 10 * HOUR))
+    s.submit(job("r1", "b", gpus=4, limit=2 * HOUR), NOW - HOUR)
+    s.submit(job("gang", "a", gpus=4, at=1.0), NOW)
+    for t in (NOW, NOW + HOUR, NOW + 5 * HOUR):
+        assert not [d for d in s.cycle(t) if isinstance(d, (Preempt, Reserve))]
+    assert s.first_planned == {}
+
+
 # ---------------------------------------------------------------- MIG GPUs and the short lane
 
 

@@ -90,7 +90,8 @@ def states(draw) -> tuple[ClusterState, float]:
                     preemption_toll=draw(st.sampled_from([0.0, 0.25])),
                     placement=draw(st.sampled_from(["fgd", "pack"])),
                     mig_first=draw(st.booleans()), mps_on_mig=draw(st.booleans()),
-                    short_lane_patience=draw(st.sampled_from([0.0, 180.0])))
+                    short_lane_patience=draw(st.sampled_from([0.0, 180.0])),
+                    gang_overdue_after=draw(st.sampled_from([0.0, 600.0])))
     t = tree(THREE_PROJECTS.format(**g))
     s = Scheduler(t, inv, policy)
     for p in draw(st.lists(st.sampled_from(PROJECTS), max_size=3)):

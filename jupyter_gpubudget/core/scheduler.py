@@ -871,7 +871,7 @@ class Scheduler:
         return min(self.predict(w), cap) if cap > 0 else self.predict(w)
 
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
-                     st: Standings, out: list[Decision], overdue: bool = False) -> bool:
+                     st: Standings, out: list[Decision], overdue: bool) -> bool:
         """Preempt eligible running work so that ``w`` starts now, if that pays; for an
         overdue gang (``policy.gang_overdue_after``) whatever it costs, but still only work
         of accounts standing above its own."""

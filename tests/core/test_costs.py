@@ -353,6 +353,13 @@ def test_an_overdue_gang_preempts_what_would_not_pay() -> None:
     assert s.first_planned == {}  # forgotten once it starts
 
 
+def test_overdue_counts_in_seconds() -> None:
+    """One second is a valid limit: overdue one second after the first planned start."""
+    s = _overdue(1.0)
+    assert not [d for d in s.cycle(NOW + HOUR) if isinstance(d, Preempt)]
+    assert [d.workload for d in s.cycle(NOW + HOUR + 1.0) if isinstance(d, Preempt)] == ["r1"]
+
+
 @pytest.mark.parametrize("case", ["off", "protected", "a stands higher"])
 def test_an_overdue_gang_still_respects_protection_and_standing(case: str) -> None:
     """Off (0), a victim still in its protected run (b used 40 GPU-h: r1 is backed, so its

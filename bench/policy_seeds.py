@@ -1,0 +1,170 @@
+"""Scheduling quality across seeds: issue 14's 3-day synthetic run and the seed's 64-GPU
+month on several synthetic seeds, with policy keys changed as a budgets file would change
+them — for telling a policy change from the luck of one seed.
+
+    .venv/bin/python bench/policy_seeds.py [--seeds 0-5] [--runs 3day,month]
+                                           [--set gang_overdue_after=1h ...] [--jobs N]
+
+``bench/policy.py`` reports one seed (0). Both runs here are chaotic in the way a busy
+cluster is: one 32-GPU gang starting a few hours earlier or later moves a program's share
+over three days by several points, so a change of policy is worth keeping only when it
+holds on most seeds. Each run is the same as ``bench/policy.py``'s (and the ``gpubudget
+simulate`` command its docstring shows); ``--set KEY=VALUE`` changes one key of the budgets
+YAML's ``policy:`` and is read and checked by the same loader (``1h``, ``true``, ``0.5``).
+
+Prints, per run, one row per seed with each goal of issue 14 marked, then how many seeds
+meet each goal, the mean and the worst; last, one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jupyter_gpubudget.core.accounts import BudgetError, load_budgets  # noqa: E402
+from jupyter_gpubudget.core.model import Policy  # noqa: E402
+from jupyter_gpubudget.sim import metrics  # noqa: E402
+from jupyter_gpubudget.sim.engine import SimConfig, simulate  # noqa: E402
+from jupyter_gpubudget.sim.run import prepare  # noqa: E402
+from jupyter_gpubudget.sim.synthetic import SyntheticSpec  # noqa: E402
+
+#: per run: (figure, metrics key, "≤" or "≥", goal), as in bench/policy.py's GOALS
+FIGURES: dict[str, list[tuple[str, str, str, float]]] = {
+    "3day": [("share error pt", "share_error_pts", "≤", 3.0),
+             ("preemptions/job", "preemptions_per_workload", "≤", 0.10),
+             ("lost %", "lost_pct_of_delivered", "≤", 1.0),
+             ("debug p90 s", "debug_p90_s", "≤", 60.0),
+             ("utilisation", "utilisation", "", 0.0)],
+    "month": [("utilisation", "utilisation", "≥", 0.95),
+              ("share error pt", "share_error_pts", "≤", 2.0),
+              ("debug p90 s", "debug_p90_s", "≤", 300.0),
+              ("preemptions/job", "preemptions_per_workload", "≤", 0.10),
+              ("lost %", "lost_pct_of_delivered", "≤", 1.0)],
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-5`` or ``0,3,7`` (or both: ``0-2,9``)."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.strip().partition("-")
+        if not a.isdigit() or (b and not b.isdigit()):
+            raise ValueError(f"seeds: expected numbers like 0-5 or 0,3,7, got {text!r}")
+        out.extend(range(int(a), int(b) + 1) if b else [int(a)])
+    if not out:
+        raise ValueError("seeds: none given")
+    return sorted(set(out))
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as the budgets YAML's ``policy:`` would read them."""
+    known = {f.name for f in fields(Policy)}
+    lines = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set: expected KEY=VALUE, got {item!r}")
+        if key not in known:
+            raise ValueError(f"--set: unknown policy key {key!r}")
+        lines.append(f"  {key}: {value}")
+    if not lines:
+        return {}
+    text = "policy:\n" + "\n".join(lines) + "\naccounts: {a: {grant: 1}}\n"
+    try:
+        policy = load_budgets(text, "--set").policy
+    except BudgetError as e:
+        raise ValueError(str(e)) from None
+    return {item.partition("=")[0]: getattr(policy, item.partition("=")[0]) for item in items}
+
+
+def one(which: str, seed: int, sets: dict[str, Any]) -> dict[str, Any]:
+    if which == "3day":
+        setup = prepare(None, None, synthetic=SyntheticSpec(load=1.4, seed=seed))
+        cfg = SimConfig(cycle_interval=10, horizon=72 * 3600, seed=seed)
+    else:
+        setup = prepare(None, None, gpus=64, synthetic=SyntheticSpec(
+            workloads=8000, days=30, load=2.5, gpus=64, seed=seed))
+        cfg = SimConfig(cycle_interval=30, horizon=720 * 3600, checkpoint_interval=1800,
+                        seed=seed)
+    policy = replace(setup.budgets.policy, **sets)
+    m = metrics.compute(simulate(setup.trace, setup.budgets.accounts, setup.inventory, policy,
+                                 cfg))
+    dbg = m["kinds"].get("debug", {}).get("wait_p90_s")
+    m["debug_p90_s"] = dbg
+    return {"run": which, "seed": seed,
+            **{key: m[key] for _, key, _, _ in FIGURES[which]}}
+
+
+def meets(value: float | None, op: str, goal: float) -> bool | None:
+    if value is None or not op:
+        return None
+    return value <= goal if op == "≤" else value >= goal
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0-5", help="seeds: 0-5, 0,3,7 (default 0-5)")
+    ap.add_argument("--runs", default="3day,month", help="3day, month or both (default)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a policy key as in the budgets YAML (repeatable)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="simulations run side by side (default: the CPUs)")
+    args = ap.parse_args()
+    try:
+        seeds = parse_seeds(args.seeds)
+        sets = parse_sets(args.set)
+        runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+        bad = [r for r in runs if r not in FIGURES]
+        if bad or not runs:
+            raise ValueError(f"--runs: expected 3day and/or month, got {args.runs!r}")
+    except ValueError as e:
+        ap.error(str(e))
+    print(f"seeds {seeds}; policy changes: {sets or 'none (the defaults)'}", flush=True)
+    out: dict[str, Any] = {"seeds": seeds, "set": dict(sets)}
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {(r, s): pool.submit(one, r, s, sets) for r in runs for s in seeds}
+        for which in runs:
+            figs = FIGURES[which]
+            print(f"\n{which}: " + ("synthetic, load 1.4, 72 h, 10 s cycle" if which == "3day"
+                                    else "the seed's month, 64 GPUs, 2.5x, 30 s cycle"))
+            print("  seed  " + "  ".join(f"{name:>16s}" for name, *_ in figs))
+            rows = []
+            for s in seeds:
+                row = futures[(which, s)].result()
+                rows.append(row)
+                cells = []
+                for _, key, op, goal in figs:
+                    v = row[key]
+                    ok = meets(v, op, goal)
+                    mark = "" if ok is None else (" ok" if ok else " NO")
+                    cells.append(f"{'–' if v is None else f'{v:.4g}'}{mark}".rjust(16))
+                print(f"  {s:>4d}  " + "  ".join(cells), flush=True)
+            summary: dict[str, Any] = {}
+            for _, key, op, goal in figs:
+                vals = [r[key] for r in rows if r[key] is not None]
+                if not vals:
+                    continue
+                worst = (max(vals) if op == "≤" else min(vals)) if op else None
+                met = sum(1 for v in vals if meets(v, op, goal))
+                summary[key] = {"mean": round(sum(vals) / len(vals), 4),
+                                "worst": None if worst is None else round(worst, 4),
+                                "seeds_met": met if op else None}
+                if op:
+                    print(f"  {key}: {met} of {len(vals)} seeds meet {op} {goal:g}; mean "
+                          f"{summary[key]['mean']:.4g}, worst {worst:.4g}")
+            out[which] = {"per_seed": rows, "summary": summary}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

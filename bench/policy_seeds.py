@@ -13,7 +13,9 @@ simulate`` command its docstring shows); ``--set KEY=VALUE`` changes one key of 
 YAML's ``policy:`` and is read and checked by the same loader (``1h``, ``true``, ``0.5``).
 
 Prints, per run, one row per seed with each goal of issue 14 marked, then how many seeds
-meet each goal, the mean and the worst; last, one JSON line.
+meet each goal, the mean and the worst; then the goals missed over every seed and run
+together (one number to compare policies by; choose on seeds other than 0, the seed
+``bench/policy.py`` reports); last, one JSON line.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ def main() -> None:
         ap.error(str(e))
     print(f"seeds {seeds}; policy changes: {sets or 'none (the defaults)'}", flush=True)
     out: dict[str, Any] = {"seeds": seeds, "set": dict(sets)}
+    missed = 0  # goals missed, over every seed and run: one number to compare policies by
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {(r, s): pool.submit(one, r, s, sets) for r in runs for s in seeds}
         for which in runs:
@@ -155,6 +158,7 @@ def main() -> None:
                 for _, key, op, goal in figs:
                     v = row[key]
                     ok = meets(v, op, goal)
+                    missed += ok is False
                     mark = "" if ok is None else (" ok" if ok else " NO")
                     cells.append(f"{'–' if v is None else f'{v:.4g}'}{mark}".rjust(16))
                 print(f"  {s:>4d}  " + "  ".join(cells), flush=True)
@@ -173,6 +177,8 @@ def main() -> None:
                     print(f"  {key}: {met} of {len(vals)} seeds meet {op} {goal:g}; mean "
                           f"{mean:.4g}, worst {worst:.4g}")
             out[which] = {"per_seed": rows, "summary": summary}
+    print(f"\ngoals missed, over every seed and run: {missed}")
+    out["goals_missed"] = missed
     print(json.dumps(out))
 
 

@@ -85,6 +85,16 @@ def month(seed: int, gpus: int, workloads: int) -> Setup:
         workloads=workloads, days=30, load=2.5, gpus=gpus, seed=seed))
 
 
+def month_config(seed: int) -> SimConfig:
+    return SimConfig(cycle_interval=30, horizon=720 * 3600, checkpoint_interval=1800, seed=seed)
+
+
+def three_day(seed: int) -> tuple[Setup, SimConfig]:
+    """The synthetic workload under 1.4x load for 3 days at a 10 s cycle."""
+    return (prepare(None, None, synthetic=SyntheticSpec(load=1.4, seed=seed)),
+            SimConfig(cycle_interval=10, horizon=72 * 3600, seed=seed))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"))
@@ -108,9 +118,7 @@ def main() -> None:
     else:
         print(f"ITP cluster01: {itp} not found, skipped")
 
-    syn = prepare(None, None, synthetic=SyntheticSpec(load=1.4, seed=args.seed))
-    m, _, _ = run("synthetic, load 1.4, 72 h, 10 s cycle", syn,
-                  SimConfig(cycle_interval=10, horizon=72 * 3600, seed=args.seed))
+    m, _, _ = run("synthetic, load 1.4, 72 h, 10 s cycle", *three_day(args.seed))
     out["synthetic_preemptions_per_job"] = round(m["preemptions_per_workload"], 4)
     out["synthetic_lost_gpu_hours_pct"] = round(m["lost_pct_of_delivered"], 3)
     out["share_error_pts_max"] = round(m["share_error_pts"], 3)
@@ -118,8 +126,7 @@ def main() -> None:
     out["debug_wait_p90_s"] = None if dbg is None else round(dbg, 1)
 
     month_setup = month(args.seed, 64, 8000)
-    cfg = SimConfig(cycle_interval=30, horizon=720 * 3600, checkpoint_interval=1800,
-                    seed=args.seed)
+    cfg = month_config(args.seed)
     m, wall, cpu = run("the seed's month, 64 GPUs, 30 s cycle", month_setup, cfg)
     dbg = m["kinds"].get("debug", {}).get("wait_p90_s")
     out.update({"month_util": round(m["utilisation"], 4),

@@ -34,34 +34,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from policy import GOALS, month  # noqa: E402  (bench/policy.py: the same set-ups and goals)
+# bench/policy.py: the same set-ups and goals
+from policy import GOALS, month, month_config, three_day  # noqa: E402
 
 from jupyter_gpubudget.core.accounts import BudgetError, load_budgets  # noqa: E402
 from jupyter_gpubudget.core.model import Policy  # noqa: E402
 from jupyter_gpubudget.sim import metrics  # noqa: E402
-from jupyter_gpubudget.sim.engine import SimConfig, simulate  # noqa: E402
-from jupyter_gpubudget.sim.run import prepare  # noqa: E402
-from jupyter_gpubudget.sim.synthetic import SyntheticSpec  # noqa: E402
-
-
-def _goal(key: str) -> tuple[str, float]:
-    return GOALS[key]
-
+from jupyter_gpubudget.sim.engine import simulate  # noqa: E402
 
 #: per run: (figure, metrics key, "≤" or "≥", goal), the goals from bench/policy.py's GOALS
 FIGURES: dict[str, list[tuple[str, str, str, float]]] = {
-    "3day": [("share error pt", "share_error_pts", *_goal("share_error_pts_max")),
+    "3day": [("share error pt", "share_error_pts", *GOALS["share_error_pts_max"]),
              ("preemptions/job", "preemptions_per_workload",
-              *_goal("synthetic_preemptions_per_job")),
-             ("lost %", "lost_pct_of_delivered", *_goal("synthetic_lost_gpu_hours_pct")),
-             ("debug p90 s", "debug_p90_s", *_goal("debug_wait_p90_s")),
+              *GOALS["synthetic_preemptions_per_job"]),
+             ("lost %", "lost_pct_of_delivered", *GOALS["synthetic_lost_gpu_hours_pct"]),
+             ("debug p90 s", "debug_p90_s", *GOALS["debug_wait_p90_s"]),
              ("utilisation", "utilisation", "", 0.0)],
-    "month": [("utilisation", "utilisation", *_goal("month_util")),
-              ("share error pt", "share_error_pts", *_goal("month_share_error_pts")),
-              ("debug p90 s", "debug_p90_s", *_goal("month_debug_p90_s")),
+    "month": [("utilisation", "utilisation", *GOALS["month_util"]),
+              ("share error pt", "share_error_pts", *GOALS["month_share_error_pts"]),
+              ("debug p90 s", "debug_p90_s", *GOALS["month_debug_p90_s"]),
               ("preemptions/job", "preemptions_per_workload",
-               *_goal("month_preemptions_per_job")),
-              ("lost %", "lost_pct_of_delivered", *_goal("month_lost_pct"))],
+               *GOALS["month_preemptions_per_job"]),
+              ("lost %", "lost_pct_of_delivered", *GOALS["month_lost_pct"])],
 }
 
 
@@ -100,13 +94,8 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def one(which: str, seed: int, sets: dict[str, Any]) -> dict[str, Any]:
-    if which == "3day":
-        setup = prepare(None, None, synthetic=SyntheticSpec(load=1.4, seed=seed))
-        cfg = SimConfig(cycle_interval=10, horizon=72 * 3600, seed=seed)
-    else:
-        setup = month(seed, 64, 8000)
-        cfg = SimConfig(cycle_interval=30, horizon=720 * 3600, checkpoint_interval=1800,
-                        seed=seed)
+    setup, cfg = three_day(seed) if which == "3day" else (month(seed, 64, 8000),
+                                                          month_config(seed))
     policy = replace(setup.budgets.policy, **sets)
     m = metrics.compute(simulate(setup.trace, setup.budgets.accounts, setup.inventory, policy,
                                  cfg))

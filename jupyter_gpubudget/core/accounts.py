@@ -40,7 +40,8 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
-                "short_lane_patience", "short_lane_late_cost", "gang_overdue_after"}
+                "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
+                "gang_on_mig", "gang_on_mig_spare"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -324,6 +325,11 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, mig_first=fields["mig_first"].boolean())
     if "mps_on_mig" in fields:
         policy = replace(policy, mps_on_mig=fields["mps_on_mig"].boolean())
+    if "gang_on_mig" in fields:
+        policy = replace(policy, gang_on_mig=fields["gang_on_mig"].boolean())
+    if "gang_on_mig_spare" in fields:
+        policy = replace(policy, gang_on_mig_spare=int(
+            fields["gang_on_mig_spare"].number(minimum=0, integer=True)))
     if "short_lane_patience" in fields:
         policy = replace(policy, short_lane_patience=fields["short_lane_patience"].duration())
     if "short_lane_late_cost" in fields:

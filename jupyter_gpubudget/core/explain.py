@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .capacity import Cluster
 from .model import HOUR, MILLI, Preempt, Reserve, SliceRequest, Start
 from .placement import place
 from .scheduler import ClusterState, Scheduler, request_milli
@@ -75,7 +74,7 @@ def why_waiting(state: ClusterState, now: float) -> dict[str, Wait]:
     starting = {d.workload: d.backed for d in decisions if isinstance(d, Start)}
     reserved = {d.workload: d.at for d in decisions if isinstance(d, Reserve)}
     freeing = {d.for_workload for d in decisions if isinstance(d, Preempt) and d.for_workload}
-    empty = Cluster(s.inventory, s.unhealthy)  # every healthy node, nothing running
+    empty = s.new_cluster()  # every healthy node, nothing running
     out: dict[str, Wait] = {}
     for w in state.pending:
         what = describe_request(w.request)

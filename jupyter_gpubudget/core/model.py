@@ -266,6 +266,13 @@ class Policy:
     # least its compute and GPU memory (before a fresh GPU is opened for it); it is charged
     # as the share it asked for
     mps_on_mig: bool = True
+    # a gang across nodes may take idle MIG-mode GPUs as full-size (7g) instances, leaving
+    # ``gang_on_mig_spare`` of them idle for the slices and one-GPU work that use them.
+    # Off by default: a CUDA process sees one MIG instance, so the gang's job must run a
+    # process per GPU with that GPU alone visible, and its traffic to such a GPU has no
+    # NVLink or peer-to-peer path (see docs/simulator.md for what it buys and costs)
+    gang_on_mig: bool = False
+    gang_on_mig_spare: int = 2
     # debug work predicted to run at most this long (seconds) is considered before all other
     # waiting work, by standing among itself: a ten-minute debug run does not queue behind
     # other projects' training (0: no such lane)

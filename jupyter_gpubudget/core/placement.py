@@ -4,6 +4,8 @@ Packing rules, so that fragments don't strand capacity:
 - whole GPUs go to the node with the *fewest* free GPUs that still fits them (best fit), and
   inside it to the NVLink domain that fits them most tightly; full nodes stay whole for gangs;
 - gangs that need several nodes take the fewest nodes, in one rack when one rack suffices;
+  with ``Policy.gang_on_mig`` also idle MIG-mode GPUs, as full-size instances (see
+  :func:`idle_mig_for_gangs`);
 - MIG instances go to an already partitioned GPU first, at the slot that keeps the most large
   profiles placeable (see :func:`mig.potential`);
 - MPS shares go to the fullest shared GPU that still fits them, and only then open a free GPU
@@ -74,11 +76,15 @@ def _pick_in_node(n: NodeCap, free: list[int], count: int) -> list[int]:
 
 
 def _whole_slices(n: NodeCap, idx: list[int], req: SliceRequest, host: bool) -> list[SliceAlloc]:
+    """One slice per GPU; a MIG-mode GPU (``Policy.gang_on_mig``) as its full-size instance."""
     out = []
     for k, i in enumerate(idx):
-        first = host and k == 0
-        out.append(SliceAlloc(n.name, i, "gpu", MILLI, -1, None, 0,
-                              req.cpu_milli if first else 0, req.memory_mib if first else 0))
+        cpu, mem = (req.cpu_milli, req.memory_mib) if host and k == 0 else (0, 0)
+        prof = full_profile(n.gpus[i].model) if n.gpus[i].mig else None
+        if prof is not None:
+            out.append(SliceAlloc(n.name, i, "mig", prof.milli, 0, prof.name, 0, cpu, mem))
+        else:
+            out.append(SliceAlloc(n.name, i, "gpu", MILLI, -1, None, 0, cpu, mem))
     return out
 
 
@@ -152,6 +158,41 @@ def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
                                  req.cpu_milli, req.memory_mib),))
 
 
+def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: float
+                       ) -> list[tuple[NodeCap, list[int]]]:
+    """The MIG-mode GPUs a gang across nodes may take as full-size instances
+    (``Policy.gang_on_mig``), per node: those with no instance at all, usable until ``end``,
+    whose layout has the full-size instance — all but ``gang_on_mig_spare`` of them, which
+    stay for the MIG slices and one-GPU work that use such GPUs (the GPUs of the nodes with
+    the most of them are offered first)."""
+    if not cluster.gang_on_mig:
+        return []
+    per_node: list[tuple[NodeCap, list[int]]] = []
+    for (model, layout), by_occ in cluster.mig_index.items():
+        idle = by_occ.get((0, 0))
+        prof = full_profile(model)
+        if (not idle or prof is None or (models is not None and model not in models)
+                or (layout is not None and (prof.name, 0) not in layout)):
+            continue
+        for key in idle:
+            g = cluster.gpu(key)
+            if end <= g.reserved_at:
+                per_node.append((g.node, [g.index]))
+    merged: dict[int, tuple[NodeCap, list[int]]] = {}
+    for n, idx in per_node:
+        merged.setdefault(n.idx, (n, []))[1].extend(idx)
+    nodes = sorted(merged.values(), key=lambda c: (-len(c[1]), c[0].idx))
+    allow = sum(len(idx) for _, idx in nodes) - cluster.gang_on_mig_spare
+    out: list[tuple[NodeCap, list[int]]] = []
+    for n, idx in nodes:
+        if allow <= 0:
+            break
+        idx.sort()
+        out.append((n, idx[:allow]))
+        allow -= len(out[-1][1])
+    return out
+
+
 def _on_node(n: NodeCap, req: SliceRequest, models: frozenset[str] | None, end: float
              ) -> Placement | None:
     """All of a whole-GPU request on node ``n``, if its free, usable GPUs and host room allow."""
@@ -181,6 +222,12 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
             free = _usable_whole(n, models, end)
             if free:
                 cands.append((n, free))
+    by_node = {n.idx: free for n, free in cands}
+    for n, mig_free in idle_mig_for_gangs(cluster, models, end):
+        if n.idx in by_node:
+            by_node[n.idx].extend(mig_free)
+        else:
+            cands.append((n, mig_free))
     if sum(len(f) for _, f in cands) < need:
         return None
     cands.sort(key=lambda c: (-len(c[1]), c[0].idx))

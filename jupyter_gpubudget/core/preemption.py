@@ -28,7 +28,7 @@ from typing import Any
 from . import mig as migtab
 from .capacity import Cluster, Gpu
 from .model import HOUR, MILLI, Policy, SliceRequest, Workload
-from .placement import full_profile
+from .placement import full_profile, idle_mig_for_gangs
 
 SetCost = tuple[int, float, int, int, float]
 INF = float("inf")
@@ -193,6 +193,7 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
             # a gang across nodes: free GPUs everywhere, then the cheapest freeable ones
             have = sum(1 for n in cluster.nodes if n.healthy
                        for i in n.free_whole if gpu_ok(n.gpus[i]))
+            have += sum(len(idx) for _, idx in idle_mig_for_gangs(cluster, models, end))
             pool.sort(key=lambda t: t[0])
             vs: dict[str, Workload] = {}
             freed: set[tuple[int, int]] = set()

@@ -103,10 +103,7 @@ class Scheduler:
         self.policy = policy or Policy()
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
-        self.cluster = Cluster(inventory, self.unhealthy)
-        self.cluster.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
-        self.cluster.mig_first = self.policy.whole_gpu_on_mig and self.policy.mig_first
-        self.cluster.mps_on_mig = self.policy.mps_on_mig
+        self.cluster = self.new_cluster()
         self.meter = UsageMeter(self.policy)
         self.pending: dict[str, Workload] = {}
         self.running: dict[str, Workload] = {}
@@ -152,6 +149,16 @@ class Scheduler:
         self._no_plan: dict[tuple[object, ...], float] = {}
 
     # ================================================================= building
+    def new_cluster(self) -> Cluster:
+        """An empty capacity model of the inventory, with the policy's placement rules."""
+        c = Cluster(self.inventory, self.unhealthy)
+        c.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
+        c.mig_first = self.policy.whole_gpu_on_mig and self.policy.mig_first
+        c.mps_on_mig = self.policy.mps_on_mig
+        c.gang_on_mig = self.policy.gang_on_mig
+        c.gang_on_mig_spare = self.policy.gang_on_mig_spare
+        return c
+
     @classmethod
     def from_state(cls, state: ClusterState) -> Scheduler:
         s = cls(state.accounts, state.inventory, state.policy, state.history, state.unhealthy)
@@ -168,7 +175,7 @@ class Scheduler:
         except CapacityError:
             # one inconsistent record must not stop scheduling for everyone: load them one by
             # one, leave out (and report) each that does not fit beside those before it
-            s.cluster = Cluster(s.inventory, s.unhealthy)
+            s.cluster = s.new_cluster()
             if s.policy.placement == "fgd":
                 fragmentation.index_for(s.cluster, fragmentation.MixView(s.mix))
             for wid, w in list(s.running.items()):

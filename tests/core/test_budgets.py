@@ -82,12 +82,17 @@ def test_policy_errors_word_for_word():
         ("backfill: 1", "policy.backfill", "expected true or false, got int 1"),
         ("preemption_toll: -0.5", "policy.preemption_toll", "must be ≥ 0, got -0.5"),
         ("short_lane_cost: -1", "policy.short_lane_cost", "must be ≥ 0, got -1"),
+        ("gang_on_mig: yes please", "policy.gang_on_mig",
+         "expected true or false, got str 'yes please'"),
+        ("gang_on_mig_spare: -1", "policy.gang_on_mig_spare", "must be ≥ 0, got -1"),
+        ("gang_on_mig_spare: 0.5", "policy.gang_on_mig_spare", "expected a whole number, got 0.5"),
         ("placement: spread", "policy.placement", "placement must be 'fgd' or 'pack', got "
          "'spread'"),
         ("min_runtime_cap: {gpu: 1h}", "policy.min_runtime_cap.gpu",
          "unknown key 'gpu' (allowed: batch, debug, interactive)"),
         ("colour: red", "policy.colour", "unknown key 'colour' (allowed: backfill, "
-         "checkpoint_interval, default_runtime, gang_overdue_after, max_reservations, mig_first, "
+         "checkpoint_interval, default_runtime, gang_on_mig, gang_on_mig_spare, "
+         "gang_overdue_after, max_reservations, mig_first, "
          "min_runtime_cap, "
          "mps_on_mig, placement, preemption, preemption_margin, preemption_toll, "
          "restart_overhead, short_lane, short_lane_cost, short_lane_hold, "

@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jupyter_gpubudget.core.explain import Wait, _held_for_reservations, why_waiting
-from jupyter_gpubudget.core.model import HOUR, ChargeInterval, Placement, SliceAlloc
+from jupyter_gpubudget.core.inventory import Inventory, make_node
+from jupyter_gpubudget.core.model import (
+    HOUR,
+    ChargeInterval,
+    Placement,
+    Policy,
+    SliceAlloc,
+    SliceRequest,
+)
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler
 
 from .helpers import inventory, job, tree
@@ -101,6 +109,22 @@ def test_work_waiting_for_a_stopping_session_and_for_a_reservation():
     assert got["long"] == Wait("long", "reservation", "1 whole GPU is free, but held for a "
                                "waiting gang that starts before this work would end",
                                backed=True, blocker="gang")
+
+
+def test_a_mig_mode_gpu_in_service_that_could_hold_it_is_not_called_draining():
+    """n0's one GPU is out of service; n1's is in MIG mode, busy with a protected instance.
+    A one-GPU job could take n1's GPU whole (the policy's ``whole_gpu_on_mig``) once that
+    ends, so it waits for capacity — the empty cluster the reason is checked on follows the
+    policy's placement rules."""
+    inv = Inventory((make_node("n0", "H100-80GB", 1), make_node("n1", "H100-80GB", 1, mig=(0,))))
+    inst = replace(job("inst", "a", req=SliceRequest.mig("1g.10gb")), started_at=NOW - 60,
+                   protected_until=NOW + HOUR,
+                   placement=Placement((SliceAlloc("n1", 0, "mig", 143, 6, "1g.10gb"),)))
+    state = ClusterState(tree(SMALL), inv, running=[inst], pending=[job("one", "a")],
+                         unhealthy=frozenset({"n0"}))
+    assert why_waiting(state, NOW)["one"].reason == "capacity"
+    off = replace(state, policy=Policy(whole_gpu_on_mig=False))
+    assert why_waiting(off, NOW)["one"].reason == "draining"
 
 
 def test_draining_when_only_nodes_out_of_service_could_hold_it():

@@ -15,6 +15,7 @@ from jupyter_gpubudget.core.placement import (
     _models,
     _pick_in_node,
     full_profile,
+    idle_mig_for_gangs,
     place,
     place_cpu,
     place_mig,
@@ -208,6 +209,70 @@ def test_a_whole_mig_gpu_respects_models_reservations_host_and_layouts():
     assert gpus_of(whole_on_mig(c2, SliceRequest.whole(1), 0.0, None)) == [("n0", 1)]
     c2.allocate("w", whole_on_mig(c2, SliceRequest.whole(1), 0.0, None))
     assert whole_on_mig(c2, SliceRequest.whole(1), 0.0, None) is None
+
+
+def test_a_gang_across_nodes_takes_idle_mig_gpus_only_when_allowed_and_leaves_the_spare():
+    c = cluster(node("n0", 4, cpu_milli=8000), node("m", 4, mig=(0, 1, 2, 3)))
+    six = SliceRequest.whole(6, cpu_milli=100, memory_mib=10)
+    assert place(c, six, 0.0) is None  # off: the MIG-mode GPUs serve no gang
+    c.gang_on_mig, c.gang_on_mig_spare = True, 2
+    p = place(c, six, 0.0)
+    assert p is not None
+    assert [(s.node, s.gpu, s.kind, s.profile, s.milli) for s in p.slices] == [
+        ("n0", 0, "gpu", None, 1000), ("n0", 1, "gpu", None, 1000),
+        ("n0", 2, "gpu", None, 1000), ("n0", 3, "gpu", None, 1000),
+        ("m", 0, "mig", "7g.80gb", 1000), ("m", 1, "mig", "7g.80gb", 1000)]
+    # the host's CPU and memory go with the first slice only
+    assert [(s.cpu_milli, s.memory_mib) for s in p.slices] == [(100, 10)] + [(0, 0)] * 5
+    c.gang_on_mig_spare = 3
+    assert place(c, six, 0.0) is None  # three of the four stay idle: one is offered
+    assert gpus_of(place(c, SliceRequest.whole(5), 0.0))[-1] == ("m", 0)
+    c.gang_on_mig_spare = 0
+    # a one-node request never spans nodes; nor is a gang ever placed beyond what exists
+    assert place(c, SliceRequest.whole(6, single_node=True), 0.0) is None
+    assert place(c, SliceRequest.whole(9), 0.0) is None
+    # the placement is a real one: capacity takes it and gives it back
+    c.allocate("g", place(c, SliceRequest.whole(8), 0.0))
+    assert idle_mig_for_gangs(c, None, 0.0) == [] and c.used_milli == 8000
+    c.release("g")
+    assert c.used_milli == 0 and len(c.nodes[0].free_whole) == 4
+
+
+def test_a_node_with_both_kinds_of_gpu_offers_them_together_to_a_gang():
+    c = cluster(node("n", 4, mig=(2, 3)), node("o", 2))
+    c.gang_on_mig = True
+    c.gang_on_mig_spare = 0
+    p = place(c, SliceRequest.whole(5), 0.0)
+    assert [(s.node, s.gpu, s.kind) for s in p.slices] == [
+        ("n", 0, "gpu"), ("n", 1, "gpu"), ("n", 2, "mig"), ("n", 3, "mig"), ("o", 0, "gpu")]
+
+
+def test_idle_mig_gpus_for_gangs_skip_busy_reserved_other_models_and_fixed_layouts():
+    small = carve(H100, [("3g.40gb", None), ("4g.40gb", None)])
+    c = cluster(node("a", 3, mig=(0, 1, 2)), node("b", 2, mig=(0, 1), mig_layout={1: small}),
+                node("x", 1, mig=(0,), model="A100-80GB"))
+    assert idle_mig_for_gangs(c, None, 0.0) == []  # off
+    c.gang_on_mig = True
+
+    def offered(models=None, end=0.0):
+        return [(n.name, idx) for n, idx in idle_mig_for_gangs(c, models, end)]
+
+    # the nodes with the most idle ones first; b's GPU 1 has no full-size instance
+    assert offered() == [("a", [0, 1, 2]), ("b", [0]), ("x", [0])]
+    c.allocate("m", Placement((SliceAlloc("a", 1, "mig", 143, 6, "1g.10gb"),)))
+    c.reserve(Placement((SliceAlloc("a", 2),)), 50.0)
+    assert offered(end=60.0) == [("a", [0]), ("b", [0]), ("x", [0])]
+    assert offered(end=50.0) == [("a", [0, 2]), ("b", [0]), ("x", [0])]
+    assert offered(frozenset({"A100-80GB"})) == [("x", [0])]
+    c.gang_on_mig_spare = 2  # the spare comes off the end of the list
+    assert offered(end=50.0) == [("a", [0, 2])]
+    c.gang_on_mig_spare = 3
+    assert offered(end=50.0) == [("a", [0])]
+    c.gang_on_mig_spare = 9
+    assert offered() == []
+    c.set_healthy("a", False)
+    c.gang_on_mig_spare = 0
+    assert offered() == [("b", [0]), ("x", [0])]
 
 
 # ---------------------------------------------------------------- MIG instances

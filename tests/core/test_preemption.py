@@ -701,3 +701,23 @@ def test_a_full_size_instance_is_possible_on_a_carved_gpu_or_a_layout_that_has_o
     assert [_full_instance_ok(c.nodes[0].gpus[i]) for i in (1, 2, 3)] == [True, True, False]
     assert _full_instance_ok(Cluster(Inventory((make_node("n0", "T4", 1, mig=(0,)),))
                                      ).nodes[0].gpus[0]) is False  # no MIG table at all
+
+
+def test_a_gang_counts_the_idle_mig_gpus_it_may_take_and_preempts_fewer():
+    """Three one-GPU jobs hold node n0; node m has two idle MIG-mode GPUs. A 4-GPU gang
+    cannot be had at all unless it may take the MIG-mode GPUs (``gang_on_mig``): then by
+    preempting two of the jobs, or three with one MIG-mode GPU kept spare."""
+    COSTS.clear()
+    jobs = [w(f"j{i}", g(i)) for i in range(3)]
+    inv = Inventory((make_node("n0", H100, 3), make_node("m", H100, 2, mig=(0, 1))))
+    gang = SliceRequest.whole(4)
+
+    def run(on: bool, spare: int = 0) -> list[str] | None:
+        c, el = setup(inv, *jobs)
+        c.gang_on_mig, c.gang_on_mig_spare = on, spare
+        return ids(choose_victims(c, gang, 0.0, el, standing, cost))
+
+    assert run(False) is None
+    assert run(True) == ["j0", "j1"]  # equal in all else: by id
+    assert run(True, spare=1) == ["j0", "j1", "j2"]
+    assert run(True, spare=2) is None

@@ -67,6 +67,12 @@ TABLE = [
       {"node": "b", "gpu": 0, "kind": "mig", "profile": "1g.18gb"}],
      COMMON + ["--nodes=2", "--nodelist=a,b", "--ntasks-per-node=1",
                "--gres=gpu:nvidia_h200_1g.18gb:1"]),
+    ("gang with full-size MIG instances beside whole GPUs (policy gang_on_mig): a "
+     "heterogeneous job, the MIG-mode node a component with its own GRES",
+     [g("a", 0), g("a", 1), {"node": "b", "gpu": 0, "kind": "mig", "milli": 1000,
+                             "profile": "7g.141gb", "mig_start": 0}],
+     COMMON + ["--nodes=1", "--nodelist=a", "--ntasks-per-node=2", "--gres=gpu:h100:2", ":"]
+     + COMMON + ["--nodes=1", "--nodelist=b", "--ntasks-per-node=1", "--gres=gpu:7g.141gb:1"]),
     ("MPS share as percent of a GPU", [{"node": "a", "gpu": 0, "kind": "mps", "milli": 250}],
      COMMON + ["--nodes=1", "--nodelist=a", "--ntasks-per-node=1", "--gres=mps:25"]),
     ("CPU only: the node, no GRES", [{"node": "a", "gpu": -1, "kind": "cpu", "milli": 0}],

@@ -266,7 +266,8 @@ class Policy:
     # least its compute and GPU memory (before a fresh GPU is opened for it); it is charged
     # as the share it asked for
     mps_on_mig: bool = True
-    # a gang across nodes may take idle MIG-mode GPUs as full-size (7g) instances, leaving
+    # a gang no node holds on its GPUs outside MIG mode (one placed across nodes) may take
+    # idle MIG-mode GPUs as full-size (7g) instances too, leaving
     # ``gang_on_mig_spare`` of them idle for the slices and one-GPU work that use them.
     # Off by default: a CUDA process sees one MIG instance, so the gang's job must run a
     # process per GPU with that GPU alone visible, and its traffic to such a GPU has no

@@ -160,7 +160,8 @@ def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
 
 def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: float
                        ) -> list[tuple[NodeCap, list[int]]]:
-    """The MIG-mode GPUs a gang across nodes may take as full-size instances
+    """The MIG-mode GPUs a gang placed across nodes — one that no node holds on its GPUs
+    outside MIG mode — may take as full-size instances
     (``Policy.gang_on_mig``), per node: those with no instance at all, usable until ``end``,
     whose layout has the full-size instance — all but ``gang_on_mig_spare`` of them, which
     stay for the MIG slices and one-GPU work that use such GPUs (the GPUs of the nodes with
@@ -222,12 +223,14 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
             free = _usable_whole(n, models, end)
             if free:
                 cands.append((n, free))
-    by_node = {n.idx: free for n, free in cands}
-    for n, mig_free in idle_mig_for_gangs(cluster, models, end):
-        if n.idx in by_node:
-            by_node[n.idx].extend(mig_free)
-        else:
-            cands.append((n, mig_free))
+    extra = idle_mig_for_gangs(cluster, models, end)
+    if extra:
+        by_node = {n.idx: free for n, free in cands}
+        for n, mig_free in extra:
+            if n.idx in by_node:
+                by_node[n.idx].extend(mig_free)
+            else:
+                cands.append((n, mig_free))
     if sum(len(f) for _, f in cands) < need:
         return None
     cands.sort(key=lambda c: (-len(c[1]), c[0].idx))

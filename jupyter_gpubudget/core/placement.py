@@ -168,7 +168,7 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
     the most of them are offered first)."""
     if not cluster.gang_on_mig:
         return []
-    per_node: list[tuple[NodeCap, list[int]]] = []
+    per_node: dict[int, tuple[NodeCap, list[int]]] = {}
     for (model, layout), by_occ in cluster.mig_index.items():
         idle = by_occ.get((0, 0))
         prof = full_profile(model)
@@ -178,11 +178,8 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
         for key in idle:
             g = cluster.gpu(key)
             if end <= g.reserved_at:
-                per_node.append((g.node, [g.index]))
-    merged: dict[int, tuple[NodeCap, list[int]]] = {}
-    for n, idx in per_node:
-        merged.setdefault(n.idx, (n, []))[1].extend(idx)
-    nodes = sorted(merged.values(), key=lambda c: (-len(c[1]), c[0].idx))
+                per_node.setdefault(g.node.idx, (g.node, []))[1].append(g.index)
+    nodes = sorted(per_node.values(), key=lambda c: (-len(c[1]), c[0].idx))
     allow = sum(len(idx) for _, idx in nodes) - cluster.gang_on_mig_spare
     out: list[tuple[NodeCap, list[int]]] = []
     for n, idx in nodes:

@@ -178,6 +178,20 @@ def test_gang_on_unequally_loaded_nodes_is_one_indexed_job_per_load():
     assert "podAntiAffinity" not in job_pod(jobs[1])[0]["affinity"]
 
 
+def test_gang_with_full_size_mig_instances_asks_for_them_on_their_node():
+    """Policy ``gang_on_mig``: a gang's GPUs on a MIG-mode node are full-size instances, and
+    that node's pod asks for them as MIG resources, in its own Indexed Job of the gang."""
+    placement = [gpu("h1", 0), gpu("h1", 1), mig("m1", 0, "7g.80gb", 0),
+                 mig("m1", 1, "7g.80gb", 0)]
+    limits = []
+    for j in jobs_of(placement):
+        spec, c = job_pod(j)
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        limits.append((required_nodes(spec), c["resources"]["limits"], env["GPUBUDGET_GANG_SIZE"]))
+    assert limits == [(["h1"], {"nvidia.com/gpu": "2"}, "2"),
+                      (["m1"], {"nvidia.com/mig-7g.80gb": "2"}, "2")]
+
+
 def test_labels_and_annotations_carry_project_workload_contract_protected_until():
     (job,) = jobs_of([gpu("h1", 0)])
     md = job["metadata"]

@@ -238,6 +238,24 @@ def test_a_gang_across_nodes_takes_idle_mig_gpus_only_when_allowed_and_leaves_th
     assert c.used_milli == 0 and len(c.nodes[0].free_whole) == 4
 
 
+def test_a_gang_anchored_on_a_mig_mode_node_gets_exact_slices_of_the_models_it_asks():
+    """The MIG-mode node has the most GPUs to give, so it comes first and carries the host's
+    CPU and memory; the A100 MIG-mode GPUs are not offered to a gang that asks for H100s; a
+    fixed layout that has the full-size instance is offered."""
+    full = carve(H100, [("7g.80gb", None)])
+    c = cluster(node("n", 1), node("m", 3, mig=(0, 1, 2), mig_layout={2: full}),
+                node("a", 4, mig=(0, 1, 2, 3), model="A100-80GB"))
+    c.gang_on_mig, c.gang_on_mig_spare = True, 0
+    req = SliceRequest.whole(4, gpu_model=H100, cpu_milli=500, memory_mib=64)
+    p = place(c, req, 0.0)
+    assert p is not None and list(p.slices) == [
+        SliceAlloc("m", 0, "mig", 1000, 0, "7g.80gb", 0, 500, 64),
+        SliceAlloc("m", 1, "mig", 1000, 0, "7g.80gb", 0, 0, 0),
+        SliceAlloc("m", 2, "mig", 1000, 0, "7g.80gb", 0, 0, 0),
+        SliceAlloc("n", 0, "gpu", 1000, -1, None, 0, 0, 0)]
+    assert place(c, SliceRequest.whole(5, gpu_model=H100), 0.0) is None  # A100s not offered
+
+
 def test_a_node_with_both_kinds_of_gpu_offers_them_together_to_a_gang():
     c = cluster(node("n", 4, mig=(2, 3)), node("o", 2))
     c.gang_on_mig = True

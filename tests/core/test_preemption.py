@@ -721,3 +721,10 @@ def test_a_gang_counts_the_idle_mig_gpus_it_may_take_and_preempts_fewer():
     assert run(True) == ["j0", "j1"]  # equal in all else: by id
     assert run(True, spare=1) == ["j0", "j1", "j2"]
     assert run(True, spare=2) is None
+    # MIG-mode GPUs of another model than the gang asks for are not counted
+    a100 = Inventory((make_node("n0", H100, 3), make_node("m", "A100-80GB", 2, mig=(0, 1))))
+    c, el = setup(a100, *jobs)
+    c.gang_on_mig = True
+    assert choose_victims(c, SliceRequest.whole(4, gpu_model=H100), 0.0, el, standing,
+                          cost) is None
+    assert ids(choose_victims(c, gang, 0.0, el, standing, cost)) == ["j0", "j1"]

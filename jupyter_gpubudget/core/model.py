@@ -269,10 +269,10 @@ class Policy:
     # a gang no node holds on its GPUs outside MIG mode (one placed across nodes) may take
     # idle MIG-mode GPUs as full-size (7g) instances too, leaving
     # ``gang_on_mig_spare`` of them idle for the slices and one-GPU work that use them.
-    # Off by default: a CUDA process sees one MIG instance, so the gang's job must run a
-    # process per GPU with that GPU alone visible, and its traffic to such a GPU has no
-    # NVLink or peer-to-peer path (see docs/simulator.md for what it buys and costs)
-    gang_on_mig: bool = False
+    # A CUDA process sees one MIG instance, so the backends start one pod (Kubernetes) or
+    # bind one task (Slurm) per such instance; its traffic has no NVLink or peer-to-peer
+    # path (see docs/simulator.md for what it buys and costs; off: gangs never use them)
+    gang_on_mig: bool = True
     gang_on_mig_spare: int = 2
     # debug work predicted to run at most this long (seconds) is considered before all other
     # waiting work, by standing among itself: a ten-minute debug run does not queue behind

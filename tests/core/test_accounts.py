@@ -19,7 +19,7 @@ GOOD = textwrap.dedent("""\
       short_lane_patience: 5m
       short_lane_late_cost: 0.5
       gang_overdue_after: 2h
-      gang_on_mig: true
+      gang_on_mig: false
       gang_on_mig_spare: 1
     accounts:
       physics:
@@ -53,10 +53,10 @@ def test_good_file_loads_tree_policy_and_people():
     assert (b.policy.mig_first, b.policy.mps_on_mig) == (False, False)  # defaults: on
     assert (b.policy.short_lane_patience, b.policy.short_lane_late_cost) == (300.0, 0.5)
     assert b.policy.gang_overdue_after == 2 * HOUR
-    assert (b.policy.gang_on_mig, b.policy.gang_on_mig_spare) == (True, 1)
+    assert (b.policy.gang_on_mig, b.policy.gang_on_mig_spare) == (False, 1)
     plain = load_budgets("accounts: {a: {grant: 1}}").policy
     assert plain.gang_overdue_after == 0  # off
-    assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (False, 2)  # off; two kept idle
+    assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (True, 2)  # on; two kept idle
     assert b.admins == {"root"}
     grants = t.effective_grants(cluster_gpu_hours=8000)
     assert grants["astro"] == pytest.approx(400)

@@ -381,7 +381,8 @@ def batch_jobs(*, meta: Meta, command: list[str], env: dict[str, str], placement
 
     A gang's slices are grouped by node. Nodes holding the same number of slices share one
     Indexed Job (one pod per node: a required node affinity on exactly those nodes and a pod
-    anti-affinity on the hostname); nodes with another count get their own Indexed Job.
+    anti-affinity on the hostname); nodes with another count get their own Indexed Job. A
+    gang's MIG instances get a pod each (:func:`pod_units`), in an Indexed Job of their node.
     ``GPUBUDGET_RANK`` = ``GPUBUDGET_RANK_OFFSET`` + ``JOB_COMPLETION_INDEX`` numbers the pods
     0..``GPUBUDGET_GANG_SIZE``-1 across all of them.
     """
@@ -389,19 +390,20 @@ def batch_jobs(*, meta: Meta, command: list[str], env: dict[str, str], placement
         raise PlacementError("attempt: a Job needs the attempt number")
     if not command or not all(isinstance(c, str) for c in command):
         raise PlacementError("command: expected a non-empty list of strings")
-    groups = by_node(placement)
-    plans = {n: pod_plan(n, s, naming) for n, s in groups.items()}
-    shape: dict[tuple, list[str]] = {}
-    for n, p in plans.items():
+    units = pod_units(by_node(placement))
+    plans = [pod_plan(n, s, naming) for n, s, _ in units]
+    shape: dict[tuple, list[int]] = {}
+    for u, ((n, _, alone), p) in enumerate(zip(units, plans, strict=True)):
         key = (tuple(sorted(p.limits.items())), tuple(sorted(p.requests.items())),
                json.dumps(p.claim_requests, sort_keys=True), tuple(sorted(p.node_selector.items())),
-               tuple(sorted(p.env.items())))
-        shape.setdefault(key, []).append(n)
+               tuple(sorted(p.env.items())), n if alone else None)
+        shape.setdefault(key, []).append(u)
     gang = len(plans)
     objs: list[dict] = []
     offset = 0
-    for part, nodes in enumerate(shape.values()):
-        plan = plans[nodes[0]]
+    for part, members in enumerate(shape.values()):
+        plan = plans[members[0]]
+        nodes = sorted({units[u][0] for u in members})
         name = job_name(meta.workload, meta.attempt, part)
         labels = {**meta.labels(), L_GANG: label_value(f"{meta.workload}-{meta.attempt}")}
         ann = meta.annotations(placement)
@@ -451,15 +453,43 @@ def batch_jobs(*, meta: Meta, command: list[str], env: dict[str, str], placement
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": namespace, "labels": labels,
                          "annotations": ann},
-            "spec": {"completionMode": "Indexed", "completions": len(nodes),
-                     "parallelism": len(nodes), "backoffLimit": 0,
+            "spec": {"completionMode": "Indexed", "completions": len(members),
+                     "parallelism": len(members), "backoffLimit": 0,
                      "template": {"metadata": {"labels": labels, "annotations": ann},
                                   "spec": spec}}}
         if ttl_seconds is not None:
             job["spec"]["ttlSecondsAfterFinished"] = int(ttl_seconds)
         objs.append(job)
-        offset += len(nodes)
+        offset += len(members)
     return objs
+
+
+def pod_units(groups: dict[str, list[dict]]) -> list[tuple[str, list[dict], bool]]:
+    """The pods of one attempt as ``(node, slices, alone)``: one pod per node, except a gang's
+    MIG instances (``Policy.gang_on_mig`` places a gang across nodes on full-size ones):
+    a CUDA process sees one MIG instance only, so each gets a pod of its own and the node's
+    other slices one more, split evenly the node's CPU and memory, all ``alone``: in Indexed
+    Jobs of that node only (the gang's pod anti-affinity on the hostname keeps other nodes'
+    pods off it)."""
+    if len(groups) < 2:
+        return [(n, s, False) for n, s in groups.items()]
+    out: list[tuple[str, list[dict], bool]] = []
+    for n, slices in groups.items():
+        migs = [s for s in slices if s.get("kind") == "mig"]
+        rest = [s for s in slices if s.get("kind") != "mig"]
+        if not migs or len(migs) + bool(rest) < 2:
+            out.append((n, slices, False))
+            continue
+        parts = ([rest] if rest else []) + [[s] for s in migs]
+        cpu = sum(_int(s, "cpu_milli") for s in slices)
+        mem = sum(_int(s, "memory_mib") for s in slices)
+        k = len(parts)
+        for i, part in enumerate(parts):
+            host = {"cpu_milli": cpu // k + (i < cpu % k), "memory_mib": mem // k + (i < mem % k)}
+            part = [{**s, **(host if j == 0 else {"cpu_milli": 0, "memory_mib": 0})}
+                    for j, s in enumerate(part)]
+            out.append((n, part, True))
+    return out
 
 
 # ---------------------------------------------------------------------------- Node objects

@@ -120,6 +120,33 @@ def test_gang_runs_as_indexed_jobs_one_pod_per_core_node(api, backend):
     assert sorted(got.values()) == [("h1", "2"), ("h2", "2"), ("h3", "1")]
 
 
+def test_gang_on_full_size_mig_instances_runs_a_pod_per_instance(api, backend):
+    """Policy ``gang_on_mig``: a CUDA process sees one MIG instance, so a gang's two instances
+    on the MIG-mode node run as two pods there, each asking for one, ranked with the rest."""
+    gpu_node(api, "h1", 4)
+    gpu_node(api, "m1", 0, mig={"7g.80gb": 2}, mig_gpus=2)
+    b = backend()
+    placement = whole("h1", 0, 1) + [
+        {"node": "m1", "gpu": i, "kind": "mig", "milli": 1000, "profile": "7g.80gb",
+         "mig_start": 0} for i in (0, 1)]
+    code = ("import os; r = int(os.environ['GPUBUDGET_RANK_OFFSET']) + "
+            "int(os.environ['JOB_COMPLETION_INDEX']); "
+            "print(r, os.environ['GPUBUDGET_GANG_SIZE'], os.environ['GPUBUDGET_POD_NODE'])")
+    ref = b.launch(launch("dddd000000000002", placement, code))
+    assert ref.split(",") == ["gb-dddd000000000002-1", "gb-dddd000000000002-1-1"]
+    st = wait(lambda: (s := b.status("dddd000000000002", 1)) and not s.alive and s, "gang end")
+    assert st.exit_code == 0
+    got = {}
+    for p in pods_of(api, "dddd000000000002"):
+        out = (api.workdir / f"default_{p['metadata']['name']}" / "container.log").read_text()
+        rank, size, node = out.split()
+        assert node == p["spec"]["nodeName"] and size == "3"
+        got[int(rank)] = (node, p["spec"]["containers"][0]["resources"]["limits"])
+    assert got == {0: ("h1", {"nvidia.com/gpu": "2"}),
+                   1: ("m1", {"nvidia.com/mig-7g.80gb": "1"}),
+                   2: ("m1", {"nvidia.com/mig-7g.80gb": "1"})}
+
+
 def test_gang_is_all_or_nothing_a_failed_part_stops_the_others(api, backend):
     gpu_node(api, "h1", 2)
     gpu_node(api, "h2", 1)

@@ -178,18 +178,48 @@ def test_gang_on_unequally_loaded_nodes_is_one_indexed_job_per_load():
     assert "podAntiAffinity" not in job_pod(jobs[1])[0]["affinity"]
 
 
-def test_gang_with_full_size_mig_instances_asks_for_them_on_their_node():
-    """Policy ``gang_on_mig``: a gang's GPUs on a MIG-mode node are full-size instances, and
-    that node's pod asks for them as MIG resources, in its own Indexed Job of the gang."""
-    placement = [gpu("h1", 0), gpu("h1", 1), mig("m1", 0, "7g.80gb", 0),
-                 mig("m1", 1, "7g.80gb", 0)]
-    limits = []
+def test_gang_runs_a_pod_per_full_size_mig_instance():
+    """Policy ``gang_on_mig``: a gang's GPUs on a MIG-mode node are full-size instances. A CUDA
+    process sees only one MIG instance, so each instance gets a pod of its own, in an Indexed
+    Job of that node (no anti-affinity: its pods share the node), while the gang's other
+    nodes keep one pod per node."""
+    placement = [gpu("h1", 0), gpu("h1", 1), gpu("h2", 0), gpu("h2", 1),
+                 {**mig("m1", 0, "7g.80gb", 0), "cpu_milli": 3000, "memory_mib": 1001},
+                 mig("m1", 1, "7g.80gb", 0), mig("m1", 3, "7g.80gb", 0)]
+    shapes = []
     for j in jobs_of(placement):
         spec, c = job_pod(j)
         env = {e["name"]: e.get("value") for e in c["env"]}
-        limits.append((required_nodes(spec), c["resources"]["limits"], env["GPUBUDGET_GANG_SIZE"]))
-    assert limits == [(["h1"], {"nvidia.com/gpu": "2"}, "2"),
-                      (["m1"], {"nvidia.com/mig-7g.80gb": "2"}, "2")]
+        shapes.append((required_nodes(spec), j["spec"]["completions"],
+                       j["spec"]["parallelism"], c["resources"]["limits"],
+                       c["resources"].get("requests"), env["GPUBUDGET_RANK_OFFSET"],
+                       env["GPUBUDGET_GANG_SIZE"],
+                       "podAntiAffinity" in spec.get("affinity", {})))
+        assert j["metadata"]["labels"][ko.L_GANG] == "0123456789abcdef-2"
+    assert shapes == [
+        (["h1", "h2"], 2, 2, {"nvidia.com/gpu": "2"}, None, "0", "5", True),
+        # the node's CPU and memory split between its three pods
+        # (1001 MiB: 334 + 334 + 333; equal pods share an Indexed Job)
+        (["m1"], 2, 2, {"nvidia.com/mig-7g.80gb": "1"}, {"cpu": "1000m", "memory": "334Mi"},
+         "2", "5", False),
+        (["m1"], 1, 1, {"nvidia.com/mig-7g.80gb": "1"}, {"cpu": "1000m", "memory": "333Mi"},
+         "4", "5", False)]
+
+
+def test_pod_units_split_only_a_gangs_mig_instances():
+    one = [mig("m1", 0, "7g.80gb", 0), mig("m1", 1, "7g.80gb", 0)]
+    # a workload on one node is one pod, whatever it holds
+    assert ko.pod_units({"m1": one}) == [("m1", one, False)]
+    # a gang's node with whole GPUs and MIG instances: the GPUs together, an instance each
+    both = [{**gpu("m1", 4), "cpu_milli": 5, "memory_mib": 7}, gpu("m1", 5),
+            mig("m1", 0, "7g.80gb", 0)]
+    units = ko.pod_units({"h1": [gpu("h1", 0)], "m1": both, "m2": [mig("m2", 0, "7g.80gb", 0)]})
+    assert [(n, [(s["kind"], s["gpu"]) for s in sl], alone) for n, sl, alone in units] == [
+        ("h1", [("gpu", 0)], False),
+        ("m1", [("gpu", 4), ("gpu", 5)], True), ("m1", [("mig", 0)], True),
+        ("m2", [("mig", 0)], False)]  # one instance alone on its node: its pod already
+    assert [[(s.get("cpu_milli", 0), s.get("memory_mib", 0)) for s in sl]
+            for _, sl, _ in units[1:3]] == [[(3, 4), (0, 0)], [(2, 3)]]
 
 
 def test_labels_and_annotations_carry_project_workload_contract_protected_until():

@@ -4,7 +4,8 @@ commands).
 - a placement (``SliceAlloc`` dicts) → ``sbatch`` arguments: ``--nodelist`` of the core's
   nodes, ``--gres`` per node (typed ``gpu:<type>:N``, MIG profiles through a profile → GRES
   type map, MPS shares as ``mps:<percent>``), ``--nodes``/``--ntasks-per-node`` for gangs, a
-  heterogeneous job (``:``-separated components) when the nodes of a gang get different GRES;
+  heterogeneous job (``:``-separated components) when the nodes of a gang get different GRES,
+  ``--gpu-bind=per_task:1`` on a gang's node holding MIG instances (one task per instance);
 - ``scontrol show node -o`` → node records → a core ``Inventory`` and node health;
 - ``squeue``/``sacct`` lines → job records; ledger intervals vs ``sacct`` → usage mismatches;
 - the budgets' account tree → ``sacctmgr`` commands.
@@ -38,6 +39,9 @@ class Component:
     ntasks_per_node: int = 1
     cpus_per_task: int = 0  # 0: the partition's default
     mem_mib: int = 0  # per node; 0: the partition's default
+    # "per_task:1" for a gang's node holding MIG instances: a CUDA process sees one MIG
+    # instance, so each task is bound to its own
+    gpu_bind: str = ""
 
 
 def _count_gres(counts: dict[str, int], key: str, n: int) -> None:
@@ -92,8 +96,11 @@ def components(placement: list[dict], gpu_type: Callable[[str, int], str | None]
         cpu_milli = sum(int(s.get("cpu_milli") or 0) for s in slices)
         cpus = math.ceil(cpu_milli / 1000 / tasks) if cpu_milli else 0
         mem = sum(int(s.get("memory_mib") or 0) for s in slices)
-        groups.setdefault((gres, tasks, cpus, mem), []).append(node)
-    return [Component(tuple(nodes), g, t, c, m) for (g, t, c, m), nodes in groups.items()]
+        # a gang's MIG instances (Policy.gang_on_mig): one task per instance, bound to it
+        bind = "per_task:1" if (len(by_node) > 1 and tasks > 1
+                                and any(s.get("kind") == "mig" for s in slices)) else ""
+        groups.setdefault((gres, tasks, cpus, mem, bind), []).append(node)
+    return [Component(tuple(nodes), g, t, c, m, b) for (g, t, c, m, b), nodes in groups.items()]
 
 
 def slurm_time(seconds: float) -> str:
@@ -131,6 +138,8 @@ def component_args(c: Component, *, partition: str, account: str, time_s: float)
         args.append(f"--cpus-per-task={c.cpus_per_task}")
     if c.mem_mib:
         args.append(f"--mem={c.mem_mib}M")
+    if c.gpu_bind:
+        args.append(f"--gpu-bind={c.gpu_bind}")
     return args
 
 

@@ -87,6 +87,26 @@ def test_job_runs_as_its_user_with_the_placement_and_a_clean_environment(backend
     assert acct.strip().startswith("astro|")
 
 
+def test_a_gangs_mig_instances_are_bound_one_per_task(slurm_accounts):
+    """Policy ``gang_on_mig``: a CUDA process sees one MIG instance, so on the node where a gang
+    holds MIG instances Slurm binds each task to its own (``--gpu-bind=per_task:1``), while the
+    tasks on the gang's node of whole GPUs see both. The test cluster has no MIG GRES: the
+    instances' profile is mapped onto the nodes' ``h100`` type (``SlurmBackend.mig_types``)."""
+    b = make_backend(mig_types={"7g.80gb": "h100"})
+    placement = [{"node": "gpu1", "gpu": i, "kind": "gpu", "milli": 1000} for i in (0, 1)] + [
+        {"node": "gpu2", "gpu": i, "kind": "mig", "milli": 1000, "profile": "7g.80gb",
+         "mig_start": 0} for i in (0, 1)]
+    la = launch(b, "srun --het-group=0,1 sh -c "
+                   "'echo rank $SLURM_PROCID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'", placement)
+    st = wait(lambda: (s := b.status(la.workload, 1)) and not s.alive and s, 60, "the gang ends")
+    assert st.exit_code == 0
+    rec = b.accounting([f"gpubudget.{la.workload}.1"])[0]
+    lines = sorted(x.split()[1:] for x in output_of(la, rec.job_id).splitlines()
+                   if x.startswith("rank "))
+    assert lines == [["0", "gpu1", "0,1"], ["1", "gpu1", "0,1"], ["2", "gpu2", "0"],
+                     ["3", "gpu2", "1"]]
+
+
 def test_a_restarted_backend_finds_stops_and_settles_its_job(backend):
     la = launch(backend, "sleep 300", [{"node": "gpu1", "gpu": 0, "kind": "gpu", "milli": 1000}])
     wait(lambda: any(j.state == "RUNNING" for j in backend.queue(fresh=True)

@@ -73,6 +73,17 @@ TABLE = [
                              "profile": "7g.141gb", "mig_start": 0}],
      COMMON + ["--nodes=1", "--nodelist=a", "--ntasks-per-node=2", "--gres=gpu:h100:2", ":"]
      + COMMON + ["--nodes=1", "--nodelist=b", "--ntasks-per-node=1", "--gres=gpu:7g.141gb:1"]),
+    ("gang with two full-size MIG instances on a node: a task bound to each (a CUDA process "
+     "sees one MIG instance); the node of whole GPUs unbound",
+     [g("a", 0), g("a", 1)] + [{"node": "b", "gpu": i, "kind": "mig", "milli": 1000,
+                                "profile": "7g.141gb", "mig_start": 0} for i in (0, 1)],
+     COMMON + ["--nodes=1", "--nodelist=a", "--ntasks-per-node=2", "--gres=gpu:h100:2", ":"]
+     + COMMON + ["--nodes=1", "--nodelist=b", "--ntasks-per-node=2", "--gres=gpu:7g.141gb:2",
+                 "--gpu-bind=per_task:1"]),
+    ("two MIG instances of one workload on one node: not a gang across nodes, unbound",
+     [{"node": "b", "gpu": i, "kind": "mig", "milli": 429, "profile": "3g.71gb",
+       "mig_start": 0} for i in (0, 1)],
+     COMMON + ["--nodes=1", "--nodelist=b", "--ntasks-per-node=2", "--gres=gpu:3g.71gb:2"]),
     ("MPS share as percent of a GPU", [{"node": "a", "gpu": 0, "kind": "mps", "milli": 250}],
      COMMON + ["--nodes=1", "--nodelist=a", "--ntasks-per-node=1", "--gres=mps:25"]),
     ("CPU only: the node, no GRES", [{"node": "a", "gpu": -1, "kind": "cpu", "milli": 0}],

@@ -465,12 +465,11 @@ def batch_jobs(*, meta: Meta, command: list[str], env: dict[str, str], placement
 
 
 def pod_units(groups: dict[str, list[dict]]) -> list[tuple[str, list[dict], bool]]:
-    """The pods of one attempt as ``(node, slices, alone)``: one pod per node, except a gang's
-    MIG instances (``Policy.gang_on_mig`` places a gang across nodes on full-size ones):
-    a CUDA process sees one MIG instance only, so each gets a pod of its own and the node's
-    other slices one more, split evenly the node's CPU and memory, all ``alone``: in Indexed
-    Jobs of that node only (the gang's pod anti-affinity on the hostname keeps other nodes'
-    pods off it)."""
+    """The pods of one attempt, as ``(node, slices, alone)``: one pod per node, except where
+    a gang across nodes holds MIG instances (``Policy.gang_on_mig``). A CUDA process sees one
+    MIG instance only, so there each instance gets a pod of its own and the node's other
+    slices one more, the node's CPU and memory split evenly between them; ``alone`` keeps
+    these pods in Indexed Jobs of their node only."""
     if len(groups) < 2:
         return [(n, s, False) for n, s in groups.items()]
     out: list[tuple[str, list[dict], bool]] = []

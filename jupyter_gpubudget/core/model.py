@@ -259,8 +259,9 @@ class Policy:
     # (7g): MIG capacity nobody asks slices of is not left idle
     whole_gpu_on_mig: bool = True
     # ... and tries such a GPU *before* the GPUs outside MIG mode (off: only when none of
-    # those is free): a MIG-mode GPU can serve no gang, a GPU outside MIG mode can, so
-    # one-GPU work leaves the latter to the gangs that need them
+    # those is free): a MIG-mode GPU serves no gang on one node (and a gang across nodes
+    # only as full-size instances, ``gang_on_mig``), so one-GPU work leaves the GPUs outside
+    # MIG mode to the gangs that need them
     mig_first: bool = True
     # an MPS share that finds no GPU with room may take the smallest MIG instance with at
     # least its compute and GPU memory (before a fresh GPU is opened for it); it is charged

@@ -97,7 +97,7 @@ class Cluster:
         self.mig_first = False  # ... before the GPUs outside MIG mode?
         self.mps_on_mig = False  # may an MPS share with no room take a MIG instance?
         self.gang_on_mig = False  # may a gang across nodes take idle MIG GPUs (7g)?
-        self.gang_on_mig_spare = 0  # ... leaving this many of them idle
+        self.gang_on_mig_spare = 0  # ... leaving this many of them idle on each node
         # bumped whenever an occupancy key appears in or leaves mig_index[class]
         self.mig_version: dict[tuple, int] = {}
         self.mig_scored: dict[tuple, tuple[int, list]] = {}  # placement's cache

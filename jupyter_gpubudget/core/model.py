@@ -269,7 +269,8 @@ class Policy:
     mps_on_mig: bool = True
     # a gang no node holds on its GPUs outside MIG mode (one placed across nodes) may take
     # idle MIG-mode GPUs as full-size (7g) instances too, leaving
-    # ``gang_on_mig_spare`` of them idle for the slices and one-GPU work that use them.
+    # ``gang_on_mig_spare`` of them idle on each MIG-mode node for the slices and one-GPU
+    # work that use them.
     # A CUDA process sees one MIG instance, so the backends start one pod (Kubernetes) or
     # bind one task (Slurm) per such instance; its traffic has no NVLink or peer-to-peer
     # path (see docs/simulator.md for what it buys and costs; off: gangs never use them)

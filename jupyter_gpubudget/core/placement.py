@@ -163,9 +163,9 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
     """The MIG-mode GPUs a gang placed across nodes — one that no node holds on its GPUs
     outside MIG mode — may take as full-size instances
     (``Policy.gang_on_mig``), per node: those with no instance at all, usable until ``end``,
-    whose layout has the full-size instance — all but ``gang_on_mig_spare`` of them, which
-    stay for the MIG slices and one-GPU work that use such GPUs (the GPUs of the nodes with
-    the most of them are offered first)."""
+    whose layout has the full-size instance — on each node all but ``gang_on_mig_spare`` of
+    them, which stay for the MIG slices and one-GPU work that use such GPUs (so the spare
+    grows with the MIG-mode nodes a cluster has; the nodes with the most are offered first)."""
     if not cluster.gang_on_mig:
         return []
     per_node: dict[int, tuple[NodeCap, list[int]]] = {}
@@ -179,15 +179,12 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
             g = cluster.gpu(key)
             if end <= g.reserved_at:
                 per_node.setdefault(g.node.idx, (g.node, []))[1].append(g.index)
-    nodes = sorted(per_node.values(), key=lambda c: (-len(c[1]), c[0].idx))
-    allow = sum(len(idx) for _, idx in nodes) - cluster.gang_on_mig_spare
+    spare = cluster.gang_on_mig_spare
     out: list[tuple[NodeCap, list[int]]] = []
-    for n, idx in nodes:
-        if allow <= 0:
-            break
-        idx.sort()
-        out.append((n, idx[:allow]))
-        allow -= len(out[-1][1])
+    for n, idx in sorted(per_node.values(), key=lambda c: (-len(c[1]), c[0].idx)):
+        if len(idx) > spare:
+            idx.sort()
+            out.append((n, idx[:len(idx) - spare]))
     return out
 
 

@@ -282,10 +282,14 @@ def test_idle_mig_gpus_for_gangs_skip_busy_reserved_other_models_and_fixed_layou
     assert offered(end=60.0) == [("a", [0]), ("b", [0]), ("x", [0])]
     assert offered(end=50.0) == [("a", [0, 2]), ("b", [0]), ("x", [0])]
     assert offered(frozenset({"A100-80GB"})) == [("x", [0])]
-    c.gang_on_mig_spare = 2  # the spare comes off the end of the list
-    assert offered(end=50.0) == [("a", [0, 2])]
-    c.gang_on_mig_spare = 3
+    c.gang_on_mig_spare = 1  # kept on each node: its highest-numbered idle ones
     assert offered(end=50.0) == [("a", [0])]
+    assert offered(end=60.0) == []
+    c.set_healthy("a", False)
+    assert offered(end=50.0) == []
+    c.set_healthy("a", True)
+    c.gang_on_mig_spare = 2
+    assert offered(end=50.0) == []
     c.gang_on_mig_spare = 9
     assert offered() == []
     c.set_healthy("a", False)

@@ -95,29 +95,37 @@ def test_launch_is_idempotent_and_survives_a_restart_of_the_service(api, backend
     b2.stop("cccc000000000001", 1)
 
 
+RANK_CODE = ("import os; r = int(os.environ['GPUBUDGET_RANK_OFFSET']) + "
+             "int(os.environ['JOB_COMPLETION_INDEX']); "
+             "print(r, os.environ['GPUBUDGET_GANG_SIZE'], os.environ['GPUBUDGET_POD_NODE'])")
+
+
+def run_gang(api: FakeApiServer, b, wid: str, placement: list[dict],  # noqa: ANN001
+             size: int) -> dict[int, tuple[str, dict]]:
+    """Launch a gang whose pods print their rank, the gang's size and their node; wait for
+    its end; each rank's node and GPU limits, as its pod saw and asked for them."""
+    ref = b.launch(launch(wid, placement, RANK_CODE))
+    assert ref.split(",") == [f"gb-{wid}-1", f"gb-{wid}-1-1"]
+    st = wait(lambda: (s := b.status(wid, 1)) and not s.alive and s, "gang end")
+    assert st.exit_code == 0
+    got = {}
+    for p in pods_of(api, wid):
+        out = (api.workdir / f"default_{p['metadata']['name']}" / "container.log").read_text()
+        rank, seen_size, node = out.split()
+        assert node == p["spec"]["nodeName"] and seen_size == str(size)
+        got[int(rank)] = (node, p["spec"]["containers"][0]["resources"]["limits"])
+    return got
+
+
 def test_gang_runs_as_indexed_jobs_one_pod_per_core_node(api, backend):
     for n in ("h1", "h2", "h3"):
         gpu_node(api, n, 4)
-    b = backend()
     placement = whole("h1", 0, 1) + whole("h2", 2, 3) + whole("h3", 0)
-    code = ("import os; r = int(os.environ['GPUBUDGET_RANK_OFFSET']) + "
-            "int(os.environ['JOB_COMPLETION_INDEX']); "
-            "print(r, os.environ['GPUBUDGET_GANG_SIZE'], os.environ['GPUBUDGET_POD_NODE'])")
-    ref = b.launch(launch("dddd000000000001", placement, code))
-    assert ref.split(",") == ["gb-dddd000000000001-1", "gb-dddd000000000001-1-1"]
-    st = wait(lambda: (s := b.status("dddd000000000001", 1)) and not s.alive and s, "gang end")
-    assert st.exit_code == 0
-    pods = pods_of(api, "dddd000000000001")
-    got = {}
-    for p in pods:
-        out = (api.workdir / f"default_{p['metadata']['name']}" / "container.log").read_text()
-        rank, size, node = out.split()
-        assert node == p["spec"]["nodeName"] and size == "3"
-        limits = p["spec"]["containers"][0]["resources"]["limits"]
-        got[int(rank)] = (node, limits["nvidia.com/gpu"])
+    got = run_gang(api, backend(), "dddd000000000001", placement, 3)
     # ranks 0..2; the two 2-GPU pods on h1 and h2 (one each, anti-affinity), 1 GPU on h3
     assert sorted(got) == [0, 1, 2]
-    assert sorted(got.values()) == [("h1", "2"), ("h2", "2"), ("h3", "1")]
+    assert sorted((n, lim["nvidia.com/gpu"]) for n, lim in got.values()) == [
+        ("h1", "2"), ("h2", "2"), ("h3", "1")]
 
 
 def test_gang_on_full_size_mig_instances_runs_a_pod_per_instance(api, backend):
@@ -125,26 +133,13 @@ def test_gang_on_full_size_mig_instances_runs_a_pod_per_instance(api, backend):
     on the MIG-mode node run as two pods there, each asking for one, ranked with the rest."""
     gpu_node(api, "h1", 4)
     gpu_node(api, "m1", 0, mig={"7g.80gb": 2}, mig_gpus=2)
-    b = backend()
     placement = whole("h1", 0, 1) + [
         {"node": "m1", "gpu": i, "kind": "mig", "milli": 1000, "profile": "7g.80gb",
          "mig_start": 0} for i in (0, 1)]
-    code = ("import os; r = int(os.environ['GPUBUDGET_RANK_OFFSET']) + "
-            "int(os.environ['JOB_COMPLETION_INDEX']); "
-            "print(r, os.environ['GPUBUDGET_GANG_SIZE'], os.environ['GPUBUDGET_POD_NODE'])")
-    ref = b.launch(launch("dddd000000000002", placement, code))
-    assert ref.split(",") == ["gb-dddd000000000002-1", "gb-dddd000000000002-1-1"]
-    st = wait(lambda: (s := b.status("dddd000000000002", 1)) and not s.alive and s, "gang end")
-    assert st.exit_code == 0
-    got = {}
-    for p in pods_of(api, "dddd000000000002"):
-        out = (api.workdir / f"default_{p['metadata']['name']}" / "container.log").read_text()
-        rank, size, node = out.split()
-        assert node == p["spec"]["nodeName"] and size == "3"
-        got[int(rank)] = (node, p["spec"]["containers"][0]["resources"]["limits"])
-    assert got == {0: ("h1", {"nvidia.com/gpu": "2"}),
-                   1: ("m1", {"nvidia.com/mig-7g.80gb": "1"}),
-                   2: ("m1", {"nvidia.com/mig-7g.80gb": "1"})}
+    assert run_gang(api, backend(), "dddd000000000002", placement, 3) == {
+        0: ("h1", {"nvidia.com/gpu": "2"}),
+        1: ("m1", {"nvidia.com/mig-7g.80gb": "1"}),
+        2: ("m1", {"nvidia.com/mig-7g.80gb": "1"})}
 
 
 def test_gang_is_all_or_nothing_a_failed_part_stops_the_others(api, backend):

@@ -46,6 +46,7 @@ SEAL_KEY = "/var/lib/jupyter-gpubudget/criu-seal.key"
 
 class CriuError(Exception):
     """``reason``: ``no_criu``, ``bad_input``, ``not_a_kernel``, ``gpu_state``, ``pid_in_use``,
+    ``unsafe`` (a tree or images that would give the caller what its account may not have),
     ``dump_failed``, ``restore_failed``; ``log`` holds the tail of CRIU's log."""
 
     def __init__(self, reason: str, message: str, log: str = "") -> None:
@@ -121,6 +122,122 @@ def caller_uid() -> int:
         return os.getuid()
     raw = os.environ.get("SUDO_UID", "")
     return int(raw) if raw.isdigit() else 0
+
+
+def caller_gids(uid: int) -> set[int]:
+    """The groups an account's processes may hold (its primary group and its memberships)."""
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return {uid}
+    return set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+
+
+def _status_ids(pid: int) -> tuple[list[int], list[int], int, str]:
+    """(uids, gids, permitted|effective capabilities, name) of a live process."""
+    uids: list[int] = []
+    gids: list[int] = []
+    caps, name = 0, "?"
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, val = line.partition(":")
+            if key == "Uid":
+                uids = [int(x) for x in val.split()]
+            elif key == "Gid":
+                gids = [int(x) for x in val.split()]
+            elif key in ("CapPrm", "CapEff"):
+                caps |= int(val.strip(), 16)
+            elif key == "Name":
+                name = val.strip()
+    return uids, gids, caps, name
+
+
+def tree_problems(pid: int, uid: int, gids: set[int]) -> list[str]:
+    """Why the live tree at ``pid`` is not purely ``uid``'s: a process of another account, a
+    set-id one (``sleep | passwd``), or one holding capabilities. Checked before a dump (a
+    clear, early refusal); the dump's own images are checked again after it
+    (:func:`.criuimages.foreign_tasks`), since the tree may change in between."""
+    why = []
+    for p in _tree(pid):
+        try:
+            uids, pgids, caps, name = _status_ids(p)
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if any(u != uid for u in uids):
+            why.append(f"process {p} ({name}) runs with uids {'/'.join(map(str, uids))}, not "
+                       f"{uid} (a setuid program or another account's process)")
+        elif any(g not in gids for g in pgids):
+            why.append(f"process {p} ({name}) runs with gids {'/'.join(map(str, pgids))} "
+                       "(a setgid program)")
+        elif caps:
+            why.append(f"process {p} ({name}) holds capabilities")
+    return why
+
+
+def live_problems(pid: int, uid: int, gids: set[int]) -> list[str]:
+    """Why the restored (still stopped) tree at ``pid`` holds more than ``uid`` may: another
+    account's credentials, or an open or mapped file its account could not open as it is
+    open now (a name that became a symlink or another file between the snapshot and the
+    restore: CRIU reopened it by name, as root). This reads what the processes really hold,
+    so no race between a check and CRIU's open can pass it."""
+    from .criuimages import may_access
+
+    why = tree_problems(pid, uid, gids)
+    for p in _tree(pid):
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            link = f"/proc/{p}/fd/{fd}"
+            try:
+                target = os.readlink(link)
+                if not target.startswith("/"):
+                    continue  # pipes, sockets, anonymous inodes: nothing reopened by name
+                st = os.stat(link)
+                with open(f"/proc/{p}/fdinfo/{fd}") as f:
+                    flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
+            except (OSError, StopIteration, ValueError, IndexError):
+                continue
+            acc = flags & 0o3
+            if not may_access(st, uid, gids, read=acc != 0o1, write=acc in (0o1, 0o2)):
+                why.append(f"process {p} holds {target} open "
+                           f"{'for writing' if acc else 'for reading'}, which uid {uid} may "
+                           f"not (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:04o})")
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                maps = f.read().splitlines()
+        except OSError:
+            continue
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith("/") or parts[4] == "0":
+                continue
+            perms = parts[1]
+            try:
+                st = os.stat(f"/proc/{p}/map_files/{parts[0]}")
+            except OSError:
+                continue
+            write = perms[1] == "w" and perms[3] == "s"
+            if not may_access(st, uid, gids, read=True, write=write):
+                why.append(f"process {p} maps {parts[5]} ({perms}), which uid {uid} may not "
+                           f"{'write' if write else 'read'}")
+    return why
+
+
+def _kill_tree(pid: int) -> None:
+    pids = _tree(pid)
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _seal_key() -> bytes:
@@ -294,13 +411,23 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
         except KeyError:
             owner = (caller, caller)
     pid = _check_kernel_pid(pid, expect_uid)
+    # only a tree that is purely the account's own is dumped for it: a set-id child (say
+    # `sleep | passwd`) would put root's memory into images handed to the account
+    only = expect_uid if caller == 0 else caller
+    gids = caller_gids(only) if only is not None else set()
+    if only is not None:
+        why = tree_problems(pid, only, gids)
+        if why:
+            raise CriuError("unsafe", f"pid: process {pid}'s tree is not only uid {only}'s, "
+                            f"not dumped: {why[0]}" + (f" (and {len(why) - 1} more)"
+                                                        if len(why) > 1 else ""))
     created = images_dir is None
     if images_dir is None:
         images_dir = _new_images_dir(pid)
     images_dir = _check_dir(images_dir, must_exist=False)
     try:
         return _dump(pid, images_dir, leave_running, keep_stopped, caller, owner, criu,
-                     cuda_checkpoint, timeout)
+                     cuda_checkpoint, timeout, only, gids)
     except BaseException:
         if created:  # nobody else knows where it is: not left behind
             shutil.rmtree(images_dir, ignore_errors=True)
@@ -309,7 +436,7 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
 
 def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, caller: int,
           owner: tuple[int, int] | None, criu: str | None, cuda_checkpoint: str | None,
-          timeout: float) -> dict:
+          timeout: float, only: int | None = None, gids: set[int] | None = None) -> dict:
     binary = find_criu(criu)
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
@@ -352,6 +479,18 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
             os.killpg(pid, signal.SIGCONT)
         log = _log_tail(os.path.join(images_dir, "dump.log"))
         raise CriuError("dump_failed", f"criu dump of {pid} failed (exit {p.returncode})", log)
+    if only is not None:  # what was really dumped: the tree may have changed since the check
+        from .criuimages import ImageError, foreign_tasks
+
+        try:
+            why = foreign_tasks(images_dir, only, gids or set())
+        except (ImageError, OSError) as e:
+            why = [f"its images cannot be read ({e})"]
+        if why:
+            if keep_stopped:
+                os.killpg(pid, signal.SIGCONT)
+            raise CriuError("unsafe", f"the dump of process {pid} is not only uid {only}'s and "
+                            f"was destroyed: {why[0]}")
     out = {"pid": pid, "seconds": seconds, "gpu": bool(gpu_pids), "criu": binary,
            "images_dir": images_dir}
     if caller != 0:
@@ -401,13 +540,32 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
         if not hmac.compare_digest(_mac(caller, _digests(private)), seal_hex):
             raise CriuError("bad_input", "seal: the images do not match the seal of a dump of "
                             "this account's processes (changed, or not dumped here)")
-        return _restore(private, binary, cuda_checkpoint, gpu, timeout)
+        gids = caller_gids(caller)
+        _check_names(private, caller, gids)
+        return _restore(private, binary, cuda_checkpoint, gpu, timeout, only=caller,
+                        gids=gids)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
+def _check_names(images_dir: str, uid: int, gids: set[int]) -> None:
+    """Refuse a restore that would reopen, as root, a file by a name that no longer leads
+    where it did (a symlink, a replaced file) or to a file ``uid`` may not open as asked.
+    The seal covers the images, not the files they name: this covers those."""
+    from .criuimages import ImageError, path_problem, reg_files
+
+    try:
+        files = reg_files(images_dir)
+    except (ImageError, OSError) as e:
+        raise CriuError("unsafe", f"the snapshot's file table cannot be read: {e}") from None
+    for rf in files:
+        why = path_problem(rf.name, uid, gids, read=rf.reads, write=rf.writes)
+        if why:
+            raise CriuError("unsafe", f"restore refused: {why}")
+
+
 def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: bool,
-             timeout: float) -> int:
+             timeout: float, only: int | None = None, gids: set[int] | None = None) -> int:
     tool = None
     if gpu:
         tool = find_cuda_checkpoint() if cuda_checkpoint is None else cuda_checkpoint
@@ -422,6 +580,8 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
     argv = [binary, "restore", "-D", images_dir, "-o", "restore.log", "-v2",
             "--tcp-established", "--network-lock", NETWORK_LOCK, "--file-locks",
             "--restore-detached", "--pidfile", pidfile]
+    if only is not None:  # checked while stopped: it runs only once it holds nothing foreign
+        argv.append("--leave-stopped")
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -434,10 +594,17 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
         raise CriuError("restore_failed", f"criu restore failed (exit {p.returncode})", log)
     with open(pidfile) as f:
         pid = int(f.read().strip())
-    try:  # a tree dumped while stopped comes back stopped
-        os.killpg(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
+    if only is not None:
+        why = live_problems(pid, only, gids or set())
+        if why:
+            _kill_tree(pid)
+            raise CriuError("unsafe", f"restore refused and the restored process killed: "
+                            f"{why[0]}")
+    for p in [pid, *_tree(pid)] if only is not None else [pid]:
+        try:  # a tree dumped while stopped (or left stopped above) comes back stopped
+            os.killpg(p, signal.SIGCONT) if p == pid else os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
     if tool:
         for gp in _tree(pid):
             if uses_gpu(gp):

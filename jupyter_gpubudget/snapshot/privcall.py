@@ -79,6 +79,9 @@ class Privileged(LoggingConfigurable):
             raise ValueError(f"verb: unknown privileged verb {verb!r}")
         # -I: as root, import nothing from the caller's directory or PYTHON* variables
         argv = [*self.command_prefix, self.python, "-I", "-m", VERB_MODULE, verb]
+        if verb == "criu-finish":  # a choice, never a switch left out: --kill or --resume
+            args = dict(args)
+            args["kill" if args.pop("kill", False) else "resume"] = True
         for k, v in args.items():
             flag = "--" + k.replace("_", "-")
             if isinstance(v, bool):

@@ -29,7 +29,7 @@ VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]
 }
 
 USAGE = ("usage: python -I -m jupyter_gpubudget.launcher (--config FILE | --jobs-root DIR "
-         "[--path PATH]) "
+         "[--path PATH] [--cgroup-root DIR] [--no-contain]) "
          f"VERB [ARG ...]; verbs: {', '.join(sorted(VERBS))}")
 
 
@@ -37,9 +37,17 @@ def run(argv: list[str], stdin: BinaryIO) -> tuple[int, dict]:
     if len(argv) < 3 or argv[0] not in ("--config", "--jobs-root"):
         return 2, {"error": USAGE}
     how, where, rest = argv[0], argv[1], argv[2:]
-    path = None
-    if how == "--jobs-root" and rest[:1] == ["--path"] and len(rest) >= 3:
-        path, rest = rest[1], rest[2:]  # the jobs' PATH (only without a config file)
+    opts: dict = {}  # only without a config file: the jobs' PATH, their cgroups
+    while how == "--jobs-root" and len(rest) >= 2 and rest[0] in ("--path", "--cgroup-root",
+                                                                  "--no-contain"):
+        if rest[0] == "--no-contain":
+            opts["contain"], rest = False, rest[1:]
+        elif len(rest) >= 3:
+            opts[rest[0][2:].replace("-", "_")], rest = rest[1], rest[2:]
+        else:
+            break
+    if not rest:
+        return 2, {"error": USAGE}
     verb, args = rest[0], rest[1:]
     try:
         if how == "--config":
@@ -50,7 +58,7 @@ def run(argv: list[str], stdin: BinaryIO) -> tuple[int, dict]:
                                     "only from a config file (--config)")
             if not os.path.isabs(where):
                 raise LauncherError("--jobs-root: give an absolute path")
-            cfg = make_config(where, {"path": path} if path else None)
+            cfg = make_config(where, opts)
         fn = VERBS.get(verb)
         if fn is None:
             raise LauncherError(f"unknown verb {verb!r}; verbs: {', '.join(sorted(VERBS))}")

@@ -16,7 +16,11 @@ root), named by the sudoers line, never by the job spec::
       "mps_control": "/usr/bin/nvidia-cuda-mps-control",
       "mps_driver_probe": "/proc/driver/nvidia/version", # present when a driver is loaded
       "dynamic_mig": false,                     # may MIG instances be created for work
-      "mig_root": "/var/lib/gpubudget/mig"      # which instances the launcher created
+      "mig_root": "/var/lib/gpubudget/mig",     # which instances the launcher created
+      "cgroup_root": "",                        # the jobs' cgroups (launcher/cgroups.py);
+                                                #  "": gpubudget under the cgroup2 mount
+      "contain": true                           # false: no cgroups (UNSAFE: a job's processes
+                                                #  that leave its process group outlive it)
     }
 
 ``mps_root`` and ``mig_root`` default to ``mps`` and ``mig`` beside the jobs root.
@@ -37,7 +41,7 @@ from .policy import DEFAULT_JOB_PATH, ENV_KEY, bad_text
 
 KEYS = {"jobs_root", "group", "min_uid", "allowed_groups", "denied_users", "path", "env",
         "workdir", "umask", "max_grace", "mps_root", "mps_control", "mps_driver_probe",
-        "dynamic_mig", "mig_root"}
+        "dynamic_mig", "mig_root", "cgroup_root", "contain"}
 
 MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
 DRIVER_PROBE = "/proc/driver/nvidia/version"
@@ -64,6 +68,8 @@ class LauncherConfig:
     mps_driver_probe: str = DRIVER_PROBE
     dynamic_mig: bool = False
     mig_root: Path = Path("/var/lib/gpubudget/mig")
+    cgroup_root: str = ""
+    contain: bool = True
 
     @property
     def gid(self) -> int | None:
@@ -173,7 +179,16 @@ def make_config(jobs_root: str, raw: dict | None = None, where: str = "defaults"
     dynamic_mig = raw.get("dynamic_mig", False)
     if not isinstance(dynamic_mig, bool):
         raise bad("dynamic_mig", "expected true or false")
+    cgroup_root = raw.get("cgroup_root", "")
+    if not isinstance(cgroup_root, str) or (cgroup_root and not os.path.isabs(cgroup_root)) \
+            or bad_text(cgroup_root):
+        raise bad("cgroup_root", "expected an absolute path, or \"\" for gpubudget under the "
+                  "cgroup2 mount")
+    contain = raw.get("contain", True)
+    if not isinstance(contain, bool):
+        raise bad("contain", "expected true or false")
     return LauncherConfig(Path(os.path.abspath(jobs_root)), group, min_uid, tuple(groups),
                           tuple(denied), path, dict(env), workdir, umask_v, float(grace),
                           Path(mps["mps_root"]), mps["mps_control"], mps["mps_driver_probe"],
-                          dynamic_mig, Path(mps["mig_root"]))
+                          dynamic_mig, Path(mps["mig_root"]),
+                          os.path.normpath(cgroup_root) if cgroup_root else "", contain)

@@ -2,12 +2,15 @@
 job's process group: SIGTERM, a grace period, SIGKILL).
 
 ``launch`` checks the spec again (the service already did: this is defence in depth), makes
-the attempt's directory under the jobs root, and forks a *monitor* that stays for the job's
-lifetime: it starts the job in a new session as the job's user (never root: uid 0 and system
-accounts are refused), records its pid and start time, enforces ``time_limit`` (SIGTERM,
-grace, SIGKILL; the exit record then says ``timed_out``), waits for it, ends what is left of
-its process group, and writes the exit record. The monitor keeps the launcher's privileges,
-so the job's user can neither signal it nor touch the records.
+the attempt's directory under the jobs root and its cgroup (``cgroups.py``: no cgroup, no
+job, unless the config turns containment off), and forks a *monitor* that stays for the job's
+lifetime: it starts the job in its cgroup and a new session as the job's user (never root:
+uid 0 and system accounts are refused), records its pid, start time and cgroup, enforces
+``time_limit`` (SIGTERM, grace, SIGKILL; the exit record then says ``timed_out``), waits for
+it, kills what is left in its cgroup (processes that called ``setsid`` included), and writes
+the exit record once the cgroup is empty. The monitor keeps the launcher's privileges, so the
+job's user can neither signal it nor touch the records; if it is killed all the same, the
+cgroup still says whether the job runs (``signal`` then ends it and writes the record).
 
 A job spec::
 
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from . import cgroups
 from .config import LauncherConfig, LauncherError, secure_path
 from .policy import SERVICE_ENV, WORKLOAD_ID, argv_problem, bad_text, env_problem
 from .records import (
@@ -164,11 +168,22 @@ def launch(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
     wdir = cfg.jobs_root / spec["workload"]
     ensure_dir(wdir, gid)
     adir = wdir / str(spec["attempt"])
+    already = LauncherError(f"attempt {spec['attempt']} of {spec['workload']} was already "
+                            "launched")
+    if os.path.lexists(adir):
+        raise already
+    spec["cgroup"] = None
+    if cfg.contain:
+        try:
+            root = cgroups.find_root(cfg.cgroup_root)
+            spec["cgroup"] = str(cgroups.prepare(root, cgroups.job_name(spec["workload"],
+                                                                        spec["attempt"])))
+        except cgroups.ContainmentError as e:
+            raise LauncherError(f"containment: the job was not started: {e}") from None
     try:
         make_dir(adir, gid)
     except FileExistsError:
-        raise LauncherError(f"attempt {spec['attempt']} of {spec['workload']} was already "
-                            "launched") from None
+        raise already from None
     out_fd = create_file(adir / "output.log", gid)
     log_fd = create_file(adir / "launcher.log", gid)
     r, w = os.pipe()
@@ -232,8 +247,11 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
         failure += chunk
     os.close(err_r)
     pw = spec["pw"]
+    cg = spec["cgroup"]
     if failure:
         os.waitpid(job, 0)
+        if cg:
+            cgroups.end(cg)
         msg = failure.decode(errors="replace")
         _note(log_fd, f"could not start the job as {pw.pw_name}: {msg}")
         write_record(adir / "exit", {"exit_code": 127, "ended_at": time.time(),
@@ -245,7 +263,7 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
     record = {"pid": job, "pgid": job, "start": proc_starttime(job), "uid": pw.pw_uid,
               "user": pw.pw_name, "monitor_pid": os.getpid(),
               "monitor_start": proc_starttime(os.getpid()), "launched_at": launched,
-              "time_limit": spec["time_limit"]}
+              "time_limit": spec["time_limit"], "cgroup": cg}
     write_record(adir / "pid", record, gid)
     _note(log_fd, f"started {spec['command'][0]} as {pw.pw_name} (uid {pw.pw_uid}), pid {job}, "
                   f"in {spec['workdir']}")
@@ -260,12 +278,19 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
         timed_out = True
         _note(log_fd, f"time limit {limit:g} s reached: SIGTERM, then SIGKILL after {grace:g} s")
         _kill(job, signal.SIGTERM)
+        if cg:
+            cgroups.signal_all(cg, signal.SIGTERM)
         if not _exited(job, grace):
             _kill(job, signal.SIGKILL)
+            if cg:
+                cgroups.kill(cg)
     _, status = os.waitpid(job, 0)
-    ended = time.time()
     code = os.waitstatus_to_exitcode(status)
-    end_group(job, min(grace, 5.0))  # what the job left behind in its group ends with it
+    if cg:  # what the job left behind ends with it, wherever it went: its cgroup empties
+        end_cgroup(cg, min(grace, 5.0))
+    else:
+        end_group(job, min(grace, 5.0))  # containment off: its process group only
+    ended = time.time()  # the GPU was held until now
     write_record(adir / "exit", {"exit_code": code, "ended_at": ended, "timed_out": timed_out,
                                  "signal": -code if code < 0 else None}, gid)
     _note(log_fd, f"ended with {code}" + (" (time limit)" if timed_out else ""))
@@ -295,8 +320,11 @@ def _exited(child: int, timeout: float | None) -> bool:
 
 
 def _exec_job(spec: dict, out_fd: int, err_w: int) -> None:
-    """In the job's process: new session, the user's identity, the workdir, exec."""
+    """In the job's process: its cgroup, a new session, the user's identity, the workdir,
+    exec."""
     try:
+        if spec["cgroup"]:
+            cgroups.join(spec["cgroup"])  # as root, before anything of the user's runs
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -371,6 +399,15 @@ def end_group(pgid: int, grace: float) -> None:
         _kill(pgid, signal.SIGKILL)
 
 
+def end_cgroup(cg: str, grace: float) -> None:
+    """SIGTERM everything in the cgroup, SIGKILL it all after ``grace`` seconds, and return
+    once it is empty (then remove it)."""
+    if cgroups.populated(cg):
+        cgroups.signal_all(cg, signal.SIGTERM)
+        cgroups.wait_empty(cg, grace)
+    cgroups.end(cg)
+
+
 # ---------------------------------------------------------------------------- signal
 def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
     """``signal WORKLOAD ATTEMPT GRACE``: SIGTERM the attempt's process group, SIGKILL it after
@@ -401,17 +438,28 @@ def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
         raise LauncherError("the pid record is damaged") from None
     if pid <= 1 or mpid <= 1:
         raise LauncherError("the pid record is damaged")
+    cg = rec.get("cgroup")
+    if cg is not None and not (isinstance(cg, str) and os.path.isabs(cg)
+                               and os.path.basename(cg) == cgroups.job_name(wid, int(attempt_s))):
+        raise LauncherError("the pid record is damaged (cgroup)")
     monitor_alive = proc_starttime(mpid) == mstart and proc_uid(mpid) == me
     job_alive = proc_starttime(pid) == start and proc_uid(pid) == uid
-    if not (monitor_alive or job_alive):
+    contained = bool(cg) and cgroups.populated(cg)
+    if not (monitor_alive or job_alive or contained):
         return {"signalled": False, "reason": "not running",
                 "exit": read_record(adir / "exit", trusted_uid=me)}
     _kill(pid, signal.SIGTERM)  # the job's group: its pgid is its pid (a new session)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _group_alive(pid):
-        time.sleep(0.05)
-    if _group_alive(pid):
-        _kill(pid, signal.SIGKILL)
+    if cg:  # and every process of its cgroup, wherever it went
+        cgroups.signal_all(cg, signal.SIGTERM)
+        if not cgroups.wait_empty(cg, grace):
+            cgroups.kill(cg)
+        cgroups.wait_empty(cg)
+    else:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _group_alive(pid):
+            time.sleep(0.05)
+        if _group_alive(pid):
+            _kill(pid, signal.SIGKILL)
     exit_rec = None
     deadline = time.monotonic() + 10
     while monitor_alive and time.monotonic() < deadline:  # the monitor writes the exit record
@@ -419,4 +467,14 @@ def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
         if exit_rec is not None or proc_starttime(mpid) != mstart:
             break
         time.sleep(0.05)
-    return {"signalled": True, "exit": exit_rec or read_record(adir / "exit", trusted_uid=me)}
+    exit_rec = exit_rec or read_record(adir / "exit", trusted_uid=me)
+    if exit_rec is None and cg and proc_starttime(mpid) != mstart:
+        # the monitor was killed: nobody could wait for the job, so its exit code is unknown;
+        # it ended now, its cgroup empty (the charge runs to here)
+        exit_rec = {"exit_code": None, "ended_at": time.time(), "timed_out": False,
+                    "signal": None, "monitor_lost": True,
+                    "error": "the job's monitor was killed: its exit code is unknown"}
+        write_record(adir / "exit", exit_rec, cfg.gid)
+    if cg:
+        cgroups.remove(cg)
+    return {"signalled": True, "exit": exit_rec}

@@ -273,29 +273,32 @@ class SnapshotManager:
                             and str(km.provisioner.cwd), gpu_devices=devices, mps=mps,
                             uid=os.getuid())
             left = self.cfg.timeout if deadline is None else max(5.0, deadline - time.time())
-            backend, why = None, []
+            snap, why = None, []
+            # each method that can capture the kernel, in order, until one has: a CRIU dump
+            # that fails (or is refused) leaves the kernel running, and the next method tries
             for b in self.backends:
                 a = await self._run(b.available, ref)
-                if a.ok:
-                    backend = b
-                    break
-                why.append(f"{b.method}: {a.reason}")
+                if not a.ok:
+                    why.append(f"{b.method}: {a.reason}")
+                    continue
+                b.timeout = min(self.cfg.timeout, left)
+                if b.method == "criu":
+                    # frozen: stopped by the dump and left stopped until the whole set is safe
+                    b.leave_running, b.keep_stopped = not freeze, freeze
+                if freeze and hasattr(km, "stop_restarter"):
+                    km.stop_restarter()  # it is ended once saved: not to be restarted
+                try:
+                    snap = await self._run(b.dump, ref)
+                except SnapshotError as e:
+                    why.append(f"{b.method}: {e.message}")
+                    if freeze and hasattr(km, "start_restarter"):
+                        km.start_restarter()  # the kernel runs on
+                    continue
+                backend = b
+                break
             m.why_not = why
-            if backend is None:
-                m.error = "no snapshot method can capture this kernel: " + "; ".join(why)
-                continue
-            backend.timeout = min(self.cfg.timeout, left)
-            if backend.method == "criu":
-                # frozen: stopped by the dump and left stopped until the whole set is safe
-                backend.leave_running, backend.keep_stopped = not freeze, freeze
-            if freeze and hasattr(km, "stop_restarter"):
-                km.stop_restarter()  # it is ended once saved: not to be restarted
-            try:
-                snap = await self._run(backend.dump, ref)
-            except SnapshotError as e:
-                m.error = f"{backend.method}: {e.message}"
-                if freeze and hasattr(km, "start_restarter"):
-                    km.start_restarter()  # the kernel runs on
+            if snap is None:
+                m.error = "no snapshot method could capture this kernel: " + "; ".join(why)
                 continue
             if freeze and backend.method != "criu":
                 _signal(pid, signal.SIGSTOP)  # nothing it does now would be saved

@@ -20,6 +20,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import tempfile
 import time
 
@@ -186,23 +187,52 @@ class CriuSnapshotter(LoggingConfigurable):
             raise
         images = res["images_dir"]
         t_dump = time.perf_counter() - t0
-        if self.leave_running:
-            self._privileged("criu-finish", pid=kernel.pid, kill=False, expect_uid=uid)
+        # from here the kernel is stopped: every way out of this method either ends it, hands
+        # it stopped to a caller that asked for that (keep_stopped, after a stored snapshot),
+        # or lets it go on; and the images directory never outlives it
+        handed = False
         try:
-            snap = self._store_images(kernel, staging, images, res, t_dump)
-        except Exception as e:
-            msg = f"the CRIU dump could not be stored: {e}"
-            if not self.leave_running:
-                self._privileged("criu-finish", pid=kernel.pid, kill=False, expect_uid=uid)
-                msg += "; the kernel was not stopped and runs on"
-            self.store.abort(staging)
-            raise SnapshotError("verify_failed" if isinstance(e, SnapshotError) else
-                                "dump_failed", msg) from None
+            if self.leave_running:
+                try:
+                    self._resume(kernel.pid, uid)
+                except SnapshotError:
+                    self.store.abort(staging)
+                    raise
+            try:
+                snap = self._store_images(kernel, staging, images, res, t_dump)
+            except Exception as e:
+                msg = f"the CRIU dump could not be stored: {e}"
+                if not self.leave_running:
+                    msg += "; the kernel was not stopped and runs on"
+                self.store.abort(staging)
+                raise SnapshotError("verify_failed" if isinstance(e, SnapshotError) else
+                                    "dump_failed", msg) from None
+            if not self.leave_running and not self.keep_stopped:
+                self._privileged("criu-finish", pid=kernel.pid, kill=True, expect_uid=uid)
+            handed = True
+            return snap
         finally:
             shutil.rmtree(images, ignore_errors=True)
-        if not self.leave_running and not self.keep_stopped:
-            self._privileged("criu-finish", pid=kernel.pid, kill=True, expect_uid=uid)
-        return snap
+            if not handed and not self.leave_running:
+                self._resume(kernel.pid, uid)
+
+    def _resume(self, pid: int, uid: int | None) -> None:
+        """Let a kernel stopped for its dump go on: through the privileged side, or with a
+        plain SIGCONT when it is this account's own process (the privileged call may be
+        what failed)."""
+        try:
+            self._privileged("criu-finish", pid=pid, kill=False, expect_uid=uid)
+            return
+        except SnapshotError as e:
+            why = e.message
+        try:
+            os.killpg(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            self.log.error("criu: kernel %s stays stopped: %s", pid, why)
+            raise SnapshotError("dump_failed", f"the kernel (pid {pid}) could not be resumed "
+                                f"after its dump: {why}") from None
 
     def _store_images(self, kernel: KernelRef, staging, images: str, res: dict,  # noqa: ANN001
                       t_dump: float) -> Snapshot:

@@ -281,3 +281,43 @@ def test_criu_finish_without_kill_resumes_the_kernel(attacker):
         assert _state(pid) in ("S", "R")
     finally:
         gone(pid)
+
+
+def _sudo_as(pw) -> Privileged:  # noqa: ANN001
+    return Privileged(command_prefix=["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
+                                      "--init-groups", "--reset-env", "sudo", "-n"], python=PY)
+
+
+@pytest.mark.parametrize("outcome", ["saved", "not stored", "refused"])
+def test_a_user_snapshot_leaves_the_kernel_running_whatever_its_outcome(attacker, tmp_path,
+                                                                       outcome):
+    """A "snapshot now" (leave_running) as the user's server takes it under isolation: the
+    kernel is stopped only for the dump and runs again after a stored snapshot, a snapshot the
+    store refused, and a dump the helper refused; nothing is left in /dev/shm."""
+    from jupyter_gpubudget.snapshot.base import KernelRef, SnapshotError
+    from jupyter_gpubudget.snapshot.criusnap import CriuSnapshotter
+    from jupyter_gpubudget.snapshot.store import Store
+
+    pw = attacker
+    before = shm_dumps()
+    shell = "sleep 1000 | passwd" if outcome == "refused" else "exec sleep 600"
+    pid = spawn_as(pw, shell)
+    try:
+        time.sleep(0.5)
+        quota = {"p": 1000} if outcome == "not stored" else {}
+        store = Store(str(tmp_path / "store"), project_quota=quota)
+        cs = CriuSnapshotter(store, privileged=_sudo_as(pw), leave_running=True)
+        ref = KernelRef(pid=pid, connection_file=str(tmp_path / "none.json"), session="s",
+                        project="p", uid=pw.pw_uid)
+        if outcome == "saved":
+            snap = cs.dump(ref)
+            assert [s.id for s in store.list()] == [snap.id]
+        else:
+            with pytest.raises(SnapshotError) as e:
+                cs.dump(ref)
+            assert ("quota" if outcome == "not stored" else "passwd") in e.value.message
+            assert store.list() == []
+        assert _state(pid) in ("S", "R"), f"the kernel was left {_state(pid)}"
+        assert shm_dumps() == before
+    finally:
+        gone(pid)

@@ -268,3 +268,32 @@ def test_self_snapshot_from_inside_the_server_as_a_prestop_hook(env, tmp_path):
         assert p.returncode == 0 and "nothing to save" in p.stdout, p.stdout + p.stderr
     finally:
         s.j.stop()
+
+
+def test_a_refused_criu_dump_falls_back_to_the_namespace_and_the_kernel_runs_on(
+        env, tmp_path):
+    """CRIU is offered but its dump is refused (the privileged side acts for another account,
+    as a misconfigured or hostile set-up would): the kernel is not left stopped, and the
+    namespace method saves it instead (it used to answer 'partial, saved 0')."""
+    from .conftest import criu_binary
+
+    if "criu" not in methods():
+        require_criu = pytest.fail if os.environ.get("CI") == "true" else pytest.skip
+        require_criu("CRIU and root are needed for this test")
+    e = {**env, "GPUBUDGET_SNAPSHOT_METHODS": "criu,namespace",
+         "GPUBUDGET_CRIU": criu_binary() or ""}
+    s = Server(start_jupyter(tmp_path / "srv", e, config={
+        "GpuBudgetSnapshots": {"kernel_watchdog": WATCHDOG_S},
+        "Privileged": {"command_prefix": ["env", "SUDO_UID=65534"]}}))
+    try:
+        s.open("a.ipynb")
+        s.run("a.ipynb", "tag = 'kept'")
+        st, snap = s.post("gpubudget/api/snapshots", {"reason": "user"})
+        assert st == 200, snap
+        assert snap["saved"] == 1 and snap["status"] == "ok", snap
+        assert snap["members"][0]["method"] == "namespace", snap
+        assert any(w.startswith("criu: ") and "65534" in w
+                   for w in snap["members"][0]["why_not"]), snap
+        assert s.run("a.ipynb", "print(tag)").strip() == "kept"  # running, not stopped
+    finally:
+        s.j.stop()

@@ -38,6 +38,9 @@ class BackendStatus:
     ended_at: float | None = None
     launched: bool = True  # False: there is no trace the attempt was ever started
     timed_out: bool = False  # it was stopped because its time_limit was over
+    #: the process that waits for it (the local launcher's monitor) is gone: whether it runs
+    #: is read from its cgroup, and its exit code cannot be known (``exit_code`` None)
+    unsupervised: bool = False
 
 
 @dataclass(frozen=True)

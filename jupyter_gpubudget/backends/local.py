@@ -16,6 +16,12 @@ How the launcher runs (``isolation``):
   users, but the service's own compromise is root's.
 - ``off``: neither: the launcher runs as the service's user and so do all jobs (a developer's
   machine). The log says so loudly.
+
+Containment: the launcher runs every attempt in its own cgroup (``launcher/cgroups.py``) and
+an attempt has ended only when its cgroup is empty, whatever its processes did with sessions
+and process groups. When the launcher's monitor of an attempt is gone (killed), the cgroup
+alone says whether it still runs: it is charged until it is found empty, and its exit code is
+recorded as unknown.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
 from jupyter_gpubudget.core.inventory import Inventory
+from jupyter_gpubudget.launcher import cgroups
 from jupyter_gpubudget.launcher.policy import DEFAULT_JOB_PATH
 from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
@@ -105,6 +112,17 @@ class LocalBackend(Backend):
     min_uid = Integer(1000, help="Jobs never run as an account with a smaller uid (root, "
                       "system accounts). The launcher config's min_uid is used when given."
                       ).tag(config=True)
+    cgroup_root = Unicode("", help="The cgroup v2 directory under which each job attempt gets "
+                          "its own cgroup (job.<workload>.<attempt>); empty: 'gpubudget' under "
+                          "the cgroup2 mount found in /proc/self/mountinfo. With "
+                          "launcher_config, the config's 'cgroup_root' is used instead. Where "
+                          "no cgroup can be made there, jobs do not start (the error says "
+                          "why).").tag(config=True)
+    contain = Bool(True, help="Run every job in its own cgroup, and count it ended only when "
+                   "the cgroup is empty. False is UNSAFE: a job's processes that leave its "
+                   "process group (setsid, double fork) then keep running, as the user, on a "
+                   "GPU given to someone else. With launcher_config, the config's 'contain' "
+                   "is used instead.").tag(config=True)
     job_path = Unicode("", help="The PATH of a job, and where a program named without a path is "
                        "looked up before allowed_commands is checked. Default: the launcher "
                        f"config's 'path', else {DEFAULT_JOB_PATH}.").tag(config=True)
@@ -344,6 +362,10 @@ class LocalBackend(Backend):
             cmd += ["--jobs-root", str(self.jobs_root)]
             if self.job_path:
                 cmd += ["--path", self.job_path]
+            if self.cgroup_root:
+                cmd += ["--cgroup-root", self.cgroup_root]
+            if not self.contain:
+                cmd += ["--no-contain"]
         cmd += [verb, *args]
         # the launcher builds the job's environment itself; it gets none of the service's
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -396,13 +418,19 @@ class LocalBackend(Backend):
         rec = read_record(d / "exit", self._records_uid)
         if rec is not None:
             return BackendStatus(False, rec.get("exit_code"), rec.get("ended_at"),
-                                 timed_out=bool(rec.get("timed_out")))
+                                 timed_out=bool(rec.get("timed_out")),
+                                 unsupervised=bool(rec.get("monitor_lost")))
         pid = read_record(d / "pid", self._records_uid)
         if pid is not None:
-            for p, start in ((pid.get("monitor_pid"), pid.get("monitor_start")),
-                             (pid.get("pid"), pid.get("start"))):
-                if isinstance(p, int) and p > 1 and proc_starttime(p) == start:
-                    return BackendStatus(True)
+            m = pid.get("monitor_pid")
+            if isinstance(m, int) and m > 1 and proc_starttime(m) == pid.get("monitor_start"):
+                return BackendStatus(True)  # its monitor writes the exit record
+            cg = pid.get("cgroup")
+            if isinstance(cg, str) and cg:
+                return self._unsupervised(workload, attempt, cg)
+            p = pid.get("pid")  # uncontained (an older launcher, or contain off)
+            if isinstance(p, int) and p > 1 and proc_starttime(p) == pid.get("start"):
+                return BackendStatus(True)
             return BackendStatus(False)  # ended without an exit record: lost
         try:
             age = time.time() - d.stat().st_mtime
@@ -411,6 +439,24 @@ class LocalBackend(Backend):
         if age < self.start_grace:
             return BackendStatus(True)  # launched moments before a restart: not known yet
         return BackendStatus(False)
+
+    def _unsupervised(self, workload: str, attempt: int, cg: str) -> BackendStatus:
+        """The attempt's monitor is gone (killed): it runs while its cgroup holds a process.
+        Once it is empty, the launcher writes the exit record (exit code unknown) and
+        removes the cgroup; until it has, the end is when it was found empty."""
+        if cgroups.populated(cg):
+            return BackendStatus(True, unsupervised=True)
+        seen = time.time()
+        try:
+            out = self._launcher("signal", workload, str(attempt), f"{self.stop_grace:g}",
+                                 timeout=self.stop_grace + 60)
+            rec = out.get("exit") or {}
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            self.log.error("settling %s attempt %d (its monitor is gone): %s", workload,
+                           attempt, e)
+            rec = {}
+        return BackendStatus(False, rec.get("exit_code"), rec.get("ended_at") or seen,
+                             timed_out=bool(rec.get("timed_out")), unsupervised=True)
 
     def stop(self, workload: str, attempt: int) -> BackendStatus:
         if self.status(workload, attempt).alive:

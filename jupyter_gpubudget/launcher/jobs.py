@@ -446,8 +446,10 @@ def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
     job_alive = proc_starttime(pid) == start and proc_uid(pid) == uid
     contained = bool(cg) and cgroups.populated(cg)
     if not (monitor_alive or job_alive or contained):
-        return {"signalled": False, "reason": "not running",
-                "exit": read_record(adir / "exit", trusted_uid=me)}
+        exit_rec = read_record(adir / "exit", trusted_uid=me)
+        if exit_rec is None and cg:  # its monitor was killed; its cgroup is empty now
+            exit_rec = _monitor_lost(adir, cg, cfg.gid)
+        return {"signalled": False, "reason": "not running", "exit": exit_rec}
     _kill(pid, signal.SIGTERM)  # the job's group: its pgid is its pid (a new session)
     if cg:  # and every process of its cgroup, wherever it went
         cgroups.signal_all(cg, signal.SIGTERM)
@@ -469,12 +471,17 @@ def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
         time.sleep(0.05)
     exit_rec = exit_rec or read_record(adir / "exit", trusted_uid=me)
     if exit_rec is None and cg and proc_starttime(mpid) != mstart:
-        # the monitor was killed: nobody could wait for the job, so its exit code is unknown;
-        # it ended now, its cgroup empty (the charge runs to here)
-        exit_rec = {"exit_code": None, "ended_at": time.time(), "timed_out": False,
-                    "signal": None, "monitor_lost": True,
-                    "error": "the job's monitor was killed: its exit code is unknown"}
-        write_record(adir / "exit", exit_rec, cfg.gid)
-    if cg:
-        cgroups.remove(cg)
+        exit_rec = _monitor_lost(adir, cg, cfg.gid)
     return {"signalled": True, "exit": exit_rec}
+
+
+def _monitor_lost(adir: Path, cg: str, gid: int | None) -> dict:
+    """The exit record of a job whose monitor was killed, written once its cgroup is empty:
+    nobody could wait for the job, so its exit code is unknown; it ended when its cgroup was
+    found empty (its charge runs to then)."""
+    rec = {"exit_code": None, "ended_at": time.time(), "timed_out": False, "signal": None,
+           "monitor_lost": True,
+           "error": "the job's monitor was killed: its exit code is unknown"}
+    write_record(adir / "exit", rec, gid)
+    cgroups.remove(cg)
+    return rec

@@ -20,7 +20,8 @@ from .store import Ledger
 
 #: decisions an operator filters the audit log by (the page's choices)
 AUDIT_KINDS = ("start", "preempt", "preempt-requested", "reserve", "health", "drain", "repair",
-               "undrain", "grant", "cancel", "requeue", "idle", "snapshot", "timeout")
+               "undrain", "grant", "cancel", "requeue", "idle", "snapshot", "timeout",
+               "lost")
 
 
 def node_health(ledger: Ledger) -> dict[str, NodeHealthRow]:

@@ -117,6 +117,7 @@ class SchedulingLoop:
         self._health_read: tuple[int, dict[str, NodeHealthRow]] = (-1, {})
         self._drains_total: int | None = None  # "repair" decisions: read once, then counted
         self._usage_checked_at = 0.0
+        self._lost_told: set[tuple[str, int]] = set()  # attempts whose lost monitor was told
 
     # ------------------------------------------------------------------ reconcile
     def reconcile(self) -> None:
@@ -137,7 +138,8 @@ class SchedulingLoop:
     def _intent(self, row: WorkloadRow) -> str | None:
         """'preempting', 'cancelling' or 'requeueing' when a stop was under way when the
         service died."""
-        last = self.ledger.decisions(workloads=[row.id], limit=1)
+        last = [d for d in self.ledger.decisions(workloads=[row.id], limit=5)
+                if d.kind != "lost"]  # (an audit note about its monitor, not an intent)
         if last and last[0].kind in ("preempting", "cancelling", "requeueing") \
                 and last[0].at >= (row.started_at or 0):
             return last[0].kind
@@ -158,6 +160,11 @@ class SchedulingLoop:
         elif st.exit_code is not None:
             state = "done" if st.exit_code == 0 else "failed"
             reason, by = f"exit code {st.exit_code}", "exit"
+        elif st.unsupervised:  # its monitor was killed: the cgroup said when it ended
+            state = "pending" if row.resumable else "failed"
+            reason, by = ("exit code unknown: its launcher's monitor was killed; it ended when "
+                          "its cgroup was found empty"
+                          + ("; requeued" if row.resumable else "")), "reconcile"
         elif row.resumable:
             state, reason, by = "pending", "lost (service restart); requeued", "reconcile"
         else:
@@ -169,6 +176,12 @@ class SchedulingLoop:
                 self.ledger.stop(row.id, now=end, state=state, closed_by=by, reason=reason,
                                  exit_code=st.exit_code, s=s,
                                  actor="reconcile" if by == "reconcile" else "scheduler")
+                if by == "reconcile":  # no exit record: say how it was settled, for admins
+                    self.ledger.record_decision(
+                        now=self.clock(), kind="lost", workload=row.id, actor="reconcile",
+                        reason=reason, s=s,
+                        detail={"exit_code": None, "exit_code_known": False, "ended_at": end,
+                                "monitor_lost": st.unsupervised, "state": state})
                 if intent == "preempting":  # the notice the interrupted preemption owed
                     self.ledger.record_decision(now=self.clock(), kind="preempt",
                                                 workload=row.id, reason="preempted",
@@ -198,9 +211,31 @@ class SchedulingLoop:
                 st = BackendStatus(False, st.exit_code, st.ended_at or now, timed_out=True)
             if st.alive:
                 alive.append(row.id)
+                if st.unsupervised:
+                    self._monitor_lost(row.id, iv.seq, now)
             else:
                 self._settle(row, st)
         return alive
+
+    def _monitor_lost(self, wid: str, attempt: int, now: float) -> None:
+        """Record, once per attempt, that a running job's monitor is gone: it is still charged
+        (its cgroup holds processes) but its exit code will not be known."""
+        key = (wid, attempt)
+        if key in self._lost_told:
+            return
+        self._lost_told.add(key)
+        if any(d.kind == "lost" and (d.detail or {}).get("attempt") == attempt
+               for d in self.ledger.decisions(workloads=[wid], kind="lost", limit=20)):
+            return  # told before a restart of the service
+        self.log.warning("job %s attempt %d: its launcher's monitor is gone; it still runs "
+                         "(its cgroup holds processes) and is charged until it is empty",
+                         wid, attempt)
+        self.ledger.record_decision(
+            now=now, kind="lost", workload=wid, actor="reconcile",
+            reason="its launcher's monitor was killed; it still runs (its cgroup holds "
+                   "processes) and is charged until its cgroup is empty; its exit code "
+                   "will be unknown", detail={"attempt": attempt, "monitor_lost": True,
+                                              "still_running": True})
 
     @property
     def policy(self) -> Policy:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
+from jupyter_gpubudget.core.accounts import MAX_GRANT_HOURS
 from jupyter_gpubudget.core.model import SliceRequest
 from jupyter_gpubudget.core.offer import not_offered
 from jupyter_gpubudget.launcher.policy import (
@@ -25,6 +27,13 @@ class Invalid(ValueError):
         self.message = message
 
 
+#: the longest duration a request may give (seconds)
+MAX_DURATION_S = 366 * 86400
+#: a database integer (SQLite, PostgreSQL BIGINT)
+MAX_DB_INT = 2**63 - 1
+#: the finest step of a grant: GPU-hours (or a share's percent) in thousandths
+GRANT_DECIMALS = 3
+
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _MIG = re.compile(r"^(?:mig:)?(\d+)g\.(\d+)gb$")
@@ -42,14 +51,34 @@ def duration(value: Any, field: str) -> float:
     if isinstance(value, bool):
         raise Invalid(field, "expected a duration such as 3600, '30m' or '2h'")
     if isinstance(value, int | float):
+        # compared before float(): a 400-digit integer does not fit a float (OverflowError)
+        if not 0 <= value <= MAX_DURATION_S:
+            raise Invalid(field, "must be between 0 and 366 days")
         secs = float(value)
     elif isinstance(value, str) and (m := _DUR.match(value)):
         secs = float(m.group(1)) * _UNIT[m.group(2)]
     else:
         raise Invalid(field, f"expected a duration such as 3600, '30m' or '2h', got {value!r}")
-    if not math.isfinite(secs) or secs < 0 or secs > 366 * 86400:
+    if not math.isfinite(secs) or secs < 0 or secs > MAX_DURATION_S:
         raise Invalid(field, "must be between 0 and 366 days")
     return secs
+
+
+def query_int(raw: str | None, field: str, lo: int, hi: int, default: int | None = None
+              ) -> int | None:
+    """A whole number from a query argument, between ``lo`` and ``hi`` (a database integer
+    holds at most 2**63 - 1: anything longer is a 400 naming ``field``, never a 500)."""
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw) if len(raw) <= 40 else None
+    except ValueError:
+        v = None
+    if v is None:
+        raise Invalid(field, f"expected a whole number, got {raw[:40]!r}")
+    if not lo <= v <= hi:
+        raise Invalid(field, f"must be between {lo} and {hi}")
+    return v
 
 
 def _check_keys(body: Any, allowed: set[str], where: str = "body") -> dict:
@@ -200,16 +229,35 @@ def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
     if key not in body or body[key] is None:
         return None
     v = body[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-            or not lo <= v <= hi:
+    # no math.isfinite(v): it raises OverflowError on a 400-digit integer; NaN fails the
+    # comparison and infinities the bounds
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
         raise Invalid(key, f"expected a number between {lo:g} and {hi:g}")
+    return float(v)
+
+
+def _grant_number(body: dict, key: str, hi: float, unit: str) -> float | None:
+    """A grant's figure: a finite number from 0 to ``hi`` in steps of 0.001 (at most three
+    decimals). -0.0, subnormals such as 1e-320 and finer fractions are refused (400), not
+    rounded: a grant is money-like, and what is stored is what the admin typed."""
+    if key not in body or body[key] is None:
+        return None
+    v = body[key]
+    ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v <= hi
+    if ok:
+        exponent = Decimal(repr(float(v))).as_tuple().exponent
+        ok = math.copysign(1.0, v) > 0 and isinstance(exponent, int) \
+            and exponent >= -GRANT_DECIMALS
+    if not ok:
+        raise Invalid(key, f"expected {unit} from 0 to {hi:g} in steps of 0.001 (at most "
+                           f"{GRANT_DECIMALS} decimals), got {str(v)[:40]}")
     return float(v)
 
 
 def parse_grant(body: Any) -> dict:
     body = _check_keys(body, GRANT_FIELDS)
-    hours = _number(body, "grant_hours", 0, 1e9)
-    share = _number(body, "share_pct", 0, 100)
+    hours = _grant_number(body, "grant_hours", MAX_GRANT_HOURS, "GPU-hours")
+    share = _grant_number(body, "share_pct", 100, "a percent")
     if hours is not None and share is not None:
         raise Invalid("share_pct", "give either 'grant_hours' or 'share_pct', not both")
     if hours is None and share is None:

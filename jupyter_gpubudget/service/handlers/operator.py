@@ -15,7 +15,7 @@ from ..operator import (
     queue_overview,
 )
 from ..timefmt import BadTimeZone, zone
-from ..validate import parse_grant
+from ..validate import MAX_DB_INT, parse_grant, query_int
 from ..views import workload_json
 
 
@@ -125,13 +125,9 @@ class DecisionsHandler(OperatorHandler):
         tz = self.tz()
         q = self.get_query_argument
         kinds = [k for k in (q("kind", "") or "").split(",") if k] or None
-        try:
-            limit = int(q("limit", "100"))
-            before = int(q("before")) if q("before", None) else None
-        except ValueError:
-            raise ApiError(400, "limit/before: expected whole numbers", "limit") from None
-        if not 1 <= limit <= 1000:
-            raise ApiError(400, "limit: 1..1000", "limit")
+        limit = query_int(q("limit", None), "limit", 1, 1000, default=100)
+        # a decision's id: a database integer (a longer number is a 400, never a 500)
+        before = query_int(q("before", None), "before", 0, MAX_DB_INT)
         text = q("q", None)
         if text is not None and len(text) > 200:
             raise ApiError(400, "q: at most 200 characters", "q")

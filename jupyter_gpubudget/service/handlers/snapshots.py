@@ -31,6 +31,7 @@ from jupyter_gpubudget.ledger.models import SnapshotRow
 from ..auth import SCOPE_SUBMIT, Caller, Denied
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
+from ..validate import MAX_DB_INT
 
 SET_ID = r"([A-Za-z0-9][A-Za-z0-9._-]{0,47}--[0-9a-f]{11,13}-[0-9a-f]{6})"
 _SET_RE = re.compile("^" + SET_ID + "$")
@@ -40,15 +41,16 @@ REASONS = ("user", "preempt", "hibernate")
 
 def _int(body: dict, k: str, lo: int = 0) -> int:
     v = body.get(k, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ApiError(400, f"{k}: expected a whole number >= {lo}", k)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_DB_INT:
+        raise ApiError(400, f"{k}: expected a whole number from {lo} to {MAX_DB_INT}", k)
     return v
 
 
 def _num(body: dict, k: str) -> float:
     v = body.get(k)
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-        raise ApiError(400, f"{k}: expected a number >= 0", k)
+    # compared before float(): a 400-digit integer does not fit a float (OverflowError)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e15:
+        raise ApiError(400, f"{k}: expected a number from 0 to 1e15", k)
     return float(v)
 
 

@@ -413,7 +413,7 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
     pid = _check_kernel_pid(pid, expect_uid)
     # only a tree that is purely the account's own is dumped for it: a set-id child (say
     # `sleep | passwd`) would put root's memory into images handed to the account
-    only = expect_uid if caller == 0 else caller
+    only = (expect_uid or None) if caller == 0 else caller  # root's own tree: no such check
     gids = caller_gids(only) if only is not None else set()
     if only is not None:
         why = tree_problems(pid, only, gids)

@@ -190,6 +190,15 @@ class Ledger:
         finally:
             self._wrote(changes_state)
 
+    def writable(self) -> None:
+        """Raise what a write transaction would raise now (SQLite: a write lock held
+        elsewhere, after the busy timeout; any database: gone, unreachable) — writing
+        nothing. The transaction begins as every write does (``BEGIN IMMEDIATE`` on SQLite)
+        and is rolled back."""
+        with self.engine.connect() as c:
+            c.exec_driver_sql("SELECT 1")
+            c.rollback()
+
     def _wrote(self, changes_state: bool = True) -> None:
         self.generation += 1
         if changes_state:

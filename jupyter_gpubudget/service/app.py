@@ -39,7 +39,7 @@ from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_decla
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow
 
-from .base import ApiError
+from .base import LEDGER_DOWN, ApiError
 from .handlers import routes
 from .health import (
     CommandHealthSource,
@@ -330,6 +330,7 @@ class GpuBudgetService(Application):
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")
         self.db_pool = ThreadPoolExecutor(self.db_threads, thread_name_prefix="gpubudget-db")
         self._ledger_error: tuple[float, str] | None = None
+        self._ledger_probe: asyncio.Future | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._change = asyncio.Event()
         self.ledger.on_write = self._ledger_wrote
@@ -424,6 +425,28 @@ class GpuBudgetService(Application):
     def ledger_ok(self) -> None:
         self._ledger_error = None
 
+    def probe_ledger(self) -> None:
+        """While the ledger is reported unavailable, try a write transaction (nothing is
+        written) on the API's database threads: when it goes through, the ledger is usable
+        again and /healthz says so within a cycle — not only once some request happens to
+        write (a released lock, a database back up). One probe at a time."""
+        failed = self._ledger_error
+        if failed is None or (self._ledger_probe is not None and not self._ledger_probe.done()):
+            return
+
+        async def probe() -> None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.db_pool,
+                                                                 self.ledger.writable)
+            except LEDGER_DOWN as e:
+                self.log.debug("ledger still unavailable: %s", e)
+                return
+            if self._ledger_error is failed:  # no newer failure while the probe ran
+                self.log.info("ledger usable again (was: %s)", failed[1])
+                self.ledger_ok()
+
+        self._ledger_probe = asyncio.ensure_future(probe())
+
     def health(self) -> tuple[bool, list[str]]:
         """(healthy, reasons): a failing or stale scheduling cycle, or an unavailable ledger,
         makes the service unhealthy."""
@@ -488,6 +511,7 @@ class GpuBudgetService(Application):
             except TimeoutError:
                 pass
             self._kick_event.clear()
+            self.probe_ledger()
             try:
                 decisions = await aloop.run_in_executor(self.worker, self.loop.cycle)
             except Exception:

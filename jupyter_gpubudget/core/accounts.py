@@ -33,6 +33,7 @@ BudgetError = ConfigError
 
 MAX_TREE_DEPTH = 32  # levels of programs and projects
 MAX_GRANT_HOURS = 1e9  # the same bound the REST API puts on a grant
+MAX_PENDING_PER_USER = 1_000_000  # policy.max_pending_per_user at most (0: no limit)
 
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
 _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
@@ -41,7 +42,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
-                "gang_on_mig", "gang_on_mig_spare"}
+                "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -330,6 +331,10 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     if "gang_on_mig_spare" in fields:
         policy = replace(policy, gang_on_mig_spare=int(
             fields["gang_on_mig_spare"].number(minimum=0, integer=True)))
+    if "max_pending_per_user" in fields:
+        policy = replace(policy, max_pending_per_user=int(
+            fields["max_pending_per_user"].number(minimum=0, integer=True,
+                                                   maximum=MAX_PENDING_PER_USER)))
     if "short_lane_patience" in fields:
         policy = replace(policy, short_lane_patience=fields["short_lane_patience"].duration())
     if "short_lane_late_cost" in fields:

@@ -303,6 +303,10 @@ class Policy:
     #: seconds a preempted workload that does not stop at once (``Workload.stops_at_once``)
     #: is expected to take to release its slice (a notebook's snapshot grace period)
     stop_grace: float = 120.0
+    #: workloads (batch jobs, debug runs and sessions together) one user may have waiting
+    #: in the queue; a submission past it is refused, saying so (0: no limit). Not the
+    #: core's to apply — the service does, at submission — but an admin sets it here
+    max_pending_per_user: int = 100
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:

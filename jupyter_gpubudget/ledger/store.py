@@ -306,11 +306,23 @@ class Ledger:
                command: list[str] | None = None, env: dict | None = None, min_runtime: float = 0.0,
                resumable: bool = False, time_limit: float | None = None,
                backend: str = "local", name: str = "", workload_id: str | None = None,
-               checkpoint_interval: float | None = None,
+               checkpoint_interval: float | None = None, max_pending: int = 0,
                s: Session | None = None) -> WorkloadRow:
+        """A new pending workload. ``max_pending`` (0: none): refused (429) when ``user``
+        already has that many pending — counted in the same write transaction, so that
+        concurrent submissions cannot slip past it (SQLite; PostgreSQL may let a few
+        simultaneous ones through)."""
         with self.tx(s) as s:
             if s.get(AccountRow, project) is None:
                 raise LedgerError(400, f"no project {project!r}", "project")
+            if max_pending:
+                n = self.pending_of(user, s)
+                if n >= max_pending:
+                    raise LedgerError(
+                        429, f"pending: {user} has {n} workloads waiting in the queue, the "
+                             f"most one user may have (policy max_pending_per_user: "
+                             f"{max_pending}); cancel some or wait until they start",
+                        "pending")
             row = WorkloadRow(id=workload_id or uuid.uuid4().hex[:16], name=name,
                               project=project, user=user, kind=kind, state="pending",
                               request=request, command=command, env=env, min_runtime=min_runtime,
@@ -320,6 +332,12 @@ class Ledger:
             s.add(row)
             s.flush()
             return row
+
+    def pending_of(self, user: str, s: Session | None = None) -> int:
+        """How many workloads ``user`` has waiting in the queue (jobs and sessions)."""
+        with self.ro(s) as s:
+            return s.scalar(select(func.count()).select_from(WorkloadRow).where(
+                WorkloadRow.user == user, WorkloadRow.state == "pending")) or 0
 
     def get(self, workload_id: str, s: Session | None = None) -> WorkloadRow | None:
         with self.ro(s) as s:

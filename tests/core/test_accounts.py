@@ -21,6 +21,7 @@ GOOD = textwrap.dedent("""\
       gang_overdue_after: 2h
       gang_on_mig: false
       gang_on_mig_spare: 1
+      max_pending_per_user: 25
     accounts:
       physics:
         grant: 1000
@@ -57,6 +58,7 @@ def test_good_file_loads_tree_policy_and_people():
     plain = load_budgets("accounts: {a: {grant: 1}}").policy
     assert plain.gang_overdue_after == 0  # off
     assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (True, 2)  # on; two kept idle
+    assert (b.policy.max_pending_per_user, plain.max_pending_per_user) == (25, 100)
     assert b.admins == {"root"}
     grants = t.effective_grants(cluster_gpu_hours=8000)
     assert grants["astro"] == pytest.approx(400)
@@ -92,6 +94,12 @@ BAD = [
     ("policy: {short_lane_hold: 1.5}\naccounts: {a: {grant: 1}}\n", "policy.short_lane_hold", 1,
      "whole number"),
     ("grants: 5\naccounts: {a: {grant: 1}}\n", "grants", 1, "unknown key"),
+    ("policy: {max_pending_per_user: -1}\naccounts: {a: {grant: 1}}\n",
+     "policy.max_pending_per_user", 1, "must be ≥ 0"),
+    ("policy: {max_pending_per_user: 2.5}\naccounts: {a: {grant: 1}}\n",
+     "policy.max_pending_per_user", 1, "whole number"),
+    ("policy: {max_pending_per_user: many}\naccounts: {a: {grant: 1}}\n",
+     "policy.max_pending_per_user", 1, "expected a number"),
     ("accounts:\n  a: {grant: 1, members: [bob, 7]}\n", "accounts.a.members[1]", 2, "string"),
     ("accounts:\n  'bad name!': {grant: 1}\n", "accounts.bad name!", 2, "account name"),
     ("accounts: {}\n", "accounts", 1, "at least one account"),

@@ -223,7 +223,8 @@ class SessionsHandler(_SessionBase):
                 project=project, user=user, kind="interactive", now=now,
                 request=request_to_dict(sess["request"]), command=None, env=None,
                 min_runtime=sess["min_runtime"], resumable=resumes is not None,
-                time_limit=None, backend=SESSION_BACKEND, name=sess["name"], s=s)
+                time_limit=None, backend=SESSION_BACKEND, name=sess["name"],
+                max_pending=self.svc.policy().max_pending_per_user, s=s)
             if resumes is not None:
                 self.svc.ledger.record_decision(
                     now=now, kind="resume", workload=row.id, actor=c.name,

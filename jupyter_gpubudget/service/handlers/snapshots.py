@@ -235,7 +235,8 @@ class SnapshotRestoreHandler(_Base):
                     project=w.project, user=w.user, kind="interactive", now=now,
                     request=dict(w.request), command=None, env=None,
                     min_runtime=w.min_runtime, resumable=True, time_limit=None,
-                    backend=SESSION_BACKEND, name=w.name)
+                    backend=SESSION_BACKEND, name=w.name,
+                    max_pending=svc.policy().max_pending_per_user)
                 svc.ledger.record_decision(
                     now=now, kind="resume", workload=new.id, actor=c.name,
                     reason=f"restore of snapshot {set_id} asked by {c.name}",

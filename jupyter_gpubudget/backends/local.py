@@ -444,7 +444,13 @@ class LocalBackend(Backend):
         """The attempt's monitor is gone (killed): it runs while its cgroup holds a process.
         Once it is empty, the launcher writes the exit record (exit code unknown) and
         removes the cgroup; until it has, the end is when it was found empty."""
-        if cgroups.populated(cg):
+        try:
+            if cgroups.populated(cg):
+                return BackendStatus(True, unsupervised=True)
+        except OSError as e:  # unknown: the slice stays held until it can be read
+            self.log.error("%s attempt %d: its monitor is gone and its cgroup %s cannot be "
+                           "read (%s); it counts as running (the cgroup root must be "
+                           "readable by the service)", workload, attempt, cg, e)
             return BackendStatus(True, unsupervised=True)
         seen = time.time()
         try:

@@ -123,7 +123,9 @@ def prepare(root: Path, name: str) -> Path:
     if not NAME.match(name):
         raise ContainmentError(f"{name!r}: not usable as a cgroup name")
     try:
-        os.makedirs(root, 0o755, exist_ok=True)
+        if not os.path.isdir(root):
+            os.makedirs(root, 0o755, exist_ok=True)
+            os.chmod(root, 0o755)  # (whatever the umask) the service reads cgroup.events
     except OSError as e:
         raise ContainmentError(f"cgroup root {root} cannot be made ({e.strerror}); "
                                f"{OFF_HINT}") from None
@@ -133,6 +135,7 @@ def prepare(root: Path, name: str) -> Path:
     cg = root / name
     try:
         os.mkdir(cg, 0o755)
+        os.chmod(cg, 0o755)
     except FileExistsError:
         if populated(cg):
             raise ContainmentError(f"cgroup {cg} already holds processes") from None
@@ -155,7 +158,8 @@ def join(cg: Path, pid: int | None = None) -> None:
 
 
 def populated(cg: Path | str) -> bool:
-    """Whether any process is left in the cgroup (a cgroup that is gone holds none)."""
+    """Whether any process is left in the cgroup (a cgroup that is gone holds none). Other
+    errors (a root the reader may not traverse) are raised: they say nothing of the job."""
     try:
         text = Path(cg, "cgroup.events").read_text()
     except FileNotFoundError:

@@ -4,18 +4,28 @@ instead of being the hub user's name, and is never root or a system account.
 
 The same mapping as the batch jobs' (``LocalBackend.unix_user_template`` / ``unix_users``):
 configure both alike, e.g. ``c.MappedLocalProcessSpawner.unix_user_template = "demo-{username}"``.
+
+Containment, as for batch jobs (``jupyter_gpubudget/launcher/cgroups.py``): the hub (root)
+makes a cgroup for each server and the server joins it before it execs; the server has ended
+only once that cgroup is empty. A process a notebook started in a new session (``setsid``,
+a daemon) is killed with the server instead of keeping the GPU the session held; ``poll``
+says "running" while any process is left. No cgroup, no server (unless ``contain`` is off).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
+import secrets
 import shutil
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
-from traitlets import Dict, Integer, Unicode
+from traitlets import Bool, Dict, Float, Integer, Unicode
+
+from jupyter_gpubudget.launcher import cgroups
 
 
 class MappedLocalProcessSpawner(LocalProcessSpawner):
@@ -44,9 +54,92 @@ class MappedLocalProcessSpawner(LocalProcessSpawner):
                                      "account (nor nobody)")
         return pw
 
+    cgroup_root = Unicode("", config=True, help="The cgroup v2 directory under which each "
+                          "server gets its own cgroup (session.<uid>.<random>); empty: "
+                          "'gpubudget' under the cgroup2 mount found in /proc/self/mountinfo. "
+                          "The hub must be root to make them.")
+    contain = Bool(True, config=True, help="Run each server in its own cgroup and count it "
+                   "ended only when that cgroup is empty. False is UNSAFE: processes a "
+                   "notebook starts in a new session (setsid, daemons) outlive the session "
+                   "on a GPU given to someone else.")
+    contain_wait = Float(10.0, config=True, help="Seconds a poll or stop waits for a killed "
+                         "server's cgroup to empty before saying the server still runs (it is "
+                         "killed again at the next poll).")
+    cgroup = Unicode("")  # this server's cgroup (kept in the spawner's state)
+
+    async def start(self) -> Any:
+        if self.contain:
+            if self.cgroup and cgroups.populated(self.cgroup):
+                raise web.HTTPError(409, f"the previous server of {self.user.name} still has "
+                                         "processes; try again when they have ended")
+            try:
+                root = cgroups.find_root(self.cgroup_root)
+                cg = cgroups.prepare(root, cgroups.session_name(self.account().pw_uid,
+                                                                secrets.token_hex(8)))
+            except cgroups.ContainmentError as e:
+                raise web.HTTPError(500, f"containment: the server was not started: {e} "
+                                         "(MappedLocalProcessSpawner.cgroup_root / contain)"
+                                    ) from None
+            self.cgroup = str(cg)
+        try:
+            return await super().start()
+        except BaseException:
+            if self.cgroup:
+                await self._end_cgroup()
+            raise
+
     def make_preexec_fn(self, name: str) -> Any:
         self.account()
-        return super().make_preexec_fn(self.unix_name)
+        set_user = super().make_preexec_fn(self.unix_name)
+        cg = self.cgroup if self.contain else ""
+
+        def preexec() -> None:
+            if cg:  # as root, before anything of the user's runs
+                cgroups.join(cg)
+            set_user()
+
+        return preexec
+
+    async def _end_cgroup(self) -> bool:
+        """Kill what is left in the server's cgroup and wait (``contain_wait``) until it is
+        empty; True once it is (then it is removed and forgotten)."""
+        cg = self.cgroup
+        if not cg:
+            return True
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, cgroups.end, cg, self.contain_wait):
+            self.log.warning("server of %s: processes are left in %s after SIGKILL; it "
+                             "counts as running", self.user.name, cg)
+            return False
+        self.cgroup = ""
+        return True
+
+    async def poll(self) -> int | None:
+        """Running while the server's process or anything in its cgroup is: once the server
+        has exited, whatever it left behind is killed before it counts as ended."""
+        status = await super().poll()
+        if status is None or await self._end_cgroup():
+            return status
+        return None
+
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        if self.cgroup:
+            while not await self._end_cgroup():  # the session's end waits for its last one
+                await asyncio.sleep(1.0)
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.cgroup:
+            state["cgroup"] = self.cgroup
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        cg = state.get("cgroup")
+        if isinstance(cg, str) and os.path.isabs(cg) and os.path.basename(cg).startswith(
+                "session."):
+            self.cgroup = cg
 
     def user_env(self, env: dict) -> dict:
         pw = self.account()

@@ -195,3 +195,70 @@ def test_a_job_whose_monitor_is_killed_is_reconciled_from_its_cgroup(demo, alice
     assert "exit code unknown" in settled[0].reason and "monitor" in settled[0].reason
     for f in (go1, go2):
         f.unlink(missing_ok=True)
+
+
+def run_in_kernel(server_url: str, token: str, code: str) -> None:
+    """Run ``code`` in a new kernel of a user's real notebook server (as a notebook cell
+    would), through Jupyter's REST and kernel websocket APIs."""
+    import asyncio
+    import uuid
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    st, kernel = http("POST", f"{server_url}/api/kernels", token, {"name": "python3"})
+    assert st == 201, kernel
+
+    async def go() -> None:
+        ws_url = server_url.replace("http", "ws", 1) + f"/api/kernels/{kernel['id']}/channels"
+        conn = await websocket_connect(HTTPRequest(
+            ws_url, headers={"Authorization": f"token {token}"}))
+        msg_id = uuid.uuid4().hex
+        conn.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
+        while True:
+            raw = await asyncio.wait_for(conn.read_message(), 60)
+            assert raw is not None, "the kernel's websocket closed"
+            msg = json.loads(raw)
+            if msg.get("msg_type") == "execute_reply" \
+                    and msg["parent_header"].get("msg_id") == msg_id:
+                assert msg["content"]["status"] == "ok", msg["content"]
+                conn.close()
+                return
+
+    asyncio.run(go())
+
+
+def test_a_stopped_session_leaves_no_process(demo):
+    st, out = http("POST", f"{demo.api}/users/carol/server", demo.token,
+                   {"project": "astro", "slice": "cpu"})
+    assert st in (201, 202), out
+    demo.wait_ready("carol")
+    pid = http("GET", f"{demo.api}/users/carol", demo.token)[1]["servers"][""]["state"][
+        "child_state"]["pid"]
+    env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode(
+        errors="replace").split("\0") if "=" in kv)
+    # a notebook cell starts a process in a new session and a double-forked daemon
+    run_in_kernel(f"{demo.url}/user/carol", env["JUPYTERHUB_API_TOKEN"], (
+        "import os, subprocess\n"
+        "subprocess.Popen(['setsid', 'sh', '-c', 'exec sleep 2' '34'])\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.execvp('sleep', ['sleep', '2' '33'])\n"
+        "    os._exit(0)\n"))
+    uid = uid_of("carol")
+    wait_for("the escaped processes run",
+             lambda: processes(uid, "sleep 234") and processes(uid, "sleep 233"))
+    st, _ = http("DELETE", f"{demo.api}/users/carol/server", demo.token)
+    assert st in (202, 204), st
+    wait_for("the server stops", lambda: not http("GET", f"{demo.api}/users/carol",
+                                                  demo.token)[1]["servers"])
+    left = processes(uid, "sleep 234") + processes(uid, "sleep 233")
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == [], f"{left} still run after the session ended"

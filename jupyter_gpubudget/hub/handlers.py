@@ -25,6 +25,8 @@ from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
+from jupyter_gpubudget.service.validate import Invalid, quote_slice
+
 from .client import ServiceError
 
 #: under the hub's prefix (``/hub/``); the group is the user's name
@@ -57,13 +59,20 @@ class QuoteHandler(APIHandler):
         if not callable(getattr(spawner, "quote", None)) or not hasattr(spawner, "offer"):
             raise web.HTTPError(404, "this server is not started by BudgetSpawner")
         args = {}
-        for k, default in (("project", ""), ("slice", "cpu"), ("min_runtime", "1h")):
-            v = self.get_argument(k, default)
+        for k in self.request.query_arguments:
+            if k in ("server", "_xsrf"):
+                continue
+            v = self.get_argument(k)
             if len(v) > 200:
                 raise web.HTTPError(400, f"{k}: at most 200 characters")
             args[k] = v
+        try:  # a misspelt or unknown argument is refused, never read as a CPU slice
+            key = quote_slice(args)
+        except Invalid as e:
+            raise web.HTTPError(400, f"{e.field}: {e.message}") from None
         try:
-            answer = await spawner.quote(args["project"], args["slice"], args["min_runtime"])
+            answer = await spawner.quote(args.get("project", ""), key,
+                                         args.get("min_runtime", "1h"))
         except ServiceError as e:
             raise web.HTTPError(e.status if e.status < 500 else 503,
                                 e.message.removeprefix("gpubudget service: ")) from None

@@ -49,6 +49,28 @@ from .placement import describe, placement_env
 __all__ = ["BudgetSpawner", "ServiceError", "normalise_slice"]
 
 
+#: what ``user_options`` may hold; anything else is refused, naming it (an option the
+#: spawner ignored would start something other than what was asked: a CPU session)
+USER_OPTIONS = ("project", "slice", "gpus", "min_runtime", "resume", "restore")
+
+
+def check_user_options(opts: dict) -> None:
+    unknown = sorted(str(k) for k in opts if k not in USER_OPTIONS)
+    if unknown:
+        raise web.HTTPError(400, f"user_options: unknown option {unknown[0][:40]!r} (options: "
+                                 f"{', '.join(USER_OPTIONS)})")
+
+
+def largest_offered(offer: dict) -> str:
+    """The largest slice a spawn form offers, in words: 'the largest slice offered here is
+    8 whole GPUs (gpu:8)'."""
+    gpus = [c for c in offer.get("choices") or [] if c.get("kind") == "gpu"]
+    if not gpus:
+        return "this cluster offers no whole GPU"
+    top = max(gpus, key=lambda c: float(c.get("fraction") or 0))
+    return f"the largest slice offered here is {top.get('label')} ({top.get('key')})"
+
+
 def normalise_slice(opts: dict) -> dict:
     """user_options -> the service's session fields (slice key or gpus)."""
     out: dict[str, Any] = {}
@@ -289,8 +311,11 @@ class BudgetSpawner(Spawner):
         runtime = one("min_runtime", self.default_min_runtime)
         if runtime == "custom":
             runtime = one("min_runtime_custom") or self.default_min_runtime
-        opts = {"project": one("project"), "slice": one("slice", "cpu"), "min_runtime": runtime}
+        opts = {"project": one("project"), "slice": one("slice"), "min_runtime": runtime}
         self._form_choices = opts  # the form comes back with these after an error
+        if not opts["slice"]:  # never read as CPU only: that is a choice of its own
+            raise web.HTTPError(400, "Slice: no slice chosen; pick one of the slices the form "
+                                     "offers (CPU only is one of them).")
         try:
             duration(runtime, "min_runtime")
         except Invalid as e:
@@ -300,6 +325,11 @@ class BudgetSpawner(Spawner):
             raise web.HTTPError(
                 403, f"You are not a member of project {opts['project']!r}; your projects: "
                      f"{', '.join(offer.get('projects') or []) or 'none'}.")
+        keys = [c.get("key") for c in (offer or {}).get("choices") or []]
+        if keys and opts["slice"] not in keys:
+            raise web.HTTPError(
+                400, f"Slice: {opts['slice'][:40]!r} is not offered here; "
+                     f"{largest_offered(offer or {})}.")
         return opts
 
     # ------------------------------------------------------------------ spawning
@@ -330,6 +360,7 @@ class BudgetSpawner(Spawner):
         (``user_options.resume``), else a new one — resuming the hibernated session or
         restoring ``user_options.restore`` when there is one."""
         opts = dict(self.user_options or {})
+        check_user_options(opts)
         self._resuming = None
         rid = opts.get("resume")
         if isinstance(rid, str) and rid:

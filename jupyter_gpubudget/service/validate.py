@@ -305,16 +305,38 @@ def request_from_choice(key: str) -> SliceRequest:
     if key == "cpu":
         return SliceRequest.cpu_only()
     if key.startswith("gpu:"):
-        try:
-            n = int(key[4:])
-        except ValueError:
-            raise Invalid("slice", f"{key[4:]!r} is not a whole number") from None
-        return parse_slice({"gpus": n})
+        n = key[4:]
+        if not (n.isascii() and n.isdigit() and len(n) <= 40) or int(n) == 0:
+            raise Invalid("slice", f"gpu:N wants a whole number of GPUs from 1, got {n[:20]!r}")
+        # any count: check_offered says what the cluster has (a count past it is refused
+        # there, naming the most it offers, never read as something else)
+        return SliceRequest.whole(int(n))
     if key.startswith("mig:"):
         return parse_slice({"slice": key[4:]})
     if key.startswith("mps:"):
         return parse_slice({"slice": key})
     raise Invalid("slice", f"{key!r} is not one of cpu, gpu:N, mig:<profile>, mps:<milli>")
+
+
+QUOTE_ARGS = ("user", "project", "slice", "gpus", "min_runtime")
+
+
+def quote_slice(args: dict[str, str | None]) -> str:
+    """The slice key a quote asks about, from its query arguments: ``slice`` (a key such as
+    ``gpu:2``, ``mig:1g.10gb``, ``mps:250``, ``cpu``; default ``cpu``) or ``gpus`` (a count of
+    whole GPUs) — never both. An argument no quote knows is refused, naming it: a misspelt
+    one must not yield a CPU slice's quote."""
+    unknown = sorted(k for k in args if k not in QUOTE_ARGS)
+    if unknown:
+        raise Invalid(unknown[0], f"unknown argument (a quote takes {', '.join(QUOTE_ARGS)})")
+    key, gpus = args.get("slice"), args.get("gpus")
+    if gpus is not None:
+        if key is not None:
+            raise Invalid("gpus", "give either 'gpus' or 'slice', not both")
+        if not (gpus.isascii() and gpus.isdigit() and len(gpus) <= 40):
+            raise Invalid("gpus", f"expected a whole number of GPUs, got {gpus[:20]!r}")
+        return "cpu" if int(gpus) == 0 else f"gpu:{int(gpus)}"
+    return key or "cpu"
 
 
 SESSION_FIELDS = {"user", "project", "gpus", "slice", "min_runtime", "name", "gpu_model"}

@@ -24,7 +24,13 @@ from ..resume import (
     usable_set_or_400,
 )
 from ..state import request_from_dict, request_to_dict
-from ..validate import check_offered, duration, parse_session, request_from_choice
+from ..validate import (
+    check_offered,
+    duration,
+    parse_session,
+    quote_slice,
+    request_from_choice,
+)
 from ..views import finite, workload_json
 
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
@@ -160,7 +166,7 @@ class QuoteHandler(_SessionBase):
         project = self.get_query_argument("project", "")
         if not project:
             raise ApiError(400, "project: is required", "project")
-        key = self.get_query_argument("slice", "cpu")
+        key = quote_slice({k: self.get_query_argument(k) for k in self.request.query_arguments})
         req = request_from_choice(key)
         min_runtime = duration(self.get_query_argument("min_runtime", "1h"), "min_runtime")
         tree, svc = self.tree, self.svc

@@ -301,6 +301,9 @@ def session_paths() -> dict:
                 "name": "project", "in": "query", "required": True, "schema": NAME}, {
                 "name": "slice", "in": "query", "required": False, "schema": {
                     "type": "string", "description": "cpu, gpu:N, mig:<profile>, mps:<milli>"}},
+                {"name": "gpus", "in": "query", "required": False, "schema": {
+                    "type": "integer", "minimum": 0,
+                    "description": "whole GPUs, instead of slice (gpus=2 is slice=gpu:2)"}},
                 {"name": "min_runtime", "in": "query", "required": False,
                  "schema": {"type": "string"}}],
             extra={"400": "Bad slice or minimum runtime"})},

@@ -93,8 +93,10 @@ if ISOLATION_OFF is None:
     demo_setup.move_old_ledger(STATE, SERVICE_DIR, svc_user)
     JOBS = STATE / "jobs"  # job records: root's, readable by the service's group
     demo_setup.private_dir(JOBS, 0, svc_user.pw_gid, 0o750)
-    LAUNCHER = demo_setup.launcher_config(STATE, JOBS, demo_setup.SERVICE_USER, BIN)
     demo_setup.ensure_users_group([UNIX_TEMPLATE.format(username=u) for u in sorted(users)])
+    # jobs run as the demo's users only, never as another account of the machine
+    LAUNCHER = demo_setup.launcher_config(STATE, JOBS, demo_setup.SERVICE_USER, BIN,
+                                          allowed_groups=[demo_setup.USERS_GROUP])
     demo_setup.install_sudoers(demo_setup.SERVICE_USER, sys.executable, LAUNCHER,
                                users_group=demo_setup.USERS_GROUP)
     print(f"gpubudget demo: the service runs as {demo_setup.SERVICE_USER!r}; notebook servers "

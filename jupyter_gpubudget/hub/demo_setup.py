@@ -150,13 +150,18 @@ def move_old_ledger(state: Path, service_dir: Path, owner: pwd.struct_passwd) ->
             os.chmod(dst, 0o600)
 
 
-def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | None = None
-                    ) -> Path:
+def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | None = None,
+                    allowed_groups: list[str] | None = None) -> Path:
     """The launcher's config, owned by root, readable by all (it holds no secret). Jobs find
-    the demo's Python environment first on their PATH (``python``, ``gpubudget``)."""
+    the demo's Python environment first on their PATH (``python``, ``gpubudget``).
+    ``allowed_groups``: jobs run only as members of these (the demo passes its users' group:
+    without it the service's account could start a job as any account with uid >= 1000)."""
     path = state / "launcher.json"
     tmp = state / ".launcher.json.tmp"
-    cfg = {"jobs_root": str(jobs_root), "group": group, "min_uid": 1000, "workdir": "{home}"}
+    cfg: dict = {"jobs_root": str(jobs_root), "group": group, "min_uid": 1000,
+                 "workdir": "{home}"}
+    if allowed_groups:
+        cfg["allowed_groups"] = list(allowed_groups)
     if bin_dir is not None:
         cfg["path"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")

@@ -29,7 +29,8 @@ c.Authenticator.allow_existing_users = True
 # ledger (PostgreSQL recommended for production), runs the scheduling loop, serves /api/v1.
 # It runs as the unprivileged account `gpubudget`; batch jobs run as their users' accounts
 # through the launcher (root-owned /etc/gpubudget/launcher.json and one sudoers line): see
-# "Security model" in docs/service.md for the exact set-up.
+# "Security model" in docs/service.md for the exact set-up — set its "allowed_groups" to
+# your users' group, or the service's account may start jobs as any account with uid >= 1000.
 SPAWNER_TOKEN = os.environ["GPUBUDGET_SPAWNER_TOKEN"]  # ADAPT: `openssl rand -hex 32`, kept secret
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
 c.JupyterHub.services = [

@@ -63,6 +63,7 @@ SLURM_PARTS := /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmdbd /usr/sbin
 $(SYSSTAMP): Makefile | $(STAMP)
 	@command -v initdb >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql; }
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+	@command -v zsh >/dev/null || { apt-get update -qq && apt-get install -y -qq zsh; }  # terminals
 	@for f in $(SLURM_PARTS); do test -e $$f || missing=1; done; \
 	  if [ -n "$$missing" ]; then $(APT) update -qq && $(APT) install -y -qq slurm-wlm \
 	    slurmdbd munge mariadb-server sudo python3-venv; fi

@@ -9,7 +9,9 @@ One module per handler group (``budget``: the sidebar's figures, the queue, canc
 ``snapshot``: snapshots of this server's kernels and their restore); each has
 ``routes(base_url, lab) -> list`` (``lab.parent`` is the server app), optionally an async
 ``start(serverapp)`` run once the server's event loop runs, and is listed in
-``HANDLER_GROUPS``.
+``HANDLER_GROUPS``. Once every extension is loaded, ``terminal`` puts this environment's
+commands (the ``gpubudget`` CLI) on the PATH of the lab's terminals, which a login shell's
+profile would otherwise reset.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     from .config import GpuBudgetLab
 
     lab = GpuBudgetLab(parent=serverapp, log=serverapp.log)
+    serverapp.web_app.settings["gpubudget_lab"] = lab
     base_url = serverapp.web_app.settings.get("base_url", "/")
     handlers: list = []
     for group in HANDLER_GROUPS:
@@ -42,6 +45,11 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
 
 
 async def _start_jupyter_server_extension(serverapp: Any) -> None:
+    lab = serverapp.web_app.settings.get("gpubudget_lab")
+    if lab is not None and lab.terminal_path:  # the terminals extension has loaded by now
+        from .terminal import install
+
+        install(serverapp, serverapp.log)
     for group in HANDLER_GROUPS:
         start = getattr(importlib.import_module(f"{__name__}.{group}"), "start", None)
         if start is not None:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from traitlets import Float, Unicode, default
+from traitlets import Bool, Float, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 
@@ -55,6 +55,13 @@ class GpuBudgetLab(LoggingConfigurable):
     features_ttl = Float(300.0, help=(
         "Seconds the service's list of endpoints (its OpenAPI document) is cached; the sidebar "
         "shows optional sections (usage per day, job logs) only when the service has them."
+    )).tag(config=True)
+
+    terminal_path = Bool(True, help=(
+        "Put this Python environment's commands (the gpubudget CLI, python, pip) on the PATH "
+        "of the lab's terminals after their shell's login profile ran (a login shell's "
+        "/etc/profile resets PATH). Done for POSIX shells (sh, bash, zsh, dash, ksh) started "
+        "with no options but -l; set False to leave the terminal's shell command as it is."
     )).tag(config=True)
 
     @default("service_url")

@@ -129,6 +129,34 @@ def audit(ledger: Ledger, *, kinds: Iterable[str] | None = None, workload: str |
         return out
 
 
+def audit_trail(ledger: Ledger, *, kinds: Iterable[str], since: float | None = None,
+                until: float | None = None, before: int | None = None, limit: int = 100,
+                scan: int = 20000, keep: Any = None
+                ) -> list[tuple[DecisionRow, WorkloadRow | None]]:
+    """The administrative part of the audit log (the Audit page): decisions of ``kinds`` in
+    ``[since, until)``, newest first, each with the workload it is about (None for grant and
+    node changes). ``keep(decision, workload)`` says what the caller may see (a manager: their
+    subtree); at most ``scan`` rows are looked at, so one page never reads the whole log."""
+    with ledger.ro() as s:
+        q = (select(DecisionRow, WorkloadRow)
+             .outerjoin(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
+             .where(DecisionRow.kind.in_(list(kinds))))
+        if since is not None:
+            q = q.where(DecisionRow.at >= since)
+        if until is not None:
+            q = q.where(DecisionRow.at < until)
+        if before is not None:
+            q = q.where(DecisionRow.id < before)
+        out: list[tuple[DecisionRow, WorkloadRow | None]] = []
+        for d, w in s.execute(q.order_by(DecisionRow.id.desc()).limit(scan)):
+            if keep is not None and not keep(d, w):
+                continue
+            out.append((d, w))
+            if len(out) >= limit:
+                break
+        return out
+
+
 def costs(ledger: Ledger, workloads: Iterable[str], now: float) -> dict[str, float]:
     """GPU-hours charged so far to each workload (every attempt; open intervals up to now)."""
     ids = list(workloads)

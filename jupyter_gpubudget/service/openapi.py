@@ -404,4 +404,44 @@ def operator_paths() -> dict:
                       {"type": "integer"}),
                     q("limit", "At most this many (1..1000)", {"type": "integer"})],
             extra={"400": "Bad filter"})},
+        "/audit": {"get": _audit_op(tz, q)},
     }
+
+
+def _audit_op(tz: dict, q: Any) -> dict:
+    """``GET /audit`` (handlers/audit.py): the administrative part of the audit log."""
+    entry = {"type": "object", "properties": {
+        "id": {"type": "integer"}, "at": {"type": "number"},
+        "at_local": {"type": "string"}, "at_text": {"type": "string"},
+        "kind": {"type": "string", "enum": ["grant", "health", "drain", "repair", "undrain",
+                                            "cancel", "preempt", "preempt-requested",
+                                            "requeue"]},
+        "what": {"type": "string"}, "who": {"type": "string"}, "who_text": {"type": "string"},
+        "account": {"type": ["string", "null"]}, "workload": {"type": ["string", "null"]},
+        "workload_name": {"type": ["string", "null"]}, "user": {"type": ["string", "null"]},
+        "node": {"type": ["string", "null"]}, "change": {"type": "string"},
+        "why": {"type": "string"}, "detail": {"type": "object"}}}
+    when = ("a date (2025-03-01) or date and time (2025-03-01T14:00), in tz unless it has an "
+            "offset")
+    op = _op("Who changed grants, drained nodes, cancelled, preempted or requeued work, when "
+             "and why, newest first. Admins: everything; managers: the accounts they manage "
+             "and below, and node changes; anyone else: 403",
+             _resp("Entries", {"type": "object", "properties": {
+                 "entries": {"type": "array", "items": entry},
+                 "next_before": {"type": ["integer", "null"]},
+                 "accounts": {"type": "array", "items": {"type": "string"}}}}),
+             params=[tz,
+                     q("account", "This account and everything below it (a manager: one "
+                                  "they manage or below)"),
+                     q("since", f"From this time: {when}"),
+                     q("until", f"Before this time: {when}; a bare date includes that day"),
+                     q("what", "Comma-separated: grants, nodes, cancellations, preemptions, "
+                               "requeues"),
+                     q("format", "json (default) or csv (a download of up to 10,000 entries; "
+                                 "every cell that would start a spreadsheet formula is "
+                                 "prefixed with ')"),
+                     q("before", "Only entries with a smaller id (paging)", {"type": "integer"}),
+                     q("limit", "At most this many (1..1000; JSON)", {"type": "integer"})],
+             extra={"400": "Bad filter (the field is named)"})
+    op["responses"]["200"]["content"]["text/csv"] = {"schema": {"type": "string"}}
+    return op

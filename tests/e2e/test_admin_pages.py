@@ -144,6 +144,21 @@ def page_fetch(page, method: str, path: str, body: dict) -> tuple[int, dict]:  #
         return [r.status, await r.json()]; }""", [method, path, body]))
 
 
+def stay(page) -> None:  # noqa: ANN001
+    """Mark the loaded page: ``stayed(page)`` is false once anything reloads it."""
+    page.evaluate("window.gbStay = 'yes'")
+
+
+def stayed(page) -> bool:  # noqa: ANN001
+    return page.evaluate("window.gbStay === 'yes'")
+
+
+def wait_in_place(page, js: str) -> None:  # noqa: ANN001
+    """Wait until ``js`` (an expression) holds on the page as it was loaded: a reload (which
+    drops the mark ``stay`` set) never satisfies it."""
+    page.wait_for_function(f"() => window.gbStay === 'yes' && ({js})")
+
+
 def fmt(x: float) -> str:
     return f"{x:,.1f}" if abs(x) < 100 else f"{x:,.0f}"
 
@@ -200,9 +215,14 @@ def test_admin_sees_the_api_figures_and_changes_a_grant_with_a_note(demo):
             assert abs(after - 100 * usage / 1000) < 0.1 + 100 * GPUS * dt / HOUR / 1000, cells
             assert page.is_enabled("#gb-grant-save")
             shot(page, "admin-grant-preview")
-            with page.expect_navigation(timeout=30_000):  # saved, then reloaded
-                page.click("#gb-grant-save")
+            stay(page)
+            page.click("#gb-grant-save")  # saved: the dialog closes, the page updates in place
+            page.wait_for_selector("#gb-grant-modal", state="hidden")
             page.wait_for_selector("#gb-alert.alert-success")
+            assert "1,000 GPU-h" in page.inner_text("#gb-alert")
+            # the new standing once the scheduler has run on the new grant
+            wait_in_place(page, "parseFloat(document.querySelector(\"tr.gb-account"
+                                "[data-account='lattice-qcd']\").dataset.grant) === 1000")
             hist = page.locator("tr.gb-history[data-account='lattice-qcd']")
             assert "show" in (hist.get_attribute("class") or "")  # opened after the save
             first = hist.locator("tbody tr").first
@@ -233,9 +253,12 @@ def test_admin_sees_the_api_figures_and_changes_a_grant_with_a_note(demo):
             shot(page, "admin-queue")
             # requeue the batch job from the page
             run.locator("button[data-act=requeue]").click()
-            with page.expect_navigation(timeout=30_000):
-                page.click("#gb-confirm-ok")
+            stay(page)
+            page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-confirm", state="hidden")
             page.wait_for_selector("#gb-alert.alert-success")
+            assert "put back in the queue" in page.inner_text("#gb-alert")
+            assert stayed(page)
             dec = http("GET", f"{demo.svc}/decisions?kind=requeue", demo.token)[1]
             assert dec["decisions"][0]["workload"] == demo.extra["job"]
             assert dec["decisions"][0]["actor"] == "admin"
@@ -249,8 +272,11 @@ def test_admin_sees_the_api_figures_and_changes_a_grant_with_a_note(demo):
             page.click("#gb-confirm-ok")
             assert "Please say why" in page.inner_text("#gb-confirm-error")
             page.fill("#gb-confirm-reason", "fan replacement")
-            with page.expect_navigation(timeout=30_000):
-                page.click("#gb-confirm-ok")
+            stay(page)
+            page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-confirm", state="hidden")
+            wait_in_place(page, "document.querySelector('#node-h100-b').dataset.state "
+                                "!== 'in_service'")
             page.wait_for_selector("#gb-alert.alert-success")
             card = page.locator("#node-h100-b")
             assert card.get_attribute("data-state") in ("draining", "ready_for_repair")
@@ -260,10 +286,10 @@ def test_admin_sees_the_api_figures_and_changes_a_grant_with_a_note(demo):
             assert not n["healthy"] and n["reason"] == "fan replacement" and n["source"] == "admin"
             card.locator("button[data-act=undrain]").click()
             page.fill("#gb-confirm-reason", "fan replaced")
-            with page.expect_navigation(timeout=30_000):
-                page.click("#gb-confirm-ok")
-            page.wait_for_selector("#gb-alert.alert-success")
-            assert page.locator("#node-h100-b").get_attribute("data-state") == "in_service"
+            page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-confirm", state="hidden")
+            wait_in_place(page, "document.querySelector('#node-h100-b').dataset.state "
+                                "=== 'in_service'")
 
             # the audit log, filtered
             page.click("#gb-tabs >> text=Decisions")
@@ -317,13 +343,15 @@ def test_a_manager_edits_only_below_their_account(demo):
             page.fill("#gb-grant-note", "astro runs less this month")
             page.click("#gb-grant-preview")
             page.wait_for_selector("#gb-preview-table tr[data-account='astro']")
-            with page.expect_navigation(timeout=30_000):  # saved, then reloaded
-                page.click("#gb-grant-save")
+            stay(page)
+            page.click("#gb-grant-save")
+            page.wait_for_selector("#gb-grant-modal", state="hidden")
             page.wait_for_selector("#gb-alert.alert-success")
+            wait_in_place(page, "parseFloat(document.querySelector(\"tr.gb-account"
+                                "[data-account='astro']\").dataset.grant) === 200")
             hist = page.locator("tr.gb-history[data-account='astro'] tbody tr").first
             assert "astro runs less this month" in hist.inner_text()
             assert "alice" in hist.inner_text()
-            assert float(page_figures(page)["astro"]["grant"]) == 200.0
             shot(page, "manager-accounts")
             # the API agrees: from alice's login, physics' own grant cannot be changed
             st, out = page_fetch(page, "PUT", "api/v1/accounts/physics/grant",
@@ -380,3 +408,258 @@ def test_a_plain_user_gets_a_read_only_view_of_their_own_projects(demo):
                                    "of 403 (Forbidden)"], page.errors
         finally:
             browser.close()
+
+
+def test_a_drain_closes_its_dialog_updates_the_node_in_place_and_a_failure_stays_in_it(demo):
+    """Issue 25 item 2: the dialog closes once the drain is accepted and the node's badge
+    changes without a reload (as do undrain's); a refused change is shown in the dialog."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            ctx, page = login(browser, demo, "admin")
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.click("#gb-tabs >> text=Nodes")
+            card = page.locator("#node-h100-b")
+            card.wait_for()
+            assert card.get_attribute("data-state") == "in_service"
+            stay(page)
+            card.locator("button[data-act=drain]").click()
+            page.wait_for_selector("#gb-confirm.show")
+            page.fill("#gb-confirm-reason", "PSU swap")
+            page.click("#gb-confirm-ok")
+            page.wait_for_selector("#gb-confirm", state="hidden")
+            wait_in_place(page, "document.querySelector('#node-h100-b').dataset.state "
+                                "!== 'in_service'")
+            badge = page.locator("#node-h100-b .gb-state").inner_text()
+            assert badge.startswith(("draining", "drained")), badge
+            assert "PSU swap" in page.inner_text("#node-h100-b")
+            assert "h100-b" in page.inner_text("#gb-alert")
+            assert page.locator("#node-h100-b button[data-act=undrain]").count() == 1
+            shot(page, "admin-nodes-drained-in-place")
+            assert stayed(page)
+
+            # a change the service refuses stays in the dialog with the reason
+            page.locator("#node-h100-b button[data-act=undrain]").click()
+            page.wait_for_selector("#gb-confirm.show")
+            page.fill("#gb-confirm-reason", "PSU swapped")
+            ctx.clear_cookies()  # logged out meanwhile (another tab)
+            page.click("#gb-confirm-ok")
+            err = page.locator("#gb-confirm-error")
+            err.wait_for(state="visible")
+            assert "no longer logged in" in err.inner_text(), err.inner_text()
+            assert page.locator("#gb-confirm").is_visible()
+            assert page.is_enabled("#gb-confirm-ok")
+            assert page.locator("#node-h100-b").get_attribute("data-state") != "in_service"
+            shot(page, "admin-undrain-refused-in-dialog")
+            st, n = http("GET", demo.svc + "/nodes/h100-b", demo.token)
+            assert not n["healthy"], n  # nothing changed
+            st, n = http("PUT", demo.svc + "/nodes/h100-b/health", demo.token,
+                         {"healthy": True, "reason": "PSU swapped"})
+            assert st == 200 and n["state"] == "in_service", n
+            page.errors[:] = [e for e in page.errors if "403" not in e]
+            assert page.errors == [], page.errors
+        finally:
+            browser.close()
+
+
+def test_change_grant_says_save_waits_for_a_preview(demo):
+    """Issue 25 item 5: Save is off until the change is previewed, and the dialog says so."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            _, page = login(browser, demo, "admin")
+            page.set_viewport_size({"width": 1280, "height": 800})
+            row(page, "proteins").locator(".gb-edit").click()
+            page.wait_for_selector("#gb-grant-modal.show")
+            hint = page.locator("#gb-grant-save-hint")
+            assert page.is_disabled("#gb-grant-save")
+            assert hint.is_visible() and "Preview the effect first" in hint.inner_text()
+            assert page.get_attribute("#gb-grant-save", "aria-describedby") == \
+                "gb-grant-save-hint"
+            shot(page, "admin-grant-save-hint")
+            page.fill("#gb-grant-value", "40")
+            page.fill("#gb-grant-note", "unchanged: checking the dialog")
+            page.click("#gb-grant-preview")
+            page.wait_for_selector("#gb-preview-table tr[data-account='proteins']")
+            assert page.is_enabled("#gb-grant-save") and not hint.is_visible()
+            page.fill("#gb-grant-value", "41")  # another value: preview again
+            assert page.is_disabled("#gb-grant-save") and hint.is_visible()
+            assert page.errors == [], page.errors
+        finally:
+            browser.close()
+
+
+def csv_rows(text: str) -> list[list[str]]:
+    import csv
+    import io
+    return list(csv.reader(io.StringIO(text)))
+
+
+def test_the_audit_tab_for_admins_and_managers(demo):
+    """Issue 25 item 4: an Audit tab (admins; managers: their subtree) with grant changes,
+    drains, cancellations and preemptions — who, when in local time, why — filtered by
+    account and time, and a formula-safe CSV download. Researchers get no tab."""
+    from playwright.sync_api import sync_playwright
+
+    # a grant change whose note a spreadsheet would run, and a node drained and returned
+    evil = '=HYPERLINK("http://evil.example/","click")'
+    st, out = http("PUT", demo.svc + "/accounts/proteins/grant", demo.token,
+                   {"share_pct": 40, "note": evil})
+    assert st == 200, out
+    for healthy, why in ((False, "audit tab check"), (True, "audit tab check done")):
+        st, out = http("PUT", demo.svc + "/nodes/h100-b/health", demo.token,
+                       {"healthy": healthy, "reason": why})
+        assert st == 200, out
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            ctx, page = login(browser, demo, "admin")
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.click("#gb-tabs >> text=Audit")
+            page.wait_for_selector("#gb-audit")
+            kinds = set(page.locator("#gb-audit tr[data-kind]").evaluate_all(
+                "rs => rs.map(r => r.dataset.kind)"))
+            assert {"grant", "health", "undrain"} <= kinds, kinds
+            text = page.inner_text("#gb-audit")
+            assert "audit tab check" in text and evil in text
+            assert "1970" not in text and "{" not in text  # no epoch, no raw JSON
+            first = page.locator("#gb-audit tr[data-kind]").first
+            assert first.locator("time").inner_text().count(":") == 1  # '14:05 (…)'
+            shot(page, "admin-audit")
+            # by account: proteins only (and nothing about nodes)
+            page.select_option("#a-account", "proteins")
+            page.click("#gb-audit-filter button[type=submit]")
+            page.wait_for_selector("#gb-audit")
+            accts = set(page.locator("#gb-audit tr[data-kind]").evaluate_all(
+                "rs => rs.map(r => r.dataset.account)"))
+            assert accts == {"proteins"}, accts
+            # by time: from tomorrow, nothing
+            page.fill("#a-since", time.strftime("%Y-%m-%dT%H:%M",
+                                                time.localtime(time.time() + DAY)))
+            page.click("#gb-audit-filter button[type=submit]")
+            page.wait_for_selector("#gb-audit")
+            assert page.locator("#gb-audit tr[data-kind]").count() == 0
+            assert "Nothing matches" in page.inner_text("#gb-audit")
+            page.fill("#a-since", time.strftime("%Y-%m-%dT%H:%M",
+                                                time.localtime(time.time() - DAY)))
+            page.click("#gb-audit-filter button[type=submit]")
+            page.wait_for_selector("#gb-audit tr[data-kind='grant']")
+            # the CSV of what is shown
+            with page.expect_download() as dl:
+                page.click("#gb-audit-csv")
+            rows = csv_rows(Path(dl.value.path()).read_text())
+            assert rows[0] == ["time", "what", "who", "account", "workload", "user", "node",
+                               "change", "why"]
+            note = [r for r in rows[1:] if "HYPERLINK" in r[8]]
+            assert note and note[0][8] == "'" + evil, note  # a spreadsheet shows it as text
+            assert all(r[3] == "proteins" for r in rows[1:]), rows
+            assert note[0][2] == "gpubudget-test" and note[0][0][:2] == "20", note
+            assert page.errors == [], page.errors
+
+            # a manager: their own subtree only
+            _, mpage = login(browser, demo, "dana")
+            mpage.set_viewport_size({"width": 1280, "height": 800})
+            mpage.click("#gb-tabs >> text=Audit")
+            mpage.wait_for_selector("#gb-audit")
+            accts = set(mpage.locator("#gb-audit tr[data-kind]").evaluate_all(
+                "rs => rs.map(r => r.dataset.account)"))
+            assert accts <= {"biology", "genomics", "proteins", ""}, accts
+            assert "proteins" in accts
+            assert "lattice-qcd" not in mpage.inner_text("#gb-main")
+            shot(mpage, "manager-audit")
+            # a researcher: no tab, and the page itself is refused
+            _, upage = login(browser, demo, "bob")
+            assert upage.locator("#gb-tabs >> text=Audit").count() == 0
+            resp = upage.goto(demo.url + "/services/gpubudget/audit")
+            assert resp.status == 403
+            assert "admins and account managers" in upage.inner_text("body")
+        finally:
+            browser.close()
+
+
+def user_token(demo, user: str, scopes: list[str]) -> str:  # noqa: ANN001
+    st, tok = http("POST", f"{demo.api}/users/{user}/tokens", demo.token,
+                   {"scopes": scopes, "note": "audit test"})
+    assert st == 201, tok
+    return tok["token"]
+
+
+def test_the_audit_api_respects_authorisation_and_validates_its_filters(demo):
+    st, out = http("PUT", demo.svc + "/accounts/astro/grant", demo.token,
+                   {"grant_hours": 200, "note": "+1 for the audit API test"})
+    assert st == 200, out
+    st, out = http("PUT", demo.svc + "/accounts/genomics/grant", demo.token,
+                   {"share_pct": 60, "note": "@genomics audit API test"})
+    assert st == 200, out
+    alice = user_token(demo, "alice", ["custom:gpubudget:manage"])
+    dana = user_token(demo, "dana", ["custom:gpubudget:manage"])
+    bob = user_token(demo, "bob", ["custom:gpubudget:submit"])
+    alice_read = user_token(demo, "alice", ["custom:gpubudget:read"])
+
+    st, every = http("GET", demo.svc + "/audit?limit=1000", demo.token)
+    assert st == 200, every
+    accounts = {e["account"] for e in every["entries"]}
+    assert {"astro", "genomics"} <= accounts
+    e = every["entries"][0]
+    assert e["at_local"] and e["at_text"] and e["who_text"] and e["what"]
+
+    st, mine = http("GET", demo.svc + "/audit?limit=1000", alice)
+    assert st == 200, mine
+    assert {e["account"] for e in mine["entries"]} - {None} <= {"physics", "lattice-qcd",
+                                                                "astro"}
+    assert any(e["why"] == "+1 for the audit API test" for e in mine["entries"])
+    assert mine["accounts"] == ["astro", "lattice-qcd", "physics"]
+    st, theirs = http("GET", demo.svc + "/audit?limit=1000", dana)
+    assert st == 200
+    assert {e["account"] for e in theirs["entries"]} - {None} <= {"biology", "genomics",
+                                                                  "proteins"}
+    assert not any("audit API test" in e["why"] and e["account"] == "astro"
+                   for e in theirs["entries"])
+    # a manager naming someone else's account: refused like one that does not exist
+    for acct in ("genomics", "no-such-account"):
+        st, out = http("GET", demo.svc + f"/audit?account={acct}", alice)
+        assert st == 400 and out["field"] == "account", out
+    # a researcher, and a manager's read-only token: nothing
+    for tok in (bob, alice_read):
+        st, out = http("GET", demo.svc + "/audit", tok)
+        assert st == 403 and "admins and account managers" in out["message"], out
+        st, out = http("GET", demo.svc + "/audit?format=csv", tok)
+        assert st == 403, out
+    st, out = http("GET", demo.svc + "/audit?since=yesterday", bob)
+    assert st == 403, out  # authority is checked before the filters
+    # the filters
+    for query, field in (("since=yesterday", "since"), ("until=2025-02-30", "until"),
+                         ("since=1700000000", "since"), ("account=nope", "account"),
+                         ("since=2025-03-02&until=2025-03-01", "until"),
+                         ("what=gossip", "what"), ("format=xlsx", "format"),
+                         ("tz=Mars/Olympus", "tz"), ("before=" + "9" * 30, "before"),
+                         ("limit=0", "limit")):
+        st, out = http("GET", demo.svc + "/audit?" + query, demo.token)
+        assert st == 400 and out["field"] == field, (query, out)
+        assert out["message"].startswith(field + ":"), out
+    st, out = http("GET", demo.svc + "/audit?account=physics&what=grants"
+                   "&since=2000-01-01&until=2999-12-31&tz=Europe/Berlin", demo.token)
+    assert st == 200, out
+    assert {e["account"] for e in out["entries"]} <= {"physics", "lattice-qcd", "astro"}
+    assert {e["kind"] for e in out["entries"]} == {"grant"}
+    assert out["entries"][0]["at_local"].endswith(("+01:00", "+02:00"))
+    st, out = http("GET", demo.svc + "/audit?since=2999-01-01", demo.token)
+    assert st == 200 and out["entries"] == []
+    # the CSV: every cell that would start a formula is prefixed
+    import urllib.request
+    req = urllib.request.Request(demo.svc + "/audit?format=csv&account=biology",
+                                 headers={"Authorization": f"token {dana}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/csv")
+        assert "attachment" in r.headers["Content-Disposition"]
+        rows = csv_rows(r.read().decode())
+    whys = [r[8] for r in rows[1:]]
+    assert "'@genomics audit API test" in whys, whys
+    assert all(not c.startswith(("=", "+", "-", "@")) for r in rows for c in r), rows
+    # the OpenAPI document describes it
+    st, doc = http("GET", demo.svc + "/openapi.json")
+    assert "/audit" in doc["paths"], sorted(doc["paths"])

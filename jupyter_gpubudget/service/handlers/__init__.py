@@ -6,12 +6,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..base import NotFoundHandler
-from . import accounts, events, jobs, operator, pages, sessions, snapshots, system, workloads
+from . import (
+    accounts,
+    audit,
+    events,
+    jobs,
+    operator,
+    pages,
+    sessions,
+    snapshots,
+    system,
+    workloads,
+)
 
 if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
-MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, pages)
+MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
+           pages)
 
 
 def routes(prefix: str, svc: GpuBudgetService) -> list:

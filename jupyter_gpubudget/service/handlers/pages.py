@@ -1,8 +1,10 @@
 """The admin's and manager's pages at the service's root (``/services/gpubudget/``): Accounts,
-Queue and running, Nodes, Decisions. Server-rendered (Jinja2, ``service/templates``) with a
-little JavaScript (``service/static``), styled with the hub's own CSS (Bootstrap, served by
-the hub at ``/hub/static/``), behind JupyterHub's OAuth login (cookie). Every change the pages
-make goes through the REST API with JupyterHub's XSRF token (``X-XSRFToken``).
+Queue and running, Nodes, Decisions, and Audit (admins and managers only). Server-rendered
+(Jinja2, ``service/templates``) with a little JavaScript (``service/static``), styled with the
+hub's own CSS (Bootstrap, served by the hub at ``/hub/static/``), behind JupyterHub's OAuth
+login (cookie). Every change the pages make goes through the REST API with JupyterHub's XSRF
+token (``X-XSRFToken``); a dialog closes once its change is accepted and the page's content is
+refreshed in place (no reload).
 
 What a page shows is what the API answers (``service/operator.py`` builds both), limited to
 what the caller may see: admins everything, managers the accounts they manage, everyone else
@@ -21,6 +23,14 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from ..audit import (
+    GROUP_WORDS,
+    BadFilter,
+    audit_overview,
+    audit_scope,
+    may_audit,
+    parse_filters,
+)
 from ..auth import Caller
 from ..base import ApiError, BaseHandler
 from ..operator import (
@@ -30,7 +40,7 @@ from ..operator import (
     nodes_overview,
     queue_overview,
 )
-from ..timefmt import duration_text
+from ..timefmt import BadTimeZone, duration_text, zone
 
 if TYPE_CHECKING:
     from ..app import GpuBudgetService
@@ -40,7 +50,9 @@ TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 
 PAGES = [("accounts", "Accounts"), ("queue", "Queue and running"), ("nodes", "Nodes"),
-         ("decisions", "Decisions")]
+         ("decisions", "Decisions"), ("audit", "Audit")]
+#: pages only admins and account managers get (the others would only say "not allowed")
+AUDITORS_ONLY = {"audit"}
 
 WHY_WORDS = {"starts": ("starting", "success"), "reserved": ("GPUs reserved for it", "info"),
              "reservation": ("blocked by a reservation", "warning"),
@@ -124,8 +136,10 @@ class PageHandler(HubOAuthenticated, BaseHandler):
         view = self.svc.loop.view
         repair = sorted(n for n, info in view.nodes.items()
                         if info.get("state") == "ready_for_repair")
+        auditor = bool(c and may_audit(c, self.svc.tree()))
+        pages = [p for p in PAGES if auditor or p[0] not in AUDITORS_ONLY]
         return {"hub": base + "hub/", "hub_static": base + "hub/static/", "prefix": prefix,
-                "static": prefix + "static/", "pages": PAGES, "page": self.page,
+                "static": prefix + "static/", "pages": pages, "page": self.page,
                 "title": self.title, "user": c.name if c else None,
                 "is_admin": bool(c and c.is_admin),
                 "repair": repair if (c and c.is_admin) else [],
@@ -209,6 +223,44 @@ class DecisionsPage(PageHandler):
         return {"data": data, "filters": filters, "older": older}
 
 
+class AuditPage(PageHandler):
+    """Who changed grants, drained nodes, cancelled, preempted or requeued work: when and
+    why, filtered by account, time and kind, with a CSV download (``service/audit.py``).
+    A bad filter is shown above the form (the form keeps what was typed)."""
+
+    page, title = "audit", "Audit"
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        scope = audit_scope(c, self.tree)
+        q = self.get_query_argument
+        raw = {k: (q(k, "") or "")[:200] for k in ("account", "since", "until", "what", "tz")}
+        try:
+            tz = zone(raw["tz"] or None)
+        except BadTimeZone:
+            tz = None
+        try:
+            before = int(q("before")) if q("before", None) else None
+        except ValueError:
+            before = None
+        error = None
+        try:
+            f = parse_filters(lambda k: raw.get(k) or None, self.tree, scope, tz)
+        except BadFilter as e:
+            error, f = e.message, None
+        if f is None:
+            data = {"entries": [], "next_before": None, "is_admin": c.is_admin,
+                    "accounts": sorted(self.tree.accounts) if scope is None else sorted(scope)}
+        else:
+            data = await self.db(lambda: audit_overview(self.svc, c, scope, f,
+                                                        self.svc.clock(), tz, before, 100))
+        kept = {k: v for k, v in raw.items() if v}
+        older = ("?" + urlencode({**kept, "before": data["next_before"]})
+                 if data["next_before"] else None)
+        return {"data": data, "filters": raw, "error": error, "older": older,
+                "csv": self.svc.api_prefix + "/audit?" + urlencode({**kept, "format": "csv"}),
+                "groups": GROUP_WORDS}
+
+
 class StaticHandler(web.StaticFileHandler):
     """The pages' own script and style (everything else comes from the hub)."""
 
@@ -220,6 +272,6 @@ class StaticHandler(web.StaticFileHandler):
 
 
 ROOT_ROUTES = [("/?", IndexHandler), ("/accounts", AccountsPage), ("/queue", QueuePage),
-               ("/nodes", NodesPage), ("/decisions", DecisionsPage),
+               ("/nodes", NodesPage), ("/decisions", DecisionsPage), ("/audit", AuditPage),
                (r"/static/(.*)", StaticHandler)]
 API_ROUTES: list = []

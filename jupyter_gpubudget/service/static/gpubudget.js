@@ -1,6 +1,9 @@
 // The gpubudget service's pages: local times, the grant editor with its preview, and the
 // admin's actions (drain/undrain a node, cancel/requeue work). Every change goes through the
-// REST API with JupyterHub's XSRF token (the _xsrf cookie, sent as X-XSRFToken).
+// REST API with JupyterHub's XSRF token (the _xsrf cookie, sent as X-XSRFToken). A dialog
+// closes as soon as its change is accepted and the page's content (#gb-page) is refreshed in
+// place — no reload — once now and again after the scheduler's next cycles (standings, a node
+// found empty); a refused change stays in the dialog with the service's reason.
 "use strict";
 
 (function () {
@@ -66,7 +69,10 @@
     let data = null;
     try { data = await r.json(); } catch (e) { data = null; }
     if (!r.ok) {
-      const msg = (data && data.message) || `${r.status} ${r.statusText}`;
+      let msg = (data && data.message) || `${r.status} ${r.statusText}`;
+      if (r.status === 403 && /missing, invalid or expired token/.test(msg)) {
+        msg = "Not done: you are no longer logged in (you logged out, or your login expired). Reload the page to log in again.";
+      }
       throw new Error(msg);
     }
     return data;
@@ -86,6 +92,47 @@
   function show(el, text) {
     el.textContent = text;
     el.classList.remove("d-none");
+  }
+  function flash(text, kind = "success") {
+    const a = document.getElementById("gb-alert");
+    a.className = `alert alert-${kind}`;
+    a.textContent = text;
+  }
+  // the page's content as the service renders it now, swapped in place (open history rows
+  // stay open); the buttons in it work through the listeners on document below
+  async function refresh() {
+    // (a fetch is not a navigation: JupyterHub accepts the login cookie only with its XSRF token)
+    const r = await fetch(location.href, {
+      headers: { Accept: "text/html", "X-XSRFToken": xsrf() }, credentials: "same-origin",
+      cache: "no-store", redirect: "error",
+    });
+    const fresh = r.ok
+      ? new DOMParser().parseFromString(await r.text(), "text/html").getElementById("gb-page")
+      : null;
+    if (!fresh) throw new Error(`the page could not be refreshed (${r.status}): reload it`);
+    const open = [...document.querySelectorAll("tr.gb-history.show")].map((x) => x.dataset.account);
+    document.getElementById("gb-page").replaceWith(document.adoptNode(fresh));
+    for (const a of open) openHistory(a);
+    renderTimes();
+  }
+  function openHistory(account) {
+    const row = document.querySelector(`tr.gb-history[data-account="${CSS.escape(account)}"]`);
+    if (row) row.classList.add("show");
+  }
+  // after an accepted change: refresh now (what the ledger says), then once the scheduler has
+  // run on it (what it computes: standings, a drained node found empty)
+  async function refreshAfter(done, then, later) {
+    flash(done);
+    try {
+      await refresh();
+      if (then) then();
+      await afterNextCycle();
+      await refresh();
+      if (then) then();
+      if (later) flash(later);
+    } catch (e) {
+      flash(`${done} ${e.message}`, "warning");
+    }
   }
   // GPU-hours as the pages write them: one decimal below 100, none above
   const fmt = (x) => {
@@ -108,6 +155,7 @@
     const err = document.getElementById("gb-grant-error");
     const save = document.getElementById("gb-grant-save");
     const prevBox = document.getElementById("gb-preview");
+    const hint = document.getElementById("gb-grant-save-hint");
     let account = null;
 
     function body() {
@@ -117,8 +165,11 @@
       if (share) b.share_pct = v; else b.grant_hours = v;
       return b;
     }
+    // Save waits for a preview of exactly what is saved; the hint next to it says so
     function invalidate() {
       save.disabled = true;
+      hint.textContent = "Preview the effect first: Save is enabled once you have seen what would change.";
+      hint.classList.remove("d-none");
       prevBox.classList.add("d-none");
       err.classList.add("d-none");
     }
@@ -129,8 +180,10 @@
       if (!note.value.trim()) { show(err, "Write a note saying why: it is kept in the grant's history."); return false; }
       return true;
     }
-    for (const b of document.querySelectorAll(".gb-edit")) {
-      b.addEventListener("click", () => {
+    document.addEventListener("click", (ev) => {
+      const b = ev.target.closest(".gb-edit");
+      if (!b) return;
+      {
         account = b.dataset.account;
         modalEl.querySelector(".gb-acct").textContent = account;
         modalEl.querySelector(".gb-parent").textContent = b.dataset.parent || "the cluster";
@@ -141,9 +194,10 @@
         value.value = share ? b.dataset.sharePct : b.dataset.grantHours;
         note.value = "";
         invalidate();
+        save.textContent = "Save";
         modal.show();
-      });
-    }
+      }
+    });
     for (const el of [value, note]) el.addEventListener("input", invalidate);
     for (const r of form.querySelectorAll("input[name=mode]")) {
       r.addEventListener("change", () => {
@@ -187,8 +241,13 @@
           ul.appendChild(li);
         }
         prevBox.classList.remove("d-none");
-        if (p.refused) show(err, `This change would be refused: ${p.refused}`);
-        else save.disabled = false;
+        if (p.refused) {
+          show(err, `This change would be refused: ${p.refused}`);
+          hint.textContent = "Save stays off: this change would be refused (see above).";
+        } else {
+          save.disabled = false;
+          hint.classList.add("d-none");
+        }
       } catch (e) {
         show(err, e.message);
       }
@@ -198,17 +257,21 @@
       if (save.disabled || !check()) return;
       save.disabled = true;
       save.textContent = "Saving…";
+      let saved;
       try {
-        await call("PUT", `/accounts/${encodeURIComponent(account)}/grant`, body());
-        await afterNextCycle();
-        sessionStorage.setItem("gb-flash", `The grant of ${account} was changed.`);
-        sessionStorage.setItem("gb-open-history", account);
-        location.reload();
+        saved = await call("PUT", `/accounts/${encodeURIComponent(account)}/grant`, body());
       } catch (e) {
         show(err, e.message);
         save.textContent = "Save";
         save.disabled = false;
+        return;
       }
+      modal.hide();
+      const g = saved.grant;
+      const what = g.grant_hours !== null ? `${fmt(g.grant_hours)} GPU-h` : `${g.share_pct} % of its parent`;
+      const changed = account;
+      refreshAfter(`The grant of ${changed} is now ${what}; its new standing shows after the next scheduling cycle.`,
+        () => openHistory(changed), `The grant of ${changed} is now ${what}; the figures below include it.`);
     });
   }
 
@@ -228,13 +291,17 @@
         title: `Drain node ${el.dataset.node}?`,
         text: "Nothing new will be placed on it. Work without protection leaves at once and is requeued elsewhere; protected work keeps its protected time, then leaves. You are told when it is ready for repair.",
         reason: "Why (shown to everyone, kept in the audit log)", required: true, button: "Drain",
+        busy: "Draining…",
         run: (r) => call("PUT", `/nodes/${encodeURIComponent(el.dataset.node)}/health`, { healthy: false, reason: r }),
+        done: (n) => `Node ${n.name} is ${n.state_text}.`,
       }),
       undrain: (el) => ({
         title: `Return node ${el.dataset.node} to service?`,
         text: "Work will be placed on it again.",
         reason: "Note (what was repaired)", required: false, button: "Return to service",
+        busy: "Returning…",
         run: (r) => call("PUT", `/nodes/${encodeURIComponent(el.dataset.node)}/health`, { healthy: true, reason: r }),
+        done: (n) => `Node ${n.name} is ${n.state_text}.`,
       }),
       cancel: (el) => ({
         title: el.dataset.kind === "interactive" ? `Stop session ${el.dataset.workload}?` : `Cancel ${el.dataset.workload}?`,
@@ -245,16 +312,20 @@
         run: () => call("DELETE", el.dataset.kind === "interactive"
           ? `/sessions/${encodeURIComponent(el.dataset.workload)}?reason=stop`
           : `/jobs/${encodeURIComponent(el.dataset.workload)}`),
+        done: () => `${el.dataset.kind === "interactive" ? "Session" : "Job"} ${el.dataset.workload} was ${el.dataset.kind === "interactive" ? "stopped" : "cancelled"}.`,
       }),
       requeue: (el) => ({
         title: `Requeue ${el.dataset.workload}?`,
         text: "The job is stopped now and put back in the queue; it starts again when its turn comes (charged only for the time it ran).",
         button: "Requeue",
         run: () => call("POST", `/workloads/${encodeURIComponent(el.dataset.workload)}/requeue`),
+        done: () => `Job ${el.dataset.workload} was stopped and put back in the queue.`,
       }),
     };
-    for (const el of document.querySelectorAll(".gb-act")) {
-      el.addEventListener("click", () => {
+    document.addEventListener("click", (ev) => {
+      const el = ev.target.closest(".gb-act");
+      if (!el) return;
+      {
         action = actions[el.dataset.act](el);
         document.getElementById("gb-confirm-title").textContent = action.title;
         text.textContent = action.text;
@@ -264,42 +335,37 @@
         err.classList.add("d-none");
         ok.textContent = action.button;
         ok.className = `btn ${el.dataset.act === "undrain" ? "btn-success" : "btn-danger"}`;
+        ok.disabled = false;
         modal.show();
-      });
-    }
+      }
+    });
     document.getElementById("gb-confirm-form").addEventListener("submit", async (ev) => {
       ev.preventDefault();
       if (action.required && !reason.value.trim()) {
         show(err, "Please say why.");
         return;
       }
+      const a = action, label = ok.textContent;
       ok.disabled = true;
+      ok.textContent = a.busy || "Working…";
+      err.classList.add("d-none");
+      let out;
       try {
-        await action.run(reason.value.trim());
-        await afterNextCycle();
-        sessionStorage.setItem("gb-flash", `Done: ${action.title.replace(/\?$/, "")}.`);
-        location.reload();
+        out = await a.run(reason.value.trim());
       } catch (e) {
         show(err, e.message);
-      } finally {
+        ok.textContent = label;
         ok.disabled = false;
+        return;
       }
+      modal.hide();
+      refreshAfter(a.done(out || {}));
     });
   }
 
-  // ------------------------------------------------------------------ after a reload
-  const flash = sessionStorage.getItem("gb-flash");
-  if (flash) {
-    sessionStorage.removeItem("gb-flash");
-    const a = document.getElementById("gb-alert");
-    a.classList.add("alert-success");
-    a.classList.remove("d-none");
-    a.textContent = flash;
-  }
-  const open = sessionStorage.getItem("gb-open-history");
-  if (open) {
-    sessionStorage.removeItem("gb-open-history");
-    const row = document.querySelector(`tr.gb-history[data-account="${CSS.escape(open)}"]`);
-    if (row) row.classList.add("show");
-  }
+  // ------------------------------------------------------------------ the audit page
+  // its times are the browser's: the filter and the CSV download carry its time zone
+  for (const el of document.querySelectorAll("input.gb-tz")) if (!el.value) el.value = tz;
+  const csv = document.getElementById("gb-audit-csv");
+  if (csv && !/[?&]tz=/.test(csv.href)) csv.href += `&tz=${encodeURIComponent(tz)}`;
 })();

@@ -48,7 +48,7 @@ GROUP_WORDS = {"grants": "grant changes", "nodes": "node drains and undrains",
                "requeues": "requeues"}
 KINDS = tuple(k for ks in GROUPS.values() for k in ks)
 NODE_KINDS = frozenset(GROUPS["nodes"])
-WHAT = {"grant": "grant changed", "health": "node reported unhealthy (draining)",
+WHAT = {"grant": "grant changed", "health": "drain started (node unhealthy)",
         "drain": "node drained", "repair": "node ready for repair",
         "undrain": "node back in service", "cancel": "cancelled", "preempt": "preempted",
         "preempt-requested": "asked to stop (preempted)", "requeue": "requeued"}
@@ -200,7 +200,8 @@ def _entry(d: DecisionRow, w: WorkloadRow | None, now: float, tz: tzinfo | None
         change = "requeued to run again"
     elif d.kind in NODE_KINDS:
         change = f"node {det.get('node')}"
-    why = d.reason
+    # a health change's own words are the problem given (the reason repeats node and source)
+    why = det.get("problem") if d.kind == "health" and det.get("problem") else d.reason
     if not why:
         why = {"cancel": f"cancelled by {d.actor}", "preempt": "preempted"}.get(d.kind, "")
     e = {"id": d.id, "at": d.at, "kind": d.kind, "what": WHAT.get(d.kind, d.kind),

@@ -65,6 +65,13 @@ MATRIX = [
     ("usage events", "POST", "/usage/events",
      {"workload": "ext-{caller}", "event": "start", "at": 1000.0, "project": "astro",
       "user": "dave", "milli": 1000}, ADMIN_ONLY),
+    # the audit trail: admins, and managers (alice manages physics); the users of projects
+    # (bob, dave) nothing, even with a valid token
+    ("audit", "GET", "/audit", None, expect(user=403, manager=200, admin=200, other=403)),
+    ("audit csv", "GET", "/audit?format=csv", None,
+     expect(user=403, manager=200, admin=200, other=403)),
+    ("audit of a foreign account", "GET", "/audit?account=biology", None,
+     expect(user=403, manager=400, admin=200, other=403)),
 ]
 
 

@@ -24,7 +24,9 @@ nothing is loaded when there is one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 
 from .model import DAY, Policy
 from .yamlnodes import ConfigError, Node, parse
@@ -33,6 +35,16 @@ BudgetError = ConfigError
 
 MAX_TREE_DEPTH = 32  # levels of programs and projects
 MAX_GRANT_HOURS = 1e9  # the same bound the REST API puts on a grant
+GRANT_DECIMALS = 3  # the finest step of a grant (GPU-hours, or a share's percent): 0.001
+
+
+def grant_in_steps(v: float) -> bool:
+    """Whether a grant figure is what an admin can mean: finite, not negative (nor -0.0),
+    in steps of 0.001 (a subnormal such as 1e-320 or 12.0005 is refused, never rounded)."""
+    if not math.isfinite(v) or v < 0 or math.copysign(1.0, v) < 0:
+        return False
+    exponent = Decimal(repr(float(v))).as_tuple().exponent
+    return isinstance(exponent, int) and exponent >= -GRANT_DECIMALS
 MAX_PENDING_PER_USER = 1_000_000  # policy.max_pending_per_user at most (0: no limit)
 
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
@@ -198,6 +210,9 @@ def load_budgets(text: str | bytes, source: str = "<budgets>") -> Budgets:
             grant = fields["grant"].number(minimum=None, maximum=MAX_GRANT_HOURS)
             if grant < 0:
                 raise fields["grant"].error(f"a grant cannot be negative, got {grant:g}")
+            if not grant_in_steps(grant):
+                raise fields["grant"].error(f"a grant is GPU-hours in steps of 0.001 (at most "
+                                            f"{GRANT_DECIMALS} decimals), got {grant!r}")
         if "share" in fields:
             share = _percent(fields["share"])
         members = frozenset(fields["members"].string_list()) if "members" in fields else frozenset()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal
 from typing import Any
 
-from jupyter_gpubudget.core.accounts import MAX_GRANT_HOURS
+from jupyter_gpubudget.core.accounts import GRANT_DECIMALS, MAX_GRANT_HOURS, grant_in_steps
 from jupyter_gpubudget.core.model import SliceRequest
 from jupyter_gpubudget.core.offer import not_offered
 from jupyter_gpubudget.launcher.policy import (
@@ -31,8 +30,6 @@ class Invalid(ValueError):
 MAX_DURATION_S = 366 * 86400
 #: a database integer (SQLite, PostgreSQL BIGINT)
 MAX_DB_INT = 2**63 - 1
-#: the finest step of a grant: GPU-hours (or a share's percent) in thousandths
-GRANT_DECIMALS = 3
 
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -243,11 +240,8 @@ def _grant_number(body: dict, key: str, hi: float, unit: str) -> float | None:
     if key not in body or body[key] is None:
         return None
     v = body[key]
-    ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v <= hi
-    if ok:
-        exponent = Decimal(repr(float(v))).as_tuple().exponent
-        ok = math.copysign(1.0, v) > 0 and isinstance(exponent, int) \
-            and exponent >= -GRANT_DECIMALS
+    ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v <= hi \
+        and grant_in_steps(float(v))
     if not ok:
         raise Invalid(key, f"expected {unit} from 0 to {hi:g} in steps of 0.001 (at most "
                            f"{GRANT_DECIMALS} decimals), got {str(v)[:40]}")

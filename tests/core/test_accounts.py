@@ -140,3 +140,16 @@ def test_bad_budgets_name_path_and_line(text, path, line, words):
 
 def test_bad_kinds_are_at_least_ten():
     assert len({b[3] for b in BAD}) >= 10
+
+
+def test_a_grant_in_the_budgets_file_is_a_sensible_number_of_gpu_hours():
+    """-0.0, a subnormal and a finer step than 0.001 are refused, naming the line (issue 28)."""
+    from jupyter_gpubudget.core.accounts import grant_in_steps
+
+    for bad in ("-0.0", "1.0e-320", "12.0005"):
+        with pytest.raises(BudgetError) as e:
+            load_budgets(f"accounts:\n  a: {{grant: {bad}, members: [x]}}\n", "b.yaml")
+        assert "b.yaml:2" in str(e.value) and "grant" in str(e.value), str(e.value)
+    assert load_budgets("accounts:\n  a: {grant: 12.125, members: [x]}\n", "b.yaml") \
+        .accounts.accounts["a"].grant_hours == 12.125
+    assert grant_in_steps(0.0) and grant_in_steps(1e9) and not grant_in_steps(float("nan"))

@@ -202,6 +202,9 @@ def _entry(d: DecisionRow, w: WorkloadRow | None, now: float, tz: tzinfo | None
         change = f"node {det.get('node')}"
     # a health change's own words are the problem given (the reason repeats node and source)
     why = det.get("problem") if d.kind == "health" and det.get("problem") else d.reason
+    undrained = f"node {det.get('node')} back in service ({det.get('source')}): "
+    if d.kind == "undrain" and why.startswith(undrained):  # the admin's note only
+        why = why[len(undrained):]
     if not why:
         why = {"cancel": f"cancelled by {d.actor}", "preempt": "preempted"}.get(d.kind, "")
     e = {"id": d.id, "at": d.at, "kind": d.kind, "what": WHAT.get(d.kind, d.kind),

@@ -250,10 +250,19 @@ def _seal_key() -> bytes:
     except FileNotFoundError:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         key = os.urandom(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # written whole under a private name, then linked in: a second first use at the same
+        # moment reads the winner's key, never a short or empty one
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(key)
-        return key
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            with open(path, "rb") as f:
+                key = f.read()
+        finally:
+            os.unlink(tmp)
     if len(key) < 32:
         raise CriuError("bad_input", f"seal key {path} is shorter than 32 bytes")
     return key

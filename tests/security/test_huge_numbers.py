@@ -57,6 +57,12 @@ def test_huge_integers_are_a_400_naming_the_field_and_change_nothing(service_fac
         assert status == 400 and isinstance(out, dict) and out.get("field") == field, \
             (path, field, status, out)
         assert field in out["message"], out
+    # the admin pages' own "older entries" argument: a 400 page naming it, never a 500
+    for page in ("decisions", "audit"):
+        status, out = http("GET", f"{svc.base}/{page}?before={HUGE}", root)
+        assert status in (200, 400) and status != 500, (page, status, out)
+        if page == "decisions":
+            assert status == 400 and "before" in str(out), out
     assert snapshot(svc, root) == before
     # the service is still well (no failed request left a mark on /healthz)
     assert http("GET", svc.api + "/healthz")[0] == 200

@@ -41,6 +41,7 @@ from ..operator import (
     queue_overview,
 )
 from ..timefmt import BadTimeZone, duration_text, zone
+from ..validate import MAX_DB_INT, Invalid, query_int
 
 if TYPE_CHECKING:
     from ..app import GpuBudgetService
@@ -209,9 +210,9 @@ class DecisionsPage(PageHandler):
         filters = {"kind": kind, "workload": q("workload", "") or "",
                    "actor": q("actor", "") or "", "q": (q("q", "") or "")[:200]}
         try:
-            before = int(q("before")) if q("before", None) else None
-        except ValueError:
-            raise ApiError(400, "before: expected a number") from None
+            before = query_int(q("before", None), "before", 0, MAX_DB_INT)
+        except Invalid as e:
+            raise ApiError(400, f"{e.field}: {e.message}") from None
         data = await self.db(lambda: decisions_overview(
             self.svc, c, self.svc.clock(), None, kinds=[kind] if kind else None,
             workload=filters["workload"] or None, actor=filters["actor"] or None,
@@ -239,8 +240,8 @@ class AuditPage(PageHandler):
         except BadTimeZone:
             tz = None
         try:
-            before = int(q("before")) if q("before", None) else None
-        except ValueError:
+            before = query_int(q("before", None), "before", 0, MAX_DB_INT)
+        except Invalid:
             before = None
         error = None
         try:

@@ -1,4 +1,5 @@
-"""Hub-side HTTP handlers of BudgetSpawner: the spawn form's live quote.
+"""Hub-side HTTP handlers of BudgetSpawner: the spawn form's live quote, and what the user's
+recently ended sessions cost (the hub's home page says it after a stop).
 
 The spawn form's page has only the hub's login cookie, never a token for the gpubudget service.
 ``QuoteHandler`` (``GET /hub/api/gpubudget/users/{name}/quote``) is a JupyterHub API handler:
@@ -14,12 +15,17 @@ Register it in ``jupyterhub_config.py``::
 
 (JupyterHub logs that ``extra_handlers`` is deprecated; it still works in JupyterHub 6. Without
 it the form works, but its quote is the one computed when the page was rendered.)
+
+``EndedHandler`` (``GET /hub/api/gpubudget/users/{name}/ended``) is authenticated the same way
+(``read:servers`` for the user) and answers the service's ``/workloads/me/ended`` for that user:
+their last ended sessions and jobs with what each cost and to which project.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+from urllib.parse import quote
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import needs_scope
@@ -31,11 +37,10 @@ from .client import ServiceError
 
 #: under the hub's prefix (``/hub/``); the group is the user's name
 QUOTE_ROUTE = r"/api/gpubudget/users/([^/]+)/quote"
+ENDED_ROUTE = r"/api/gpubudget/users/([^/]+)/ended"
 
 
-class QuoteHandler(APIHandler):
-    """One quote for the project, slice and minimum runtime the form has selected."""
-
+class _Base(APIHandler):
     def check_xsrf_always(self) -> None:
         """JupyterHub skips the XSRF check for cookie-authenticated GETs that look like page
         views (``Sec-Fetch-Mode: navigate`` or none); this endpoint is only ever fetched by
@@ -45,6 +50,10 @@ class QuoteHandler(APIHandler):
         sent = self.request.headers.get("X-XSRFToken") or self.get_argument("_xsrf", "")
         if not sent or not hmac.compare_digest(sent.encode(), self.xsrf_token):
             raise web.HTTPError(403, "the hub's XSRF token is missing or wrong (X-XSRFToken)")
+
+
+class QuoteHandler(_Base):
+    """One quote for the project, slice and minimum runtime the form has selected."""
 
     @needs_scope("servers")
     async def get(self, user_name: str) -> None:
@@ -80,6 +89,30 @@ class QuoteHandler(APIHandler):
         self.finish(json.dumps(answer))
 
 
+class EndedHandler(_Base):
+    """The user's last ended sessions and jobs, each with ``charged_gpu_hours``."""
+
+    @needs_scope("read:servers")
+    async def get(self, user_name: str) -> None:
+        self.check_xsrf_always()
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"no user {user_name!r}")
+        spawner = user.spawners[""]  # (the default server's spawner: made if never started)
+        if not callable(getattr(spawner, "api", None)):
+            raise web.HTTPError(404, "this server is not started by BudgetSpawner")
+        limit = self.get_argument("limit", "3")
+        try:
+            answer = await spawner.api(
+                "GET", f"/workloads/me/ended?user={quote(user.name, safe='')}"
+                       f"&limit={quote(limit, safe='')}")
+        except ServiceError as e:
+            raise web.HTTPError(e.status if e.status < 500 else 503,
+                                e.message.removeprefix("gpubudget service: ")) from None
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(answer))
+
+
 def extra_handlers() -> list[tuple[str, type]]:
     """For ``c.JupyterHub.extra_handlers``."""
-    return [(QUOTE_ROUTE, QuoteHandler)]
+    return [(QUOTE_ROUTE, QuoteHandler), (ENDED_ROUTE, EndedHandler)]

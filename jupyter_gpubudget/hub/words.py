@@ -40,10 +40,16 @@ def ask(request: dict | None) -> str:
 
 
 def gpu_hours(h: float) -> str:
-    """'0 GPU-h', '0.43 GPU-h', '412 GPU-h'."""
-    if abs(h) < 0.005:
+    """'0 GPU-h', '0.0083 GPU-h', '0.43 GPU-h', '412 GPU-h': below 0.1, two significant
+    digits — a few minutes on a slice is never shown as free."""
+    a = abs(h)
+    if a == 0:
         return "0 GPU-h"
-    return f"{h:.2f} GPU-h" if abs(h) < 10 else f"{h:.0f} GPU-h"
+    if a < 1e-6:
+        return "less than 0.000001 GPU-h"
+    if a < 0.1:
+        return f"{float(f'{h:.2g}'):f}".rstrip("0") + " GPU-h"
+    return f"{h:.2f} GPU-h" if a < 10 else f"{h:.0f} GPU-h"
 
 
 def span(seconds: float) -> str:

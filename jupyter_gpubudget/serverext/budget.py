@@ -37,6 +37,7 @@ ALLOWED: list[tuple[str, re.Pattern[str], frozenset[str]]] = [
         ("GET", rf"sessions/{_SID}/snapshots", ()),
         ("DELETE", rf"sessions/{_SID}", ()),  # queued sessions only: checked below
         ("GET", r"workloads/me", ("state",)),
+        ("GET", r"workloads/me/ended", ("limit",)),  # what ended work cost (no ?user=)
         ("GET", r"accounts", ()),
         ("GET", rf"accounts/{_SEG}", ()),
         ("GET", rf"accounts/{_SEG}/usage", ()),

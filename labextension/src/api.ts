@@ -51,6 +51,13 @@ export interface IWorkload {
   charged_gpu_hours?: number | null;
 }
 
+/** GET /workloads/me/ended: one of my ended workloads and what it cost its project. */
+export interface IEndedWorkload extends IWorkload {
+  charged_gpu_hours: number;
+  /** Seconds it ran (ended_at - started_at). */
+  ran_s: number;
+}
+
 export interface ISession extends IWorkload {
   preempt_requested: string | null;
   idle_reported: Epoch | null;
@@ -339,6 +346,14 @@ export class GpuBudgetClient {
     return this.request<{ workloads: IWorkload[] }>(`v1/workloads/me${q}`).then(
       r => r.workloads
     );
+  }
+
+  /** My last ended sessions and jobs with their cost, newest first (null: not served). */
+  async ended(limit = 5): Promise<IEndedWorkload[] | null> {
+    const r = await this.optional<{ workloads: IEndedWorkload[] }>(
+      `v1/workloads/me/ended?limit=${Math.max(1, Math.min(50, Math.floor(limit)))}`
+    );
+    return r ? r.workloads : null;
   }
 
   notices(): Promise<INotice[]> {

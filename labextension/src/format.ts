@@ -108,13 +108,29 @@ export function formatWhen(ms: number, nowMs: number, o: IClockOptions = {}): st
   return `${formatClock(ms, nowMs, o)} (${formatRelative((ms - nowMs) / 1000)})`;
 }
 
-/** GPU-hours with sensible precision: 0.31, 12.4, 128. */
+/**
+ * GPU-hours with sensible precision: 0.31, 12.4, 128; below 0.1 two significant digits
+ * (0.0083: a few minutes on a MIG slice is never shown as "0.00", as if it were free).
+ */
 export function formatGpuHours(h: number | null | undefined): string {
   if (h === null || h === undefined || !Number.isFinite(h)) {
     return '–';
   }
   const a = Math.abs(h);
-  const text = a < 10 ? h.toFixed(2) : a < 100 ? h.toFixed(1) : h.toFixed(0);
+  if (a === 0) {
+    return '0 GPU-h';
+  }
+  if (a < 0.000001) {
+    return 'less than 0.000001 GPU-h';
+  }
+  const text =
+    a < 0.1
+      ? String(Number(h.toPrecision(2)))
+      : a < 10
+        ? h.toFixed(2)
+        : a < 100
+          ? h.toFixed(1)
+          : h.toFixed(0);
   return `${text} GPU-h`;
 }
 

@@ -4,7 +4,15 @@
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { ApiError, GpuBudgetClient, IAccount, INotice, ISession, IWorkload } from './api';
+import {
+  ApiError,
+  GpuBudgetClient,
+  IAccount,
+  IEndedWorkload,
+  INotice,
+  ISession,
+  IWorkload
+} from './api';
 import { accountChain, emptySnapshot, ISnapshot } from './state';
 
 function why(e: unknown): string {
@@ -80,10 +88,11 @@ export class BudgetModel {
             : Promise.resolve(null),
           settle<IAccount[]>(this.client.accounts(), prev.chain),
           settle<IWorkload[]>(this.client.myWork(['pending', 'running']), prev.work),
-          settle<INotice[]>(this.client.notices(), prev.notices)
+          settle<INotice[]>(this.client.notices(), prev.notices),
+          settle<IEndedWorkload[] | null>(this.client.ended(5), prev.ended)
         ]);
         let session: ISession | null = answers[0] as ISession | null;
-        const [, accounts, mine, notices] = answers;
+        const [, accounts, mine, notices, ended] = answers;
         const receivedAt = this.now();
         if (session !== null && session === prev.session && session.protected_left_s !== null) {
           // the previous answer, aged: its countdown ran on since it arrived
@@ -118,6 +127,7 @@ export class BudgetModel {
           usage,
           daily,
           work: mine.filter(w => w.id !== info.session),
+          ended,
           notices,
           snapshots,
           server,

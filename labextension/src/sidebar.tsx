@@ -5,7 +5,14 @@
 import { Dialog, ReactWidget, showDialog, Notification } from '@jupyterlab/apputils';
 import React from 'react';
 
-import type { IAccount, IJobLog, IRestoreReport, ISnapshotSet, IWorkload } from './api';
+import type {
+  IAccount,
+  IEndedWorkload,
+  IJobLog,
+  IRestoreReport,
+  ISnapshotSet,
+  IWorkload
+} from './api';
 import {
   describePlacement,
   formatClock,
@@ -254,7 +261,7 @@ function DailyChart(props: { snap: ISnapshot; now: number }) {
   const short = (x: number) => (x >= 10 ? x.toFixed(0) : x >= 0.05 ? x.toFixed(1) : '');
   return (
     <figure className="jp-GpuBudget-chart">
-      <svg viewBox={`0 0 ${w} ${top + h + 14}`} role="img" aria-label={`Usage per day: ${label}`}>
+      <svg viewBox={`0 0 ${w} ${top + h + 16}`} role="img" aria-label={`Usage per day: ${label}`}>
         {daily.days.map((d, i) => {
           const bh = (d.gpu_hours / max) * h;
           const day = new Date(toLocalMs(d.start, props.snap.offsetMs));
@@ -441,6 +448,55 @@ function WorkSection(props: IProps) {
       ) : (
         <p className="jp-GpuBudget-muted">No other sessions or batch jobs running or queued.</p>
       )}
+    </Section>
+  );
+}
+
+/** One ended session or job: when, for how long, on what, and what it cost which project. */
+function EndedItem(props: { w: IEndedWorkload; offsetMs: number; now: number }) {
+  const { w, now } = props;
+  const fraction = placementFraction(w.placement);
+  const ended = w.ended_at !== null ? toLocalMs(w.ended_at, props.offsetMs) : null;
+  // a hub session is named "<user>/<server>": the default server is just "GPU session"
+  const server = w.kind === 'interactive' && /^[^/]+\/(.*)$/.exec(w.name ?? '');
+  const title = server ? (server[1] ? `GPU session ${server[1]}` : 'GPU session') : w.name || w.id;
+  return (
+    <li className="jp-GpuBudget-work" data-workload={w.id}>
+      <div className="jp-GpuBudget-workHead">
+        <span className={`jp-GpuBudget-state jp-GpuBudget-state-${w.state}`}>{w.state}</span>{' '}
+        <strong>{title}</strong>{' '}
+        <span className="jp-GpuBudget-muted">
+          {w.kind === 'interactive' ? 'session' : `${w.kind} job`} · {w.project}
+        </span>
+      </div>
+      <div>
+        <strong>{formatGpuHours(w.charged_gpu_hours)}</strong> charged to {w.project}
+        <span className="jp-GpuBudget-muted">
+          {' '}
+          ({formatDuration(w.ran_s)} on {fraction > 0 ? formatFraction(fraction, w.placement) : 'no GPU'}
+          {ended !== null ? `, ended ${formatClock(ended, now)}` : ''})
+        </span>
+      </div>
+    </li>
+  );
+}
+
+function EndedSection(props: IProps) {
+  const snap = props.model.snapshot;
+  const ended = snap.ended;
+  if (!ended || !ended.length) {
+    return null;
+  }
+  return (
+    <Section title="Recently ended" id="jp-GpuBudget-ended">
+      <p className="jp-GpuBudget-muted">
+        What your last sessions and jobs cost: slice share × time running, charged to their project.
+      </p>
+      <ul className="jp-GpuBudget-workList jp-GpuBudget-ended">
+        {ended.map(w => (
+          <EndedItem key={w.id} w={w} offsetMs={snap.offsetMs} now={props.now} />
+        ))}
+      </ul>
     </Section>
   );
 }
@@ -687,6 +743,7 @@ export function BudgetView(props: IProps) {
           <NoticesSection {...props} />
           <BudgetSection {...props} />
           <WorkSection {...props} />
+          <EndedSection {...props} />
         </>
       )}
       {updated && (

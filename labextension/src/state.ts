@@ -8,6 +8,7 @@
  */
 import type {
   IAccount,
+  IEndedWorkload,
   IInfo,
   INotice,
   IServerSnapshots,
@@ -77,6 +78,8 @@ export interface ISnapshot {
   daily: IUsageDaily | null;
   /** My other running and queued work (this session excluded). */
   work: IWorkload[];
+  /** My last ended work with what each cost (null: the service does not say). */
+  ended: IEndedWorkload[] | null;
   notices: INotice[];
   /** This session's snapshots (when the service has them), and what this server can do. */
   snapshots: ISnapshotList | null;
@@ -95,6 +98,7 @@ export function emptySnapshot(now: number): ISnapshot {
     usage: null,
     daily: null,
     work: [],
+    ended: null,
     notices: [],
     snapshots: null,
     server: null,

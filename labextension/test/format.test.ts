@@ -73,6 +73,15 @@ describe('GPU-hours and slices', () => {
     expect(formatGpuHours(null)).toBe('–');
   });
 
+  it('shows a few minutes on a slice precisely, never as free', () => {
+    // 3.5 min on 1/7 of a GPU
+    expect(formatGpuHours((3.5 / 60) * (143 / 1000))).toBe('0.0083 GPU-h');
+    expect(formatGpuHours(0.05)).toBe('0.05 GPU-h');
+    expect(formatGpuHours(0.00006)).toBe('0.00006 GPU-h');
+    expect(formatGpuHours(0)).toBe('0 GPU-h');
+    expect(formatGpuHours(1e-9)).toBe('less than 0.000001 GPU-h');
+  });
+
   const mig = [{ node: 'h100-a', gpu: 6, kind: 'mig', milli: 143, profile: '1g.10gb', mig_start: 0 }];
   const two = [
     { node: 'h100-b', gpu: 0, kind: 'gpu', milli: 1000 },

@@ -210,3 +210,26 @@ def test_a_tokens_file_others_may_read_or_that_is_malformed_is_refused(tmp_path)
         f.write_text(json.dumps(bad))
         with pytest.raises(OSError):
             load_tokens(str(f))
+
+
+def test_a_terminal_opened_from_the_menu_runs_the_cli(binder_lab):
+    """On Binder, as a user meets it: File > New > Terminal in the lab, then `gpubudget
+    submit` and `gpubudget jobs` with no set-up (the terminal's login shell resets PATH)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_new_user import terminal_runs_the_cli
+    from tests.hub.hubproc import CHROMIUM, CHROMIUM_FLAGS, require_browser
+
+    require_browser()
+    url, token, proc, home = binder_lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(60_000)
+            page.goto(f"{url}/lab?token={token}")
+            page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+            terminal_runs_the_cli(page, home)
+            page.screenshot(path=str(home / "binder-terminal.png"))
+        finally:
+            browser.close()

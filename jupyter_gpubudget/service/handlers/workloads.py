@@ -1,7 +1,11 @@
-"""Workloads of every kind: mine, one, the queue, and my notices."""
+"""Workloads of every kind: mine, the ones of mine that ended (with what they cost), one,
+the queue, and my notices."""
 
 from __future__ import annotations
 
+from jupyter_gpubudget.ledger.store import TERMINAL
+
+from ..auth import Denied
 from ..base import ApiError, BaseHandler
 from ..views import workload_json
 
@@ -14,6 +18,43 @@ class MyWorkloadsHandler(BaseHandler):
         rows = await self.db(self.svc.ledger.workloads_of, c.name, states)
         now, view = self.svc.clock(), self.svc.loop.view
         self.send({"user": c.name, "workloads": [workload_json(r, view, now) for r in rows]})
+
+
+class MyEndedHandler(BaseHandler):
+    """``GET /workloads/me/ended?limit=5[&user=]``: my most recently ended workloads, newest
+    first, each with ``charged_gpu_hours`` (what it cost its project: slice fraction x time
+    running, from the ledger's charge intervals) and ``ran_s`` — so a session that was just
+    stopped can tell its user what it cost (the hub's home page, the lab's sidebar). Admins
+    (BudgetSpawner's token, for the hub's home page) may ask for another ``user``."""
+
+    async def get(self) -> None:
+        c = await self.caller()
+        c.require_read()
+        user = self.get_query_argument("user", None) or c.name
+        if user != c.name and not c.is_admin:
+            raise Denied(f"only gpubudget admins may read another user's work ({user!r})")
+        raw = self.get_query_argument("limit", "5")
+        if not raw.isdigit() or not 1 <= int(raw) <= 50:
+            raise ApiError(400, f"limit: {raw[:20]!r} is not a whole number from 1 to 50",
+                           "limit")
+        limit = int(raw)
+
+        def read() -> list[dict]:
+            rows = [r for r in self.svc.ledger.workloads_of(user, TERMINAL) if r.ended_at]
+            rows.sort(key=lambda r: (r.ended_at, r.id), reverse=True)
+            out = []
+            now, view = self.svc.clock(), self.svc.loop.view
+            for r in rows[:limit]:
+                w = workload_json(r, view, now)
+                end = float(r.ended_at or now)
+                w["charged_gpu_hours"] = sum(
+                    (ch.milli / 1000) * max(0.0, (end if ch.end is None else ch.end) - ch.start)
+                    / 3600 for ch in self.svc.ledger.charges(workload=r.id))
+                w["ran_s"] = max(0.0, end - r.started_at) if r.started_at else 0.0
+                out.append(w)
+            return out
+
+        self.send({"user": user, "workloads": await self.db(read)})
 
 
 class WorkloadHandler(BaseHandler):
@@ -64,6 +105,7 @@ class NoticesHandler(BaseHandler):
 
 API_ROUTES = [
     ("/workloads/me", MyWorkloadsHandler),
+    ("/workloads/me/ended", MyEndedHandler),
     (r"/workloads/([^/]+)", WorkloadHandler),
     ("/queue", QueueHandler),
     ("/notices", NoticesHandler),

@@ -378,7 +378,7 @@ def _wait_stopped(pid: int, timeout: float = 10) -> None:
         time.sleep(0.005)
 
 
-def _new_images_dir(pid: int) -> str:
+def _new_images_dir(pid: int, uid: int | None = None) -> str:
     """A fresh directory (mode 0700, root's) for a dump: in /dev/shm when it has room for
     twice the tree's resident memory, else the system's temporary directory."""
     need = 0
@@ -390,7 +390,9 @@ def _new_images_dir(pid: int) -> str:
             pass
     base = "/dev/shm" if os.path.isdir("/dev/shm") and \
         shutil.disk_usage("/dev/shm").free > 2 * need + (64 << 20) else None
-    return tempfile.mkdtemp(prefix="gpubudget-criu-", dir=base)
+    # named for the account it is dumped for: an admin (and a test) sees whose it is
+    prefix = "gpubudget-criu-" + (f"{uid}-" if uid is not None else "")
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
 
 
 def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = False,
@@ -432,7 +434,7 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
                                                         if len(why) > 1 else ""))
     created = images_dir is None
     if images_dir is None:
-        images_dir = _new_images_dir(pid)
+        images_dir = _new_images_dir(pid, only)
     images_dir = _check_dir(images_dir, must_exist=False)
     try:
         return _dump(pid, images_dir, leave_running, keep_stopped, caller, owner, criu,

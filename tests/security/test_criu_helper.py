@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -78,7 +79,10 @@ def spawn_as(pw, shell: str) -> int:  # noqa: ANN001
 
 
 def shm_dumps() -> set[str]:
-    return set(glob.glob("/dev/shm/gpubudget-criu-*")) | set(glob.glob("/tmp/gpubudget-criu-*"))
+    """The attacker's dump directories (named for its uid by the helper), wherever they are
+    (other suites may be dumping their own kernels meanwhile)."""
+    uid = pwd.getpwnam(USER).pw_uid
+    return {p for d in ("/dev/shm", "/tmp") for p in glob.glob(f"{d}/gpubudget-criu-{uid}-*")}
 
 
 def gone(pid: int) -> None:

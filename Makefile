@@ -84,11 +84,28 @@ criu:
 run: install sysdeps
 	$(BIN)/gpubudget hub
 
-## test: install everything the tests need and run every suite
+## test: install everything the tests need and run every suite, in two lanes side by side
+## (each lane starts its own hub, PostgreSQL and other daemons on free ports): the browser
+## and hub suites (LANE_A), and every other suite (tests/ less LANE_A, so a new suite
+## lands there). A lane's output is printed whole once both have ended; `make test` fails
+## when either does. PYTEST_ARGS passes arguments to both.
+LANE_A := tests/e2e tests/serverext tests/hub tests/binder
+LANELOG := $(VENV)/lanes
 test: install sysdeps criu labtest
 	$(BIN)/ruff check jupyter_gpubudget tests bench
 	$(BIN)/mypy
-	GPUBUDGET_CRIU="$$(bash .ci/build-criu.sh)" $(BIN)/python -m pytest -q
+	@mkdir -p $(LANELOG); criu="$$(bash .ci/build-criu.sh)"; t0=$$(date +%s); \
+	GPUBUDGET_CRIU="$$criu" $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
+	  $(LANE_A) > $(LANELOG)/a.log 2>&1 & a=$$!; \
+	GPUBUDGET_CRIU="$$criu" $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
+	  tests $(addprefix --ignore=,$(LANE_A)) > $(LANELOG)/b.log 2>&1; rb=$$?; \
+	wait $$a; ra=$$?; \
+	echo "== lane A ($(LANE_A)): exit $$ra"; cat $(LANELOG)/a.log; \
+	echo "== lane B (every other suite): exit $$rb"; cat $(LANELOG)/b.log; \
+	echo "== both lanes: $$(( $$(date +%s) - t0 )) s"; \
+	n() { tail -n 3 $(LANELOG)/[ab].log | grep -oE "[0-9]+ $$1" | awk '{s+=$$1} END {print s+0}'; }; \
+	echo "pytest: $$(n passed) passed, $$(( $$(n failed) + $$(n error) )) failed, $$(n skipped) skipped"; \
+	[ $$ra = 0 ] && [ $$rb = 0 ]
 
 lint: install
 	$(BIN)/ruff check jupyter_gpubudget tests bench

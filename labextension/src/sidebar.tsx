@@ -461,7 +461,7 @@ function EndedItem(props: { w: IEndedWorkload; offsetMs: number; now: number }) 
   const server = w.kind === 'interactive' && /^[^/]+\/(.*)$/.exec(w.name ?? '');
   const title = server ? (server[1] ? `GPU session ${server[1]}` : 'GPU session') : w.name || w.id;
   return (
-    <li className="jp-GpuBudget-work" data-workload={w.id}>
+    <li className="jp-GpuBudget-endedItem" data-workload={w.id}>
       <div className="jp-GpuBudget-workHead">
         <span className={`jp-GpuBudget-state jp-GpuBudget-state-${w.state}`}>{w.state}</span>{' '}
         <strong>{title}</strong>{' '}
@@ -492,7 +492,7 @@ function EndedSection(props: IProps) {
       <p className="jp-GpuBudget-muted">
         What your last sessions and jobs cost: slice share × time running, charged to their project.
       </p>
-      <ul className="jp-GpuBudget-workList jp-GpuBudget-ended">
+      <ul className="jp-GpuBudget-ended">
         {ended.map(w => (
           <EndedItem key={w.id} w={w} offsetMs={snap.offsetMs} now={props.now} />
         ))}

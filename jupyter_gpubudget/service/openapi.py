@@ -148,6 +148,20 @@ def openapi_document(api_prefix: str) -> dict:
             "type": "object", "properties": {"user": {"type": "string"}, "workloads": {
                 "type": "array", "items": WORKLOAD}}}), params=[STATE_Q],
             extra={"400": "Unknown state"})},
+        "/workloads/me/ended": {"get": _op(
+            "My most recently ended workloads, newest first, with what each cost its project",
+            _resp("Ended workloads", {
+                "type": "object", "properties": {"user": {"type": "string"}, "workloads": {
+                    "type": "array", "items": {"allOf": [WORKLOAD, {
+                        "type": "object", "properties": {
+                            "charged_gpu_hours": {"type": "number", "description":
+                                                  "slice fraction x time running"},
+                            "ran_s": {"type": "number"}}}]}}}}),
+            params=[{"name": "limit", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5}},
+                    {"name": "user", "in": "query", "required": False, "schema": NAME,
+                     "description": "another user's (admins only)"}],
+            extra={"400": "Bad limit", "403": "Another user's work, not an admin"})},
         "/workloads/{name}": {"get": _op("One of my workloads", _resp("Workload", WORKLOAD),
                                          params=[_path_param("name")],
                                          extra={"404": "No such workload"})},

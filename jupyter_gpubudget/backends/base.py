@@ -67,6 +67,16 @@ class Backend(LoggingConfigurable):
     #: (Slurm, Kubernetes) set False: the slice stays held until ``status`` says it is gone.
     synchronous_stop = True
 
+    #: the fencing token of the service replica that leads (``service/leader.py``); None
+    #: with one service process. A backend that can refuse a stale launch passes it on.
+    fence_token: int | None = None
+
+    def fence(self, token: int | None) -> None:
+        """This service replica took over with ``token``: from now on, launches by a replica
+        with an older token must fail (the local launcher refuses them); a launch already
+        under way finishes first. Engines that cannot refuse them keep only the token."""
+        self.fence_token = token
+
     def launch(self, launch: Launch) -> str:
         """Start the attempt; return a backend reference (pid, job id, pod name)."""
         raise NotImplementedError

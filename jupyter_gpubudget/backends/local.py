@@ -392,6 +392,8 @@ class LocalBackend(Backend):
                 "command": self.resolve_command(list(launch.command)),
                 "env": {**self.extra_env, **launch.env}, "job_env": job_env,
                 "time_limit": launch.time_limit, "grace": self.stop_grace}
+        if self.fence_token is not None:  # a stale replica's launch is refused
+            spec["fence"] = self.fence_token
         try:
             out = self._launcher("launch", spec=spec)
         except BaseException:
@@ -401,6 +403,13 @@ class LocalBackend(Backend):
         self.log.info("launched %s attempt %d as %s, pid %s", launch.workload, launch.attempt,
                       out.get("user"), out["pid"])
         return str(out["pid"])
+
+    def fence(self, token: int | None) -> None:
+        """Raise the launcher's fence to ``token`` (waits for a launch under way): a replica
+        that no longer leads cannot start a job on this node any more."""
+        self.fence_token = token
+        if token is not None:
+            self._launcher("fence", str(token))
 
     def _dir(self, workload: str, attempt: int) -> Path:
         return self.jobs_root / workload / str(attempt)

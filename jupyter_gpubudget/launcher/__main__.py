@@ -21,6 +21,7 @@ from .config import LauncherConfig, LauncherError, load_config, make_config
 VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]] = {
     "launch": jobs.launch,
     "signal": jobs.signal_job,
+    "fence": jobs.fence,
     "mps-acquire": mps.mps_acquire,
     "mps-release": mps.mps_release,
     "mps-ensure": mps.mps_ensure,

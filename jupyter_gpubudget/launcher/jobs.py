@@ -23,6 +23,7 @@ A job spec::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -48,7 +49,11 @@ from .records import (
 )
 
 MAX_SPEC_BYTES = 512 * 1024
-SPEC_KEYS = {"workload", "attempt", "user", "command", "env", "job_env", "time_limit", "grace"}
+SPEC_KEYS = {"workload", "attempt", "user", "command", "env", "job_env", "time_limit", "grace",
+             "fence"}
+#: the highest fencing token a service replica launched with (or raised by ``fence``):
+#: a launch carrying a lower one comes from a replica that no longer leads, and is refused
+FENCE_FILE = ".fence"
 PRIVILEGED = os.geteuid() == 0
 
 
@@ -134,6 +139,10 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
             raise LauncherError(f"job_env.{k}: not a variable the service sets")
         if not isinstance(v, str) or bad_text(v) or len(v) > 65536:
             raise LauncherError(f"job_env.{k}: expected a string")
+    fence = raw.get("fence")
+    if fence is not None and (isinstance(fence, bool) or not isinstance(fence, int)
+                              or not 0 <= fence < 2**62):
+        raise LauncherError("fence: expected a whole number (the leader's fencing token)")
     time_limit = _seconds(raw.get("time_limit"), "time_limit", 366 * 86400)
     grace = _seconds(raw.get("grace", 10.0), "grace", cfg.max_grace, allow_none=False)
     home = pw.pw_dir or "/"
@@ -147,7 +156,44 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
     if not os.path.isabs(workdir):
         raise LauncherError(f"workdir: {workdir!r} is not absolute")
     return {"workload": wid, "attempt": attempt, "pw": pw, "command": list(cmd), "env": full,
-            "workdir": workdir, "time_limit": time_limit, "grace": grace, "umask": cfg.umask}
+            "workdir": workdir, "time_limit": time_limit, "grace": grace, "umask": cfg.umask,
+            "fence": fence}
+
+
+# ---------------------------------------------------------------------------- fencing
+def _fence_open(cfg: LauncherConfig, token: int) -> int:
+    """Lock the fence file (held until the returned fd is closed) and raise it to ``token``;
+    refused when a newer token was seen — the caller's replica no longer leads."""
+    fd = os.open(cfg.jobs_root / FENCE_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        seen = int(raw) if raw.isdigit() else 0
+        if token < seen:
+            raise LauncherError(f"fence: token {token} is stale (a replica leading with token "
+                                f"{seen} runs this node's jobs now); nothing was started")
+        if token > seen:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(token).encode(), 0)
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fence(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
+    """``fence TOKEN``: a service replica took over with this token; launches with a lower
+    one are refused from now on (a launch already under way finishes first)."""
+    if len(args) != 1 or not args[0].isdigit() or len(args[0]) > 18:
+        raise LauncherError("fence takes one argument: the leader's fencing token")
+    secure_path(cfg.jobs_root, "jobs_root")
+    ensure_dir(cfg.jobs_root, cfg.gid)
+    fd = _fence_open(cfg, int(args[0]))
+    try:
+        return {"fence": int(os.pread(fd, 64, 0).decode().strip() or 0)}
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- launch
@@ -165,6 +211,16 @@ def launch(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
     gid = cfg.gid
     secure_path(cfg.jobs_root, "jobs_root")
     ensure_dir(cfg.jobs_root, gid)
+    # fenced: held (flock) until the job has started, so a takeover waits for it
+    fence_fd = _fence_open(cfg, spec["fence"]) if spec["fence"] is not None else None
+    try:
+        return _launch(cfg, spec, gid, fence_fd)
+    finally:
+        if fence_fd is not None:
+            os.close(fence_fd)
+
+
+def _launch(cfg: LauncherConfig, spec: dict, gid: int | None, fence_fd: int | None) -> dict:
     wdir = cfg.jobs_root / spec["workload"]
     ensure_dir(wdir, gid)
     adir = wdir / str(spec["attempt"])
@@ -192,6 +248,8 @@ def launch(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
     if monitor == 0:
         code = 1
         try:
+            if fence_fd is not None:  # (the lock is the launch's, not the job's)
+                os.close(fence_fd)
             os.close(r)
             code = _monitor(spec, adir, gid, out_fd, log_fd, w)
         except BaseException as e:  # noqa: BLE001 - the monitor reports and ends, whatever

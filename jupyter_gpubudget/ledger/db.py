@@ -19,11 +19,21 @@ def normalise_url(url: str) -> str:
     return url
 
 
+#: PostgreSQL connections: a database that stops answering is noticed within seconds (not
+#: the kernel's TCP timeouts of minutes), and a transaction left open by a paused process
+#: (SIGSTOP, a partition) is ended by the server, releasing its locks — a replica taking
+#: over the lease waits for nothing longer than that
+PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5,
+                   "keepalives_interval": 1, "keepalives_count": 3, "tcp_user_timeout": 5000,
+                   "options": "-c idle_in_transaction_session_timeout=5000"}
+
+
 def connect(url: str, *, sqlite_synchronous: str = "FULL", read_only: bool = False,
-            busy_timeout: float = 30.0) -> Engine:
+            busy_timeout: float = 30.0, pool_size: int = 5) -> Engine:
     """An engine for the ledger. ``read_only`` (SQLite): transactions begin deferred, so
     readers never queue behind the writer's lock (WAL readers see the last commit).
-    ``busy_timeout``: seconds a SQLite writer waits for the lock before failing."""
+    ``busy_timeout``: seconds a SQLite writer waits for the lock before failing.
+    ``pool_size``: PostgreSQL connections kept (as many again may open under load)."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": busy_timeout,
@@ -52,7 +62,8 @@ def connect(url: str, *, sqlite_synchronous: str = "FULL", read_only: bool = Fal
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
+                         connect_args=dict(PG_CONNECT_ARGS) if "+psycopg" in url else {})
 
 
 def alembic_config(url: str):  # noqa: ANN201

@@ -181,6 +181,21 @@ class ServiceStateRow(Base):
     value: Mapped[str] = mapped_column(Text)
 
 
+class LeaderRow(Base):
+    """The one row (``id`` 1) naming the service replica that leads (``service/leader.py``):
+    who holds the lease, where it answers, its fencing ``token`` (incremented on every
+    takeover) and when the lease ends — both times from the database's own clock, so that
+    replicas' clocks do not matter."""
+
+    __tablename__ = "service_leader"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(String(1000), default="")
+    token: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
 class NodeHealthRow(Base):
     """A node's health as the service last decided it (see ``ledger/nodes.py``). No row: the
     node is in service. ``healthy`` False: nothing new is placed there and it drains;

@@ -102,6 +102,9 @@ class Ledger:
         #: count (or could have): what :meth:`preemptions_by_project` answers changed
         self.preemption_version = 0
         self._watches: weakref.WeakSet[WorkloadWatch] = weakref.WeakSet()
+        #: run first in every write transaction of this process (replicas: the leader's
+        #: fencing check, ``service/leader.py``); raises to refuse the write. None: no check
+        self.fence: Callable[[Session], None] | None = None
         self._watch_writes()
 
     # ------------------------------------------------------------ change tracking
@@ -186,9 +189,20 @@ class Ledger:
             return
         try:
             with self._sessions.begin() as new:
+                if self.fence is not None:
+                    self.fence(new)
                 yield new
         finally:
             self._wrote(changes_state)
+
+    def others_wrote(self) -> None:
+        """Another process may have written (a standby replica reads what the leader
+        writes): whatever this process cached from its own writes must be read again."""
+        self.usage_version += 1
+        self.preemption_version += 1
+        for w in list(self._watches):
+            w._note((), True)
+        self._wrote(True)
 
     def writable(self) -> None:
         """Raise what a write transaction would raise now (SQLite: a write lock held
@@ -214,6 +228,8 @@ class Ledger:
         for _ in range(3):
             try:
                 with self._sessions.begin() as s:
+                    if self.fence is not None:
+                        self.fence(s)
                     row = s.get(IdempotencyRow, key)
                     if row is not None:
                         if row.fingerprint and fingerprint and row.fingerprint != fingerprint:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from .health import (
     HealthSource,
     NvmlHealthSource,
 )
+from .leader import Lease, NotLeader
 from .loop import SchedulingLoop
 from .metrics import make_registry
 from .reaper import reaper, reconcile_with_hub
@@ -94,6 +96,33 @@ def private_sqlite(url: str) -> None:
             os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
         if p.exists() and p.stat().st_mode & 0o077:
             p.chmod(0o600)
+
+
+def sqlite_single_process(url: str):  # noqa: ANN201 - an open file, or None
+    """An SQLite ledger has one service process: a second one is refused (OSError saying
+    so) instead of both scheduling the same GPUs. The lock (``flock`` of ``<ledger>.lock``)
+    goes with the process, whatever ends it. None for PostgreSQL (replicas share it through
+    the leader lease, ``service/leader.py``)."""
+    from sqlalchemy.engine import make_url
+
+    from jupyter_gpubudget.ledger.db import normalise_url
+
+    u = make_url(normalise_url(url))
+    if u.get_backend_name() != "sqlite":
+        return None
+    if not u.database or u.database == ":memory:":
+        return False
+    path = u.database + ".lock"
+    f = open(path, "a+")  # noqa: SIM115 - held for the process's lifetime
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise OSError(f"{u.database}: another gpubudget service process uses this SQLite "
+                      "ledger (it holds " + path + "). An SQLite ledger has one service "
+                      "process; to run replicas (one leads, the others stand by) use "
+                      "PostgreSQL — docs/service.md, 'Replicas'") from None
+    return f
 
 
 class GpuBudgetService(Application):
@@ -245,6 +274,21 @@ class GpuBudgetService(Application):
                                         "utilisation stays in /metrics without a newer "
                                         "report.").tag(config=True)
 
+    replica_url = Unicode("", help="Where this replica answers, as other replicas and clients "
+                          "should reach it (e.g. http://10.0.0.5:10101/services/gpubudget/): "
+                          "a standby names the leader's in its not_leader answers. Default: "
+                          "http://<ip>:<port><service_prefix>.").tag(config=True)
+    lease_seconds = Float(8.0, help="PostgreSQL ledger: how long the leader's lease lasts "
+                          "without renewal. A standby takes over this long after the leader "
+                          "died or lost the database (plus at most lease_renew_interval). "
+                          "Several service processes may share one PostgreSQL ledger; one "
+                          "leads (docs/service.md, 'Replicas').").tag(config=True)
+    lease_renew_interval = Float(2.0, help="Seconds between two renewals of the leader's "
+                                 "lease (standbys try to take it as often).").tag(config=True)
+    follow_interval = Float(1.0, help="A standby replica reads the ledger again this often "
+                            "(seconds): what its read endpoints answer lags the leader by at "
+                            "most this much.").tag(config=True)
+
     classes = [LocalBackend, NvmlHealthSource, CommandHealthSource]
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
                "budgets": "GpuBudgetService.budgets_file",
@@ -303,21 +347,29 @@ class GpuBudgetService(Application):
                       self.inventory.gpu_count)
         self.backend.use_inventory(self.inventory)
         private_sqlite(self.db_url)
+        self._sqlite_lock = sqlite_single_process(self.db_url)
         upgrade(self.db_url)  # Alembic migrations on every start (a no-op when current)
         self.engine = connect(self.db_url, sqlite_synchronous=self.sqlite_synchronous,
                               busy_timeout=self.ledger_busy_timeout)
         read_engine = (connect(self.db_url, read_only=True)
                        if self.engine.url.get_backend_name() == "sqlite" else self.engine)
         self.ledger = Ledger(self.engine, read_engine)
-        self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
-        self.loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.policy,
-                                   self.backend, log=self.log, clock=self.clock,
-                                   on_cycle=lambda s: self.cycle_hist.observe(s),
-                                   on_start=lambda row, now: self.wait_hist.labels(
-                                       row.kind).observe(max(0.0, now - row.submitted_at)))
-        self.loop.forecast_interval = self.forecast_interval
-        self.loop.checkpoint_interval = self.checkpoint_interval
-        self.loop.forecast_min_interval = self.forecast_min_interval
+        #: PostgreSQL: which replica leads (None on SQLite: one process, it leads)
+        self.lease: Lease | None = None
+        self.leading: int | None | bool = False  # the token we lead with (True: no lease)
+        self._role_event: asyncio.Event | None = None
+        self._leader_tasks: list[asyncio.Task] = []
+        if self._sqlite_lock is None:
+            self.lease = Lease(connect(self.db_url, busy_timeout=self.ledger_busy_timeout,
+                                       pool_size=1),
+                               url=self.replica_url or self._own_url(), ttl=self.lease_seconds,
+                               renew_interval=self.lease_renew_interval, log=self.log,
+                               on_change=self._lease_changed)
+            self.ledger.fence = self.lease.check
+            self.lease.tick()  # the first replica up leads from the start
+        if self.lease is None or self.lease.is_leader:
+            self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
+        self.loop = self._new_loop()
         self.registry, self.cycle_hist, self.wait_hist = make_registry(self)
         self.health_monitor = HealthMonitor(
             self.ledger, [cls(parent=self, log=self.log, backend=self.backend,
@@ -351,6 +403,47 @@ class GpuBudgetService(Application):
         self._resume_event = asyncio.Event()
         self.hub_done: set[str] = set()  # hub work of resumer() already done
 
+    def _own_url(self) -> str:
+        host = self.ip if self.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}{self.service_prefix}"
+
+    def _new_loop(self) -> SchedulingLoop:
+        """A scheduling loop with nothing cached: every replica that takes over reads the
+        ledger afresh (the previous leader wrote it, not this process)."""
+        loop = SchedulingLoop(self.ledger, self.tree, self.inventory, self.policy,
+                              self.backend, log=self.log, clock=self.clock,
+                              on_cycle=lambda s: self.cycle_hist.observe(s),
+                              on_start=lambda row, now: self.wait_hist.labels(
+                                  row.kind).observe(max(0.0, now - row.submitted_at)))
+        loop.forecast_interval = self.forecast_interval
+        loop.checkpoint_interval = self.checkpoint_interval
+        loop.forecast_min_interval = self.forecast_min_interval
+        old = getattr(self, "loop", None)
+        if old is not None:
+            loop.view = old.view
+            loop.last_ok_at = old.last_ok_at
+        return loop
+
+    @property
+    def is_leader(self) -> bool:
+        """This replica leads (always, on SQLite) and has taken over (reconciled)."""
+        return self.leading is not False and (self.lease is None or self.lease.is_leader)
+
+    def not_leader(self) -> NotLeader:
+        url = self.lease.leader_url() if self.lease is not None else None
+        return NotLeader("this gpubudget service replica is a standby: send writes to the "
+                         "leader" + (f" ({url})" if url else " (none leads right now; retry "
+                                     "in a few seconds)"), url)
+
+    def _lease_changed(self, token: int | None) -> None:
+        """From the lease's thread: the role changes on the event loop (:meth:`_roles`)."""
+        aloop, ev = self._aloop, self._role_event
+        if aloop is not None and ev is not None and not aloop.is_closed():
+            try:
+                aloop.call_soon_threadsafe(ev.set)
+            except RuntimeError:  # shutting down
+                pass
+
     def _mtime(self) -> float:
         try:
             return os.stat(self.budgets_file).st_mtime
@@ -368,10 +461,14 @@ class GpuBudgetService(Application):
             self._budgets_mtime = m
             try:
                 self.budgets = self._load_budgets()
-                self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
+                if self.is_leader:  # (a standby's ledger is the leader's to write)
+                    self.ledger.sync_budgets(self.budgets, self.clock(),
+                                             Path(self.budgets_file).name)
                 self.log.info("reloaded %s", self.budgets_file)
             except (OSError, BudgetError) as e:
                 self.log.error("budgets file not reloaded: %s", e)
+            except NotLeader as e:  # it stepped down meanwhile: the new leader syncs it
+                self.log.info("budgets file not synced to the ledger: %s", e.message)
         return self.budgets.accounts
 
     def policy(self) -> Policy:
@@ -457,7 +554,12 @@ class GpuBudgetService(Application):
             reasons.append(f"scheduling cycle failing ({loop.failed_cycles} so far): "
                            f"{loop.last_error}")
         limit = self.unhealthy_after_intervals * self.cycle_interval + 30
-        if loop.last_ok_at is None or now - loop.last_ok_at > limit:
+        if not self.is_leader:  # a standby does not schedule; it must reach the ledger
+            if self.lease is not None and (self.lease.leader is None
+                                           or self.lease.last_ok is None
+                                           or time.monotonic() - self.lease.last_ok > limit):
+                reasons.append("standby replica: the ledger's lease cannot be read")
+        elif loop.last_ok_at is None or now - loop.last_ok_at > limit:
             since = "ever" if loop.last_ok_at is None else f"{now - loop.last_ok_at:.0f} s"
             reasons.append(f"no successful scheduling cycle for {since}")
         if self._ledger_error is not None:
@@ -514,6 +616,9 @@ class GpuBudgetService(Application):
             self.probe_ledger()
             try:
                 decisions = await aloop.run_in_executor(self.worker, self.loop.cycle)
+            except NotLeader as e:
+                self.log.warning("scheduling cycle refused: %s", e.message)
+                continue
             except Exception:
                 self.log.exception("scheduling cycle failed")
                 continue
@@ -549,40 +654,99 @@ class GpuBudgetService(Application):
         sys.setswitchinterval(self.gil_switch_interval)
         self._kick_event = asyncio.Event()
         self._change = asyncio.Event()
+        self._role_event = asyncio.Event()
         aloop = self._aloop = asyncio.get_running_loop()
         self.backend.on_exit = lambda: aloop.call_soon_threadsafe(self.kick)
-        await aloop.run_in_executor(self.worker, self.loop.reconcile)
+        if self.lease is None or self.lease.is_leader:
+            await self._lead()
+        server = httpserver.HTTPServer(self.make_app(), xheaders=True,
+                                       max_body_size=max(64 << 20, self.max_body_bytes))
+        server.listen(self.port, self.ip)
+        self.log.info("gpubudget service on http://%s:%d%s (ledger %s)%s", self.ip, self.port,
+                      self.service_prefix, self.engine.url.render_as_string(hide_password=True),
+                      "" if self.lease is None else
+                      f" as {'leader' if self.is_leader else 'standby'} replica "
+                      f"{self.lease.holder}")
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aloop.add_signal_handler(sig, stop.set)
+        roles = asyncio.create_task(self._roles()) if self.lease is not None else None
+        if self.lease is not None:
+            self.lease.start()
+        await stop.wait()
+        if roles is not None:
+            roles.cancel()
+        self._stand_by()
+        if self.lease is not None:  # a standby takes over at once, not when it runs out
+            await aloop.run_in_executor(None, self.lease.stop)
+        self.health_pool.submit(self.health_monitor.close)
+        server.stop()
+        self.log.info("stopping (running jobs keep running and are found again on restart)")
+
+    async def _lead(self) -> None:
+        """Take over: fence the node's launcher with the new token, read the ledger afresh,
+        adopt what runs (``SchedulingLoop.reconcile``: running jobs are found through the
+        launcher's records, not restarted), then schedule."""
+        aloop = asyncio.get_running_loop()
+        token = self.lease.token if self.lease is not None else None
+        if self.lease is not None:
+            self.loop = self._new_loop()
+            self.ledger.others_wrote()
+            try:
+                await aloop.run_in_executor(self.worker, self.backend.fence, token)
+                await aloop.run_in_executor(None, self.ledger.sync_budgets, self.budgets,
+                                            self.clock(), Path(self.budgets_file).name)
+            except NotLeader:
+                return
+            except Exception:  # noqa: BLE001 - the lease thread decides again
+                self.log.exception("taking over failed")
+                return
+        self.leading = True if token is None else token
+        try:
+            await aloop.run_in_executor(self.worker, self.loop.reconcile)
+        except NotLeader:
+            self.leading = False
+            return
         try:
             await aloop.run_in_executor(self.worker, self.loop.cycle)
         except Exception:  # reported by /healthz; the timer keeps trying
             self.log.exception("first scheduling cycle failed")
-        server = httpserver.HTTPServer(self.make_app(), xheaders=True,
-                                       max_body_size=max(64 << 20, self.max_body_bytes))
-        server.listen(self.port, self.ip)
-        self.log.info("gpubudget service on http://%s:%d%s (ledger %s)", self.ip, self.port,
-                      self.service_prefix, self.engine.url.render_as_string(hide_password=True))
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            aloop.add_signal_handler(sig, stop.set)
-        timer = asyncio.create_task(self._timer())
-        reaping = asyncio.create_task(reaper(self))
-        settling = asyncio.create_task(reconcile_with_hub(self) if self.local_tokens is None
-                                       else asyncio.sleep(0))
-        checking = asyncio.create_task(self._health_timer())
         self._resume_event = asyncio.Event()
-        # a requeued session's server is brought back through the hub (none with local tokens)
-        resuming = (asyncio.create_task(resumer(self))
-                    if self.resume_through_hub and self.local_tokens is None else None)
-        await stop.wait()
-        checking.cancel()
-        self.health_pool.submit(self.health_monitor.close)
-        timer.cancel()
-        reaping.cancel()
-        settling.cancel()
-        if resuming is not None:
-            resuming.cancel()
-        server.stop()
-        self.log.info("stopping (running jobs keep running and are found again on restart)")
+        tasks = [self._timer(), reaper(self), self._health_timer()]
+        if self.local_tokens is None:
+            tasks.append(reconcile_with_hub(self))
+            if self.resume_through_hub:  # a requeued session's server comes back through the hub
+                tasks.append(resumer(self))
+        self._leader_tasks = [asyncio.create_task(t) for t in tasks]
+
+    def _stand_by(self) -> None:
+        """Stop leading: no cycle, no reaping, no writes (the lease says who leads)."""
+        self.leading = False
+        for t in self._leader_tasks:
+            t.cancel()
+        self._leader_tasks = []
+
+    async def _roles(self) -> None:
+        """Follow the lease: lead when it is ours, stand by otherwise; while standing by,
+        read the ledger again every ``follow_interval`` s for the read endpoints."""
+        assert self.lease is not None and self._role_event is not None
+        aloop = asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(self._role_event.wait(), self.follow_interval)
+            except TimeoutError:
+                pass
+            self._role_event.clear()
+            token = self.lease.token if self.lease.is_leader else None
+            if self.leading is not False and self.leading != token:
+                self._stand_by()
+            if token is not None and self.leading is False:
+                await self._lead()
+            elif token is None:
+                try:
+                    await aloop.run_in_executor(self.worker, self.loop.follow)
+                except Exception as e:  # noqa: BLE001 - the database may be away
+                    self.log.info("standby: reading the ledger failed: %s", e)
 
     def start(self) -> None:
         asyncio.run(self.serve())

@@ -24,6 +24,7 @@ from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger.store import STATES as LEDGER_STATES
 
 from .auth import Caller, Denied
+from .leader import NotLeader
 from .validate import Invalid, check_strings
 
 if TYPE_CHECKING:
@@ -38,10 +39,22 @@ LEDGER_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, field: str | None = None,
-                 retry_after: int | None = None) -> None:
+                 retry_after: int | None = None, extra: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.field = status, message, field
         self.retry_after = retry_after
+        self.extra = extra or {}
+
+
+#: methods that never change anything: a standby replica answers them itself
+READ_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def not_leader_error(e: NotLeader) -> ApiError:
+    """A write sent to a standby replica (or to one that just lost the lease): 503 +
+    ``{"error": "not_leader", "leader": URL or null}``; clients retry at the leader."""
+    return ApiError(503, e.message, retry_after=1,
+                    extra={"error": "not_leader", "leader": e.leader})
 
 
 @web.stream_request_body
@@ -61,6 +74,12 @@ class BaseHandler(web.RequestHandler):
         self.hub_auth = svc.hub_auth
         self._chunks: list[bytes] = []
         self._size = 0
+
+    def prepare(self) -> None:
+        """A standby replica refuses writes before reading their bodies (503 not_leader,
+        naming the leader); the ledger's fence refuses any write that slips past."""
+        if self.request.method not in READ_METHODS and not self.svc.is_leader:
+            raise not_leader_error(self.svc.not_leader())
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
@@ -89,6 +108,7 @@ class BaseHandler(web.RequestHandler):
             body["message"] = exc.message
             if exc.field:
                 body["field"] = exc.field
+            body.update(exc.extra)
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             body["message"] = exc.log_message % exc.args if exc.args else exc.log_message
         else:
@@ -102,6 +122,8 @@ class BaseHandler(web.RequestHandler):
             e = ApiError(400, f"{e.field}: {e.message}", e.field)
         elif isinstance(e, LedgerError):
             e = ApiError(e.status, e.message, e.field)
+        elif isinstance(e, NotLeader):
+            e = not_leader_error(e)
         if isinstance(e, ApiError):
             if self._finished:
                 return

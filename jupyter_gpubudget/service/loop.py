@@ -118,6 +118,8 @@ class SchedulingLoop:
         self._drains_total: int | None = None  # "repair" decisions: read once, then counted
         self._usage_checked_at = 0.0
         self._lost_told: set[tuple[str, int]] = set()  # attempts whose lost monitor was told
+        #: False on a standby replica (:meth:`follow`): the view is computed, nothing written
+        self.applying = True
 
     # ------------------------------------------------------------------ reconcile
     def reconcile(self) -> None:
@@ -311,6 +313,23 @@ class SchedulingLoop:
             if self.on_cycle:
                 self.on_cycle(self.view.cycle_seconds)
             return decisions
+
+    def follow(self) -> None:
+        """A standby replica's cycle: read the ledger as the leader left it and compute what
+        the read endpoints serve (queue, standings, forecasts, nodes) — deciding nothing,
+        applying nothing, writing nothing."""
+        with self.lock:
+            self.applying = False
+            self.ledger.others_wrote()  # the leader wrote it: nothing cached holds
+            now = self.clock()
+            self._health = self._read_health()
+            self._out = {n: r.reason for n, r in self._health.items() if not r.healthy}
+            state, _rows = self.build_state(now)
+            with paused_gc():
+                sched = Scheduler.from_state(state)
+                sched.cycle(now)
+            self._refresh_view(now, state, sched)
+            self.view.inconsistent = dict(sched.inconsistent)
 
     def _apply(self, d, by_id: dict, now: float) -> None:  # noqa: ANN001
         cycle = self.view.cycle + 1
@@ -519,7 +538,7 @@ class SchedulingLoop:
                 row = self._health.get(spec.name)
                 if not ws and row is not None and not row.healthy:
                     info["state"] = "ready_for_repair"
-                    if row.drained_at is None and ledger_nodes.mark_drained(
+                    if self.applying and row.drained_at is None and ledger_nodes.mark_drained(
                             self.ledger, spec.name, now) is not None:
                         self.log.warning("node %s drained: ready for repair (%s)", spec.name,
                                          row.reason)

@@ -70,6 +70,7 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
            "name": {"type": "string", "maxLength": 200},
            "kind": {"type": "string", "enum": ["batch", "debug"]},
            "gpu_model": {"type": "string"}, "single_node": {"type": "boolean"},
+           "interconnect": {"type": "string", "enum": ["nvlink", "node", "any"]},
            "env": {"type": "object", "additionalProperties": {"type": "string"}}}}
 
 GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
@@ -127,6 +128,8 @@ def openapi_document(api_prefix: str) -> dict:
     nf = {"404": "No such account"}
     paths = {
         "/healthz": {"get": _op("Liveness and last cycle", _resp("OK"), auth=False)},
+        "/leader": {"get": _op("Which replica leads: 200 on the leader, 503 on a standby "
+                               "(a readiness probe)", _resp("The leader"), auth=False)},
         "/openapi.json": {"get": _op("This document", _resp("OpenAPI 3.0"), auth=False)},
         "/accounts": {"get": _op("Accounts the caller may see", _resp("Accounts"))},
         "/accounts/{name}": {"get": _op("One account", _resp("Account"), params=acct, extra=nf)},

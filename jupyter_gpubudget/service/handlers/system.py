@@ -29,6 +29,7 @@ class HealthHandler(BaseHandler):
         v = self.svc.loop.view
         healthy, reasons = self.svc.health()
         body = {"status": "ok" if healthy else "unhealthy", "cycle": v.cycle,
+                "role": "leader" if self.svc.is_leader else "standby",
                 "last_cycle_at": v.at, "last_ok_cycle_at": self.svc.loop.last_ok_at,
                 "inventory": self.svc.inventory.source, "version": "v1"}
         if reasons:
@@ -37,6 +38,24 @@ class HealthHandler(BaseHandler):
         if v.inconsistent:
             body["left_out"] = v.inconsistent  # running records the core could not place
         self.send(body, 200 if healthy else 503)
+
+
+class LeaderHandler(BaseHandler):
+    """Which replica leads (no token needed: it says only roles and URLs): 200 on the
+    leader, 503 on a standby — a readiness probe sends traffic to the leader only.
+    ``{"role": "leader"|"standby", "leader": URL or null, "token": fencing token}``."""
+
+    def get(self) -> None:
+        svc = self.svc
+        lease = svc.lease
+        leads = svc.is_leader
+        body = {"role": "leader" if leads else "standby",
+                "leader": lease.leader_url() if lease is not None else None,
+                "replica": lease.holder if lease is not None else None,
+                "token": (lease.token if leads else lease.leader.token if lease.leader
+                          else None) if lease is not None else None,
+                "replicas": "lease" if lease is not None else "single (SQLite)"}
+        self.send(body, 200 if leads else 503)
 
 
 class OpenAPIHandler(BaseHandler):
@@ -59,4 +78,5 @@ class MetricsHandler(BaseHandler):
 ROOT_ROUTES = [("/oauth_callback", OAuthCallbackHandler),
                ("/metrics", MetricsHandler)]
 #: under /api/v1
-API_ROUTES = [("/healthz", HealthHandler), ("/openapi.json", OpenAPIHandler)]
+API_ROUTES = [("/healthz", HealthHandler), ("/leader", LeaderHandler),
+              ("/openapi.json", OpenAPIHandler)]

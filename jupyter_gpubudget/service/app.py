@@ -358,6 +358,7 @@ class GpuBudgetService(Application):
         self.lease: Lease | None = None
         self.leading: int | None | bool = False  # the token we lead with (True: no lease)
         self._role_event: asyncio.Event | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
         self._leader_tasks: list[asyncio.Task] = []
         if self._sqlite_lock is None:
             self.lease = Lease(connect(self.db_url, busy_timeout=self.ledger_busy_timeout,
@@ -646,7 +647,8 @@ class GpuBudgetService(Application):
 
     def _log_req(self, handler: web.RequestHandler) -> None:
         status = handler.get_status()
-        log = self.log.warning if status >= 500 else self.log.debug
+        quiet = getattr(handler, "quiet_503", False)  # a standby's answer, not a failure
+        log = self.log.warning if status >= 500 and not quiet else self.log.debug
         log("%d %s %s %.1fms", status, handler.request.method, handler.request.uri,
             1000 * handler.request.request_time())
 

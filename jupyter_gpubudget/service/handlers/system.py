@@ -45,6 +45,8 @@ class LeaderHandler(BaseHandler):
     leader, 503 on a standby — a readiness probe sends traffic to the leader only.
     ``{"role": "leader"|"standby", "leader": URL or null, "token": fencing token}``."""
 
+    quiet_503 = True
+
     def get(self) -> None:
         svc = self.svc
         lease = svc.lease

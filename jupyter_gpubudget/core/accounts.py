@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from .model import DAY, Policy
+from .model import DAY, INTERCONNECTS, Policy
 from .yamlnodes import ConfigError, Node, parse
 
 BudgetError = ConfigError
@@ -54,7 +54,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
-                "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user"}
+                "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -308,6 +308,15 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         for kind, v in fields["min_runtime_cap"].mapping(_KIND_KEYS).items():
             caps[kind] = v.duration()
         policy = replace(policy, min_runtime_cap=tuple(sorted(caps.items())))
+    if "interconnect" in fields:
+        levels = dict(policy.interconnect)
+        for kind, v in fields["interconnect"].mapping(_KIND_KEYS).items():
+            level = v.string()
+            if level not in INTERCONNECTS:
+                raise v.error(f"interconnect: expected one of {', '.join(INTERCONNECTS)}, "
+                              f"got {level!r}")
+            levels[kind] = level
+        policy = replace(policy, interconnect=tuple(sorted(levels.items())))
     if "default_runtime" in fields:
         d = fields["default_runtime"].duration()
         if d <= 0:

@@ -22,6 +22,7 @@ from .model import (
     feature_chain,
     shape_label,
 )
+from .placement import gang_links, one_domain
 
 #: the quantile of past run times a prediction aims at (chosen on synthetic seeds 1-3, see
 #: bench/policy.py): the median would minimise the error, a higher one lets fewer backfilled
@@ -128,16 +129,25 @@ def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,
         if lst:
             avail[n.idx] = lst
 
+    level, one_node = gang_links(cluster, req)
+
+    def usable() -> dict[int, list[int]]:
+        """What each node can give: an ``nvlink`` gang's ranks share one domain there."""
+        if level != "nvlink":
+            return avail
+        return {idx: one_domain(cluster.nodes[idx], lst) for idx, lst in avail.items()}
+
     def fit() -> list[tuple[int, list[int]]] | None:
-        for idx, lst in avail.items():
+        have = usable()
+        for idx, lst in have.items():
             if len(lst) >= req.gpus:
                 return [(idx, lst[: req.gpus])]
-        if req.single_node:
+        if one_node:
             return None
-        if sum(len(v) for v in avail.values()) < req.gpus:
+        if sum(len(v) for v in have.values()) < req.gpus:
             return None
         chosen, got = [], 0
-        for idx, lst in sorted(avail.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        for idx, lst in sorted(have.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             take = lst[: req.gpus - got]
             chosen.append((idx, take))
             got += len(take)

@@ -122,6 +122,14 @@ class Cluster:
             self.max_gpus_per_node = max(self.max_gpus_per_node, len(spec.gpus))
             self.total_milli += MILLI * len(spec.gpus)
         self.whole_buckets = [{} for _ in range(self.max_gpus_per_node + 1)]
+        # the interconnect facts placement reads (model.INTERCONNECTS): the largest NVLink
+        # domain and the most GPUs outside MIG mode on any node; a gang that fits one is
+        # never split (``nvlink`` / ``node``); the default is ``nvlink`` where some node
+        # has a domain of two or more GPUs
+        self.max_domain = max((len(d) for n in self.nodes for d in n.domains), default=0)
+        self.max_node_whole = max((sum(1 for g in n.gpus if not g.mig) for n in self.nodes),
+                                  default=0)
+        self.default_interconnect = "nvlink" if self.max_domain >= 2 else "node"
         for n in self.nodes:
             for gpu in n.gpus:
                 if not gpu.mig:

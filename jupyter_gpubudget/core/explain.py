@@ -5,6 +5,9 @@ copy) and gives every workload that would still be pending the first reason that
 
 - ``unknown-project``: its project is not in the budgets file (it is never started);
 - ``starts``: it would start in this cycle (the figures shown are a cycle old);
+- ``interconnect``: a gang that would fit now on a poorer interconnect than it asked for
+  (split across nodes or NVLink domains, or on MIG instances): it waits for GPUs linked as
+  it asked (``SliceRequest.interconnect``, docs/core.md "Interconnect");
 - ``reserved``: GPUs are held for it from a known time (a gang waiting for running work to
   end, or a slice being freed by preempted work that is still stopping);
 - ``reservation``: it would fit now, but only on GPUs held for a waiting gang that it would
@@ -20,14 +23,20 @@ Pure, like the rest of the core: no I/O, and ``state`` is left untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .model import HOUR, MILLI, Preempt, Reserve, SliceRequest, Start
-from .placement import place
+from .placement import gang_links, place
 from .scheduler import ClusterState, Scheduler, request_milli
 
-REASONS = ("unknown-project", "starts", "reserved", "reservation", "unbacked", "draining",
-           "capacity")
+REASONS = ("unknown-project", "starts", "reserved", "interconnect", "reservation", "unbacked",
+           "draining", "capacity")
+
+#: what each interconnect asks of the GPUs, for the queue page's sentence
+LINKS = {"nvlink": "NVLink between its ranks on a node (one NVLink domain; a gang that "
+                   "fits one is not split)",
+         "node": "its ranks on one node when one node can hold it",
+         "any": "whole GPUs"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,16 @@ def why_waiting(state: ClusterState, now: float) -> dict[str, Wait]:
                              backed=False)
             continue
         backed = s.is_backed(w, now)
+        mine = s.pending.get(w.id, w)  # with the policy's interconnect for its kind
+        if mine.request.kind == "gpu" and mine.request.gpus >= 2 and w.id not in freeing:
+            level, _ = gang_links(s.cluster, mine.request)
+            loose = replace(mine, request=replace(mine.request, interconnect="any"))
+            if level != "any" and s._place(loose, now + s.predict(w)) is not None:
+                out[w.id] = Wait(w.id, "interconnect", f"{what} are free, but not with the "
+                                 f"{level} interconnect it asked for ({LINKS[level]}): it "
+                                 "waits for its interconnect", backed=backed,
+                                 at=reserved.get(w.id))
+                continue
         if w.id in reserved:
             why = ("preempted work is stopping to free its slice" if w.id in freeing else
                    "the GPUs it needs are held for it as running work ends")

@@ -18,6 +18,12 @@ MIG_COMPUTE_SLICES = 7  # compute slices of a MIG-enabled GPU
 Kind = Literal["interactive", "batch", "debug"]
 KINDS: tuple[str, ...] = ("interactive", "batch", "debug")
 SliceKind = Literal["gpu", "mig", "mps", "cpu"]
+#: what a gang needs between its ranks, from the most links to the fewest (docs/core.md,
+#: "Interconnect"): ``nvlink`` — the ranks on a node share one NVLink domain, and a gang
+#: that fits one domain is never split; ``node`` — whole GPUs, and a gang that fits one node
+#: is never split across nodes; ``any`` — also across nodes as it comes and, with
+#: ``Policy.gang_on_mig``, on MIG instances (no NVLink or peer-to-peer path at all)
+INTERCONNECTS: tuple[str, ...] = ("nvlink", "node", "any")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +46,18 @@ class SliceRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     single_node: bool = False
+    #: a gang's interconnect (``INTERCONNECTS``); None: the policy's default for its kind,
+    #: else ``nvlink`` where the inventory has NVLink domains, else ``node``. Only gangs
+    #: (two or more whole GPUs) read it
+    interconnect: str | None = None
     #: hashable identity of the request: equal shapes fit in exactly the same places
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", (
             self.kind, self.gpus, self.profile, self.milli, self.gpu_memory_mib,
-            self.gpu_model, self.cpu_milli, self.memory_mib, self.single_node))
+            self.gpu_model, self.cpu_milli, self.memory_mib, self.single_node,
+            self.interconnect))
 
     @staticmethod
     def whole(gpus: int = 1, **kw: Any) -> SliceRequest:
@@ -273,8 +284,9 @@ class Policy:
     # work that use them.
     # A CUDA process sees one MIG instance, so the backends start one pod (Kubernetes) or
     # bind one task (Slurm) per such instance; its traffic has no NVLink or peer-to-peer
-    # path (see docs/simulator.md for what it buys and costs; off: gangs never use them)
-    gang_on_mig: bool = True
+    # path (see docs/simulator.md for what it buys and costs; off: gangs never use them).
+    # Only gangs that declared ``interconnect: any`` take them
+    gang_on_mig: bool = False
     gang_on_mig_spare: int = 2
     # debug work predicted to run at most this long (seconds) is considered before all other
     # waiting work, by standing among itself: a ten-minute debug run does not queue behind
@@ -307,6 +319,17 @@ class Policy:
     #: in the queue; a submission past it is refused, saying so (0: no limit). Not the
     #: core's to apply — the service does, at submission — but an admin sets it here
     max_pending_per_user: int = 100
+    #: a gang's interconnect when it declares none, per kind (``INTERCONNECTS``); a kind
+    #: not listed: ``nvlink`` where the inventory has NVLink domains, else ``node``
+    interconnect: tuple[tuple[str, str], ...] = ()
+
+    def interconnect_for(self, kind: str) -> str | None:
+        """The interconnect a gang of ``kind`` that declared none gets (None: the
+        inventory's default)."""
+        for k, level in self.interconnect:
+            if k == kind:
+                return level
+        return None
 
     def cap_for(self, kind: str) -> float:
         for k, cap in self.min_runtime_cap:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import heapq
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .backfill import predicted_end
 from .inventory import GpuSpec, Inventory, NodeSpec
 from .mig import profiles_for
 from .model import Decision, SliceRequest, Start, Workload
-from .placement import place
+from .placement import gang_links, place
 from .preemption import choose_victims
 from .ranking import INF
 from .scheduler import ClusterState, Scheduler, request_milli
@@ -210,10 +210,18 @@ class Quoter:
         s = self.sched
         w = Workload(id=QUOTE_ID, project=project, user=user, request=req, submitted_at=now,
                      kind="interactive", min_runtime=min_runtime, stops_at_once=False)
+        links = None  # the interconnect a gang waits for, when that is what keeps it
         with self._lock:
+            w = s._with_interconnect(w)
+            req = w.request
             backed = s.is_backed(w, now)
             end = now + s.predict(w)
             fits = place(s.cluster, req, end) is not None
+            if not fits and req.kind == "gpu" and req.gpus >= 2:
+                level, _ = gang_links(s.cluster, req)
+                if level != "any" and place(s.cluster, replace(req, interconnect="any"),
+                                            end) is not None:
+                    links = level
             yields = None if fits or not backed else self._yielding(w, end, now)
         fraction = request_milli(req) / 1000
         protected = s.policy.effective_min_runtime(w) if backed else 0.0
@@ -231,6 +239,10 @@ class Quoter:
             out["predicted_start"] = max(at, now) if at is not None else None
             out["why"] = ("when running work ends and the queue ahead is served" if at
                           is not None else "not within the forecast (the usage window)")
+        if links is not None:
+            out["waits_for_interconnect"] = links
+            out["why"] += (f"; enough GPUs are free now, but not with the {links} "
+                           "interconnect it asks for: it waits for its interconnect")
         if not backed:
             out["note"] = ("unbacked: the project's grant does not cover this session's "
                            "protected time; it may run on idle capacity but is never "

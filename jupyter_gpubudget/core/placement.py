@@ -4,7 +4,10 @@ Packing rules, so that fragments don't strand capacity:
 - whole GPUs go to the node with the *fewest* free GPUs that still fits them (best fit), and
   inside it to the NVLink domain that fits them most tightly; full nodes stay whole for gangs;
 - gangs that need several nodes take the fewest nodes, in one rack when one rack suffices;
-  with ``Policy.gang_on_mig`` also idle MIG-mode GPUs, as full-size instances (see
+  a gang is never given fewer links than its interconnect asks for (:func:`gang_links`):
+  ``nvlink`` keeps each node's ranks in one NVLink domain and a gang that fits one domain
+  in it, ``node`` keeps a gang that fits one node on it, and only ``any`` may take, with
+  ``Policy.gang_on_mig``, idle MIG-mode GPUs as full-size instances (see
   :func:`idle_mig_for_gangs`);
 - MIG instances go to an already partitioned GPU first, at the slot that keeps the most large
   profiles placeable (see :func:`mig.potential`);
@@ -46,6 +49,33 @@ def _models(req: SliceRequest) -> frozenset[str] | None:
 # ---------------------------------------------------------------------- whole GPUs
 
 
+def gang_links(cluster: Cluster, req: SliceRequest) -> tuple[str, bool]:
+    """A gang's interconnect (``model.INTERCONNECTS``: declared, else the cluster's default)
+    and whether it must stay on one node: it asked for that (``single_node``), or it fits
+    one NVLink domain (``nvlink``) or one node (``node``) somewhere in the inventory, where
+    splitting it would put the network between ranks that could have shared faster links."""
+    level = req.interconnect or cluster.default_interconnect
+    if req.single_node:
+        return level, True
+    if level == "nvlink":
+        return level, req.gpus <= cluster.max_domain
+    if level == "node":
+        return level, req.gpus <= cluster.max_node_whole
+    return level, False
+
+
+def one_domain(n: NodeCap, free: list[int]) -> list[int]:
+    """Of a node's free GPUs, those of the NVLink domain with the most of them free (the
+    lowest domain on a tie)."""
+    if len(n.domains) <= 1:
+        return free
+    by_dom: dict[int, list[int]] = {}
+    for i in free:
+        by_dom.setdefault(n.gpus[i].domain, []).append(i)
+    best = min(by_dom, key=lambda d: (-len(by_dom[d]), d), default=None)
+    return by_dom[best] if best is not None else []
+
+
 def _usable_whole(n: NodeCap, models: frozenset[str] | None, end: float) -> list[int]:
     out = []
     for i in n.free_whole:
@@ -55,9 +85,10 @@ def _usable_whole(n: NodeCap, models: frozenset[str] | None, end: float) -> list
     return out
 
 
-def _pick_in_node(n: NodeCap, free: list[int], count: int) -> list[int]:
+def _pick_in_node(n: NodeCap, free: list[int], count: int, one_domain: bool = False
+                  ) -> list[int]:
     """Choose ``count`` of the node's free GPUs, packed into as few NVLink domains as possible,
-    tightest-fitting domain first."""
+    tightest-fitting domain first (``one_domain``: in one domain, else none: [])."""
     if len(n.domains) <= 1:
         return free[:count]
     by_dom: dict[int, list[int]] = {}
@@ -67,6 +98,8 @@ def _pick_in_node(n: NodeCap, free: list[int], count: int) -> list[int]:
     if fitting:
         best = min(fitting, key=lambda d: (len(by_dom[d]), d))
         return by_dom[best][:count]
+    if one_domain:
+        return []
     chosen: list[int] = []
     for d in sorted(by_dom, key=lambda d: (-len(by_dom[d]), d)):
         chosen.extend(by_dom[d][: count - len(chosen)])
@@ -97,11 +130,13 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
         p = whole_on_mig(cluster, req, end, models)
         if p is not None:
             return p
+    level, one_node = gang_links(cluster, req) if need >= 2 else ("any", req.single_node)
+    one_domain = level == "nvlink"
     fgd = frag.active(cluster)
     ranked = fgd.rank_whole(req) if fgd is not None and fgd.sharing() else None
     if ranked is not None:  # one node, least fragmentation
         for idx in ranked:
-            p = _on_node(cluster.nodes[idx], req, models, end)
+            p = _on_node(cluster.nodes[idx], req, models, end, one_domain)
             if p is not None:
                 return p
         # none of the ranked nodes (one per group of identical nodes) could: best fit below
@@ -109,16 +144,16 @@ def place_whole(cluster: Cluster, req: SliceRequest, end: float) -> Placement | 
     # one node, best fit
     for k in range(need, len(buckets)):
         for idx in buckets[k]:
-            p = _on_node(cluster.nodes[idx], req, models, end)
+            p = _on_node(cluster.nodes[idx], req, models, end, one_domain)
             if p is not None:
                 return p
     if need == 1 and cluster.whole_gpu_on_mig and not cluster.mig_first:
         p = whole_on_mig(cluster, req, end, models)
         if p is not None:
             return p
-    if req.single_node:
+    if one_node:
         return None
-    return _place_gang(cluster, req, end, models)
+    return _place_gang(cluster, req, end, models, level)
 
 
 def full_profile(model: str) -> migtab.MigProfile | None:
@@ -188,15 +223,19 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
     return out
 
 
-def _on_node(n: NodeCap, req: SliceRequest, models: frozenset[str] | None, end: float
-             ) -> Placement | None:
-    """All of a whole-GPU request on node ``n``, if its free, usable GPUs and host room allow."""
+def _on_node(n: NodeCap, req: SliceRequest, models: frozenset[str] | None, end: float,
+             one_domain: bool = False) -> Placement | None:
+    """All of a whole-GPU request on node ``n``, if its free, usable GPUs and host room allow
+    (``one_domain``: in one NVLink domain, an ``nvlink`` gang)."""
     if not n.host_fits(req.cpu_milli, req.memory_mib):
         return None
     free = _usable_whole(n, models, end) if (models or _any_reserved(n)) else list(n.free_whole)
     if len(free) < req.gpus:
         return None
-    return Placement(tuple(_whole_slices(n, _pick_in_node(n, free, req.gpus), req, True)))
+    idx = _pick_in_node(n, free, req.gpus, one_domain)
+    if not idx:
+        return None
+    return Placement(tuple(_whole_slices(n, idx, req, True)))
 
 
 def _any_reserved(n: NodeCap) -> bool:
@@ -207,17 +246,21 @@ def _any_reserved(n: NodeCap) -> bool:
 
 
 def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
-                models: frozenset[str] | None) -> Placement | None:
-    """All-or-nothing across nodes: fewest nodes, one rack if one rack suffices."""
+                models: frozenset[str] | None, level: str = "any") -> Placement | None:
+    """All-or-nothing across nodes: fewest nodes, one rack if one rack suffices; an
+    ``nvlink`` gang's ranks on a node in one NVLink domain, idle MIG-mode GPUs only for
+    ``any``."""
     need = req.gpus
     cands: list[tuple[NodeCap, list[int]]] = []
     for k in range(len(cluster.whole_buckets) - 1, 0, -1):
         for idx in cluster.whole_buckets[k]:
             n = cluster.nodes[idx]
             free = _usable_whole(n, models, end)
+            if free and level == "nvlink":
+                free = one_domain(n, free)
             if free:
                 cands.append((n, free))
-    extra = idle_mig_for_gangs(cluster, models, end)
+    extra = idle_mig_for_gangs(cluster, models, end) if level == "any" else []
     if extra:
         by_node = {n.idx: free for n, free in cands}
         for n, mig_free in extra:

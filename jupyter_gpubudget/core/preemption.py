@@ -28,7 +28,7 @@ from typing import Any
 from . import mig as migtab
 from .capacity import Cluster, Gpu
 from .model import HOUR, MILLI, Policy, SliceRequest, Workload
-from .placement import full_profile, idle_mig_for_gangs
+from .placement import full_profile, gang_links, idle_mig_for_gangs
 
 SetCost = tuple[int, float, int, int, float]
 INF = float("inf")
@@ -189,11 +189,14 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
                         occ = occupants(g)
                         if occ:
                             consider(occ)
-        if not found_single and not req.single_node and req.gpus > 1:
+        level, one_node = gang_links(cluster, req) if req.gpus > 1 else ("any", True)
+        if not found_single and not one_node:
             # a gang across nodes: free GPUs everywhere, then the cheapest freeable ones
+            # (a set that does not fit its interconnect is refused by the caller's check)
             have = sum(1 for n in cluster.nodes if n.healthy
                        for i in n.free_whole if gpu_ok(n.gpus[i]))
-            have += sum(len(idx) for _, idx in idle_mig_for_gangs(cluster, models, end))
+            if level == "any":
+                have += sum(len(idx) for _, idx in idle_mig_for_gangs(cluster, models, end))
             pool.sort(key=lambda t: t[0])
             vs: dict[str, Workload] = {}
             freed: set[tuple[int, int]] = set()

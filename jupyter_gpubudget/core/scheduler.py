@@ -282,9 +282,21 @@ class Scheduler:
                 if wid in self.pending and self._seq.get(wid) == seq]
 
     # ================================================================= queue
-    def _enqueue(self, w: Workload, key: float | None = None, bulk: bool = False) -> None:
+    def _with_interconnect(self, w: Workload) -> Workload:
+        """``w`` with its gang's interconnect the policy's default for its kind when it
+        declared none (``Policy.interconnect``; otherwise placement uses the inventory's)."""
+        req = w.request
+        if req.kind != "gpu" or req.gpus < 2 or req.interconnect is not None:
+            return w
+        level = self.policy.interconnect_for(w.kind)
+        if level is None:
+            return w
+        return replace(w, request=replace(req, interconnect=level))
+
+    def _enqueue(self, w: Workload, key: float | None = None, bulk: bool = False) -> Workload:
         if w.id in self.pending or w.id in self.running:
             raise ValueError(f"workload {w.id} is already known")
+        w = self._with_interconnect(w)
         self.pending[w.id] = w
         shape = w.request.shape
         self._shape_count[shape] = self._shape_count.get(shape, 0) + 1
@@ -298,6 +310,7 @@ class Scheduler:
             self._order.append((key, seq, w.id))
         else:
             bisect.insort(self._order, (key, seq, w.id))
+        return w
 
     def _arrival_key(self, w: Workload) -> float:
         """Where a new arrival stands until the next full cycle ranks it exactly: behind the
@@ -414,7 +427,7 @@ class Scheduler:
         """One arrival: queue it, and start it at once if it fits idle capacity."""
         if self._st is None:
             self._standings(now)
-        self._enqueue(w)
+        w = self._enqueue(w)
         out: list[Decision] = []
         backed = self.is_backed(w, now)
         p = place(self.cluster, w.request, now + self.predict_long(w))
@@ -622,7 +635,8 @@ class Scheduler:
         if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
                 and len(self.reservations) < self.policy.max_reservations):
             req = w.request
-            no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib)
+            no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib,
+                       req.interconnect)
             if self._no_plan.get(no_plan, INF) <= req.gpus:
                 return  # a gang this large or smaller found no reservation in this cycle
             plan = plan_reservation(self.cluster, req, now, self._reservation_ends(now))

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from jupyter_gpubudget.core.accounts import GRANT_DECIMALS, MAX_GRANT_HOURS, grant_in_steps
-from jupyter_gpubudget.core.model import SliceRequest
+from jupyter_gpubudget.core.model import INTERCONNECTS, SliceRequest
 from jupyter_gpubudget.core.offer import not_offered
 from jupyter_gpubudget.launcher.policy import (
     MAX_COMMAND_CHARS,
@@ -38,7 +38,8 @@ _MPS = re.compile(r"^mps:(\d{1,6})(?::(\d{1,12}))?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
-              "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval"}
+              "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval",
+              "interconnect"}
 GRANT_FIELDS = {"grant_hours", "share_pct", "note"}
 EVENT_FIELDS = {"workload", "event", "at", "project", "user", "milli", "kind", "placement"}
 
@@ -161,6 +162,11 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
 def parse_slice(body: dict) -> SliceRequest:
     gpu_model = _str(body, "gpu_model")
     single_node = _bool(body, "single_node")
+    interconnect = body.get("interconnect")
+    if interconnect is not None and interconnect not in INTERCONNECTS:
+        raise Invalid("interconnect", f"expected one of {', '.join(INTERCONNECTS)}")
+    if interconnect is not None and "slice" in body:
+        raise Invalid("interconnect", "only whole GPUs (gpus) declare an interconnect")
     if "gpus" in body and "slice" in body:
         raise Invalid("slice", "give either 'gpus' or 'slice', not both")
     if "slice" in body:
@@ -180,7 +186,8 @@ def parse_slice(body: dict) -> SliceRequest:
         raise Invalid("gpus", "expected a whole number of GPUs, 0..1024")
     if gpus == 0:
         return SliceRequest.cpu_only()
-    return SliceRequest.whole(gpus, gpu_model=gpu_model, single_node=single_node)
+    return SliceRequest.whole(gpus, gpu_model=gpu_model, single_node=single_node,
+                              interconnect=interconnect)
 
 
 def parse_job(body: Any) -> dict:

@@ -39,6 +39,18 @@ GOOD = textwrap.dedent("""\
 """)
 
 
+def test_policy_interconnect_per_kind():
+    b = load_budgets("policy:\n  interconnect: {batch: any, interactive: node}\n"
+                     "accounts: {a: {grant: 1}}\n")
+    assert b.policy.interconnect_for("batch") == "any"
+    assert b.policy.interconnect_for("interactive") == "node"
+    assert b.policy.interconnect_for("debug") is None
+    with pytest.raises(BudgetError, match="interconnect: expected one of nvlink, node, any"):
+        load_budgets("policy:\n  interconnect: {batch: infiniband}\naccounts: {a: {grant: 1}}\n")
+    with pytest.raises(BudgetError):
+        load_budgets("policy:\n  interconnect: {gpu: any}\naccounts: {a: {grant: 1}}\n")
+
+
 def test_good_file_loads_tree_policy_and_people():
     b = load_budgets(GOOD, "budgets.yaml")
     t = b.accounts
@@ -57,7 +69,9 @@ def test_good_file_loads_tree_policy_and_people():
     assert (b.policy.gang_on_mig, b.policy.gang_on_mig_spare) == (False, 1)
     plain = load_budgets("accounts: {a: {grant: 1}}").policy
     assert plain.gang_overdue_after == 0  # off
-    assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (True, 2)  # on; two kept idle
+    # off by default (issue 26): only gangs that declared ``interconnect: any`` may use them
+    assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (False, 2)
+    assert plain.interconnect == () and plain.interconnect_for("batch") is None
     assert (b.policy.max_pending_per_user, plain.max_pending_per_user) == (25, 100)
     assert b.admins == {"root"}
     grants = t.effective_grants(cluster_gpu_hours=8000)

@@ -31,7 +31,11 @@ H100 = "H100-80GB"
 
 
 def cluster(*nodes) -> Cluster:
-    return Cluster(Inventory(tuple(nodes)))
+    """A capacity model whose gangs accept any links (``interconnect: any``): these tests
+    are about reservations' mechanics; the interconnect's rules are test_interconnect.py's."""
+    c = Cluster(Inventory(tuple(nodes)))
+    c.default_interconnect = "any"
+    return c
 
 
 def hold(c: Cluster, wid: str, node: str, *gpus: int, kind: str = "gpu") -> None:

@@ -28,7 +28,11 @@ H100 = "H100-80GB"
 
 
 def cluster(*nodes, unhealthy=()) -> Cluster:
-    return Cluster(Inventory(tuple(nodes)), unhealthy)
+    """A capacity model whose gangs accept any links (``interconnect: any``): these tests
+    are about placement's mechanics; the interconnect's rules are test_interconnect.py's."""
+    c = Cluster(Inventory(tuple(nodes)), unhealthy)
+    c.default_interconnect = "any"
+    return c
 
 
 def node(name: str, gpus: int = 4, rack: str = "r0", **kw):

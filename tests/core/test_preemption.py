@@ -59,6 +59,7 @@ def mig(gpu: int, profile: str, start: int, node: str = "n0") -> SliceAlloc:
 def setup(inv: Inventory, *ws: Workload, ineligible: tuple[Workload, ...] = ()
           ) -> tuple[Cluster, dict[str, Workload]]:
     c = Cluster(inv)
+    c.default_interconnect = "any"  # victim choice's mechanics; the rules: test_interconnect
     for x in (*ws, *ineligible):
         assert x.placement is not None
         c.allocate(x.id, x.placement)

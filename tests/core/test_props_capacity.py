@@ -76,8 +76,9 @@ def slices(draw, inv: Inventory) -> SliceAlloc:
 
 
 requests = st.one_of(
-    st.builds(lambda n, single: SliceRequest.whole(n, single_node=single),
-              st.integers(1, 5), st.booleans()),
+    st.builds(lambda n, single, links: SliceRequest.whole(n, single_node=single,
+                                                          interconnect=links),
+              st.integers(1, 5), st.booleans(), st.sampled_from([None, "nvlink", "node", "any"])),
     st.builds(SliceRequest.mig, st.sampled_from(
         ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.5gb", "3g.20gb", "1g.18gb",
          "4g.71gb"])),
@@ -186,6 +187,11 @@ def assert_matches_request(inv: Inventory, p: Placement, req: SliceRequest) -> N
         assert len({(s.node, s.gpu) for s in p.slices}) == req.gpus
         if req.single_node:
             assert len(p.nodes) == 1
+        if req.gpus >= 2 and req.interconnect == "nvlink":  # one NVLink domain per node
+            for node in p.nodes:
+                groups = specs[node].nvlink or (tuple(g.index for g in specs[node].gpus),)
+                held = {s.gpu for s in p.slices if s.node == node}
+                assert any(held <= set(d) for d in groups), (node, held, groups)
         for s in p.slices:
             g = specs[s.node].gpus[s.gpu]
             if s.kind == "mig":  # a whole MIG GPU as its full-size instance
@@ -215,6 +221,16 @@ def fits_somewhere(inv: Inventory, r: Recount, req: SliceRequest) -> bool:
         return any(host_ok(n.name) for n in inv.nodes)
     if req.kind == "gpu":
         free = {n.name: len(r.free_whole(n.name)) for n in inv.nodes}
+        # the interconnect (docs/core.md "Interconnect"): NVLink domains are the declared
+        # groups (none declared: one), counting GPUs outside MIG mode only
+        whole = {n.name: {g.index for g in n.gpus if not g.mig} for n in inv.nodes}
+        groups = {n.name: [set(d) & whole[n.name] for d in
+                           (n.nvlink or (tuple(g.index for g in n.gpus),))] for n in inv.nodes}
+        max_domain = max((len(d) for gs in groups.values() for d in gs), default=0)
+        level = req.interconnect or ("nvlink" if max_domain >= 2 else "node")
+        if req.gpus >= 2 and level == "nvlink":  # the most free GPUs sharing one domain
+            free = {n: max((len(d & r.free_whole(n)) for d in groups[n]), default=0)
+                    for n in free}
         if any(free[n] >= req.gpus and host_ok(n) for n in free):
             return True
         if req.gpus == 1:
@@ -223,6 +239,10 @@ def fits_somewhere(inv: Inventory, r: Recount, req: SliceRequest) -> bool:
             pass
         if req.single_node:
             return False
+        if req.gpus >= 2 and (
+                (level == "nvlink" and req.gpus <= max_domain)
+                or (level == "node" and req.gpus <= max(len(w) for w in whole.values()))):
+            return False  # a gang that fits one domain (one node) is never split
         return sum(free.values()) >= req.gpus and any(host_ok(n) and free[n] for n in free)
     for n in inv.nodes:
         if not host_ok(n.name):

@@ -241,15 +241,15 @@ def test_inconsistent_running_records_are_reported_not_fatal():
     assert s.cluster.frag is not None  # the rebuilt cluster keeps its FGD index
     pack = Scheduler.from_state(ClusterState(
         tree(), inventory(gpus=2), Policy(placement="pack", mig_first=False, mps_on_mig=False,
-                                          gang_on_mig=False, gang_on_mig_spare=3),
+                                          gang_on_mig=True, gang_on_mig_spare=3),
         running=[ok, bad_gpu]))
     assert pack.cluster.frag is None and set(pack.running) == {"ok"}
     # ... and the policy's placement rules
     c = pack.cluster
     assert (c.whole_gpu_on_mig, c.mig_first, c.mps_on_mig) == (True, False, False)
-    assert (c.gang_on_mig, c.gang_on_mig_spare) == (False, 3)
+    assert (c.gang_on_mig, c.gang_on_mig_spare) == (True, 3)
     assert (s.cluster.mig_first, s.cluster.mps_on_mig, s.cluster.gang_on_mig) == (
-        True, True, True)
+        True, True, False)  # gang_on_mig: off by default (issue 26)
 
 
 def test_preempting_protected_work_is_refused_as_a_bug():

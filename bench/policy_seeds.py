@@ -2,8 +2,12 @@
 month on several synthetic seeds, with policy keys changed as a budgets file would change
 them — for telling a policy change from the luck of one seed.
 
-    .venv/bin/python bench/policy_seeds.py [--seeds 0-5] [--runs 3day,month]
+    .venv/bin/python bench/policy_seeds.py [--seeds 0-20] [--runs 3day,month]
                                            [--set gang_overdue_after=1h ...] [--jobs N]
+
+The goals of ``bench/policy.py`` are judged here, over seeds 0-20 by default (issue 26):
+the policy's weights were tuned on seeds 1-2 (``policy.TUNING_SEEDS``; the lane's on 1-5),
+so figures to report are those of the other seeds too, never of one seed.
 
 ``bench/policy.py`` reports one seed (0). Both runs here are chaotic in the way a busy
 cluster is: one 32-GPU gang starting a few hours earlier or later moves a program's share
@@ -113,7 +117,7 @@ def meets(value: float | None, op: str, goal: float) -> bool | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0-5", help="seeds: 0-5, 0,3,7 (default 0-5)")
+    ap.add_argument("--seeds", default="0-20", help="seeds: 0-5, 0,3,7 (default 0-20)")
     ap.add_argument("--runs", default="3day,month", help="3day, month or both (default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a policy key as in the budgets YAML (repeatable)")
@@ -166,8 +170,19 @@ def main() -> None:
                     print(f"  {key}: {met} of {len(vals)} seeds meet {op} {goal:g}; mean "
                           f"{mean:.4g}, worst {worst:.4g}")
             out[which] = {"per_seed": rows, "summary": summary}
-    print(f"\ngoals missed, over every seed and run: {missed}")
+    pairs = sum(len(seeds) * sum(1 for f in FIGURES[r] if f[2]) for r in runs)
+    print(f"\ngoals missed, over every seed and run: {missed} of {pairs} seed x goal pairs "
+          f"({100 * missed / pairs:.1f} %)")
     out["goals_missed"] = missed
+    out["goals_missed_pct"] = round(100 * missed / pairs, 2)
+    # issue 26's acceptance, over the seeds run: share error mean and worst per run
+    for which, mean_max, worst_max in (("3day", 2.0, 4.0), ("month", None, 2.0)):
+        se = out.get(which, {}).get("summary", {}).get("share_error_pts")
+        if se:
+            ok = (mean_max is None or se["mean"] <= mean_max) and se["worst"] <= worst_max
+            print(f"{which} share error: mean {se['mean']:.2f} pt, worst {se['worst']:.2f} pt "
+                  f"(goal: {'' if mean_max is None else f'mean <= {mean_max:g}, '}worst <= "
+                  f"{worst_max:g}) {'met' if ok else 'NOT met'}")
     print(json.dumps(out))
 
 

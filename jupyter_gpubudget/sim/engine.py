@@ -14,7 +14,9 @@ failures, completions, arrivals, then one full cycle if one is due):
 How decisions are carried out:
 
 - ``Start``: the workload runs for its remaining work (+ its restart overhead if it resumes);
-  its completion is scheduled.
+  its completion is scheduled. A gang on poorer links than the best for its size progresses
+  more slowly (``sim/interconnect.py``): its run lasts its remaining work / its rate, and
+  only the held GPU-hours times the rate are *useful*.
 - ``Preempt`` (and node failure): what is thrown away is exactly what the core priced when it
   chose to preempt (``core.preemption.lost_seconds``):
   * an **interactive** session is snapshotted (``snapshot_cost`` seconds, after which it is
@@ -48,6 +50,7 @@ from ..core.preemption import last_checkpoint, lost_seconds
 from ..core.scheduler import Scheduler
 from . import fastmeter
 from .costs import RESTORE_COST_S, SNAPSHOT_COST_S  # measured: see costs.py
+from .interconnect import COMM_FRACTION, progress_rate
 from .traces import Trace, TraceJob
 
 # event kinds, in the order they are handled at equal times
@@ -87,6 +90,9 @@ class SimConfig:
     horizon: float | None = None  # stop the clock here (default: when all work is done)
     seed: int = 0
     fast_meter: bool = True  # incremental usage meter (same figures; see fastmeter.py)
+    # share of a gang's step spent in all-reduce on its best links (sim/interconnect.py;
+    # 0: the interconnect costs nothing)
+    comm_fraction: float = COMM_FRACTION
 
 
 @dataclass(slots=True)
@@ -107,6 +113,8 @@ class JobRecord:
     failures: int = 0
     lost_gpu_hours: float = 0.0
     gpu_hours: float = 0.0  # charged (delivered) GPU-hours
+    useful_gpu_hours: float = 0.0  # ... times the progress rate of the run they were held in
+    rate: float = 1.0  # work per second held in the current run (sim/interconnect.py)
     dropped: bool = False
     backed_starts: int = 0
     unbacked_starts: int = 0
@@ -299,7 +307,9 @@ class Simulator:
             r.backed_starts += 1
         else:
             r.unbacked_starts += 1
-        r.run_for = r.remaining + r.overhead  # the reload was counted as lost at the stop
+        r.rate = progress_rate(self.sched.cluster, d.placement, self.cfg.comm_fraction)
+        # the reload was counted as lost at the stop
+        r.run_for = r.remaining / r.rate + r.overhead
         if r.workload is not None:  # as the core runs it (a backfill knows its deadline)
             r.workload = replace(r.workload, started_at=now, backfill_until=d.backfill_until)
         if d.protected_until is not None and d.protected_until > now:
@@ -325,6 +335,7 @@ class Simulator:
         elapsed = max(0.0, now - r.started_at)
         hours = r.milli / MILLI * elapsed / HOUR
         r.gpu_hours += hours
+        r.useful_gpu_hours += hours * r.rate
         p = r.job.project
         self.project_hours[p] = self.project_hours.get(p, 0.0) + hours
         r.started_at = None
@@ -355,7 +366,7 @@ class Simulator:
         # kept progress: all of it for a snapshotted session (checkpoint interval 0), else up
         # to the run's last checkpoint; this run's reload was counted when it was preempted
         kept_wall = last_checkpoint(w, elapsed, policy)
-        r.remaining = max(0.0, r.remaining - max(0.0, kept_wall - r.overhead))
+        r.remaining = max(0.0, r.remaining - max(0.0, kept_wall - r.overhead) * r.rate)
         r.lost_gpu_hours += frac * lost_seconds(w, elapsed, policy) / HOUR
         r.overhead = policy.restart_overhead_of(w)
         if j.kind == "interactive":

@@ -10,7 +10,9 @@ Definitions (documented in docs/simulator.md):
   the top level's) grants; **delivered share**: its delivered GPU-hours / the same sum among
   siblings. ``delivered_vs_grant`` = delivered share / grant share (1.0 = exactly its grant's
   share; projects with no demand deliver less, and idle capacity goes to whoever wants it).
-- **utilisation**: GPU-hours charged / (GPU capacity × span).
+- **utilisation**: *useful* GPU-hours / (GPU capacity × span): GPU-hours charged, each
+  times the progress rate its gang had on the links it got (``sim/interconnect.py``);
+  ``held_utilisation``: GPU-hours charged / (GPU capacity × span).
 - **stranded**: free GPU capacity on partly used GPUs (shared or MIG), as a fraction of the
   cluster's capacity (mean over samples).
 - **contended share**: an account's share of the GPU-hours delivered while work was waiting
@@ -62,6 +64,7 @@ def compute(res: SimResult) -> dict[str, Any]:
             "lost_gpu_hours": sum(r.lost_gpu_hours for r in recs),
         }
     delivered = sum(res.project_hours.values())
+    useful = sum(r.useful_gpu_hours for r in res.records.values())
     preemptions = sum(r.preemptions for r in arrived.values())
     lost = sum(r.lost_gpu_hours for r in arrived.values())
     accounts = account_shares(res.accounts, res.project_hours, arrived, cap_hours,
@@ -77,8 +80,10 @@ def compute(res: SimResult) -> dict[str, Any]:
         "cycles": res.cycles,
         "decisions": res.decisions,
         "kinds": kinds,
-        "utilisation": delivered / cap_hours if cap_hours > 0 else 0.0,
+        "utilisation": useful / cap_hours if cap_hours > 0 else 0.0,
+        "held_utilisation": delivered / cap_hours if cap_hours > 0 else 0.0,
         "delivered_gpu_hours": delivered,
+        "useful_gpu_hours": useful,
         "preemptions": preemptions,
         "preemptions_per_workload": preemptions / len(arrived) if arrived else 0.0,
         "node_failure_stops": sum(r.failures for r in arrived.values()),

@@ -16,7 +16,8 @@ Native CSV (one workload per row; header required; columns in any order)::
   ``cpu``. Optional ``model`` (``A100-80GB`` or ``A|B``), ``cpu_milli``, ``memory_mib``.
 - ``kind``: ``interactive`` | ``batch`` | ``debug`` (default batch); ``resumable``:
   true/false/yes/no/1/0 (default: false for interactive, true otherwise).
-- ``checkpoint_interval`` (a duration; 0: nothing is lost when preempted) and ``command``
+- ``interconnect`` (a gang's: ``nvlink``, ``node`` or ``any``; docs/core.md),
+  ``checkpoint_interval`` (a duration; 0: nothing is lost when preempted) and ``command``
   (command or image name, a feature of the run-time prediction) are optional.
 - ``project``/``user`` may be empty or absent: projects are then assigned deterministically
   from the budgets (see :func:`assign_projects`).
@@ -38,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.accounts import AccountTree
-from ..core.model import KINDS, MILLI, SliceRequest
+from ..core.model import INTERCONNECTS, KINDS, MILLI, SliceRequest
 from ..core.yamlnodes import ConfigError, parse_duration
 
 
@@ -203,7 +204,8 @@ def _read(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 NATIVE_REQUIRED = ("submit", "duration")
 NATIVE_OPTIONAL = ("id", "project", "user", "kind", "min_runtime", "resumable", "time_limit",
-                   "model", "cpu_milli", "memory_mib", "checkpoint_interval", "command")
+                   "model", "cpu_milli", "memory_mib", "checkpoint_interval", "command",
+                   "interconnect")
 _TRUE = {"true", "yes", "1", "y", "t"}
 _FALSE = {"false", "no", "0", "n", "f"}
 
@@ -263,6 +265,11 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
             extra["cpu_milli"] = int(rows.number(row, "cpu_milli", line, integer=True))
         if row.get("memory_mib"):
             extra["memory_mib"] = int(rows.number(row, "memory_mib", line, integer=True))
+        if row.get("interconnect"):
+            if row["interconnect"] not in INTERCONNECTS or req.kind != "gpu":
+                raise rows.error(f"expected one of {', '.join(INTERCONNECTS)} for whole GPUs, "
+                                 f"got {row['interconnect']!r}", "interconnect", line)
+            extra["interconnect"] = row["interconnect"]
         if extra:
             req = replace(req, **extra)  # type: ignore[arg-type]
         kind = row.get("kind", "") or "batch"

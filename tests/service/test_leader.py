@@ -1,0 +1,130 @@
+"""The leader lease and its fencing (service/leader.py) on a real PostgreSQL server, and the
+local launcher's fence: a replica whose lease was taken over can neither write the ledger
+nor start a job."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from jupyter_gpubudget.backends.base import Launch
+from jupyter_gpubudget.backends.local import LocalBackend
+from jupyter_gpubudget.ledger import Ledger, connect, upgrade
+from jupyter_gpubudget.service.leader import Lease, NotLeader
+from tests.fixtures.postgres import postgres_server  # noqa: F401
+from tests.fixtures.replicas import free_port
+
+
+@pytest.fixture
+def pg_url(postgres_server):  # noqa: F811
+    url = postgres_server.new_database()
+    upgrade(url)
+    return url
+
+
+def expire(engine) -> None:  # noqa: ANN001
+    """The lease runs out now (as it would once its holder stopped renewing)."""
+    with engine.begin() as c:
+        c.execute(text("UPDATE service_leader SET expires_at = extract(epoch from now()) - 1"))
+
+
+def submit(ledger: Ledger, wid: str) -> None:
+    ledger.submit(project="lattice", user="bob", kind="batch", request={"gpus": 1},
+                  now=1000.0, workload_id=wid)
+
+
+def test_one_replica_leads_and_a_takeover_fences_the_old_leader(pg_url):
+    engine = connect(pg_url)
+    a, b = Lease(engine, "http://a/", ttl=8, renew_interval=2), \
+        Lease(engine, "http://b/", ttl=8, renew_interval=2)
+    assert a.tick() == 1
+    assert b.tick() is None  # a holds it
+    assert b.leader_url() == "http://a/" and a.tick() == 1  # renewed, same token
+    ledger_a = Ledger(engine)
+    ledger_a.fence = a.check
+    from jupyter_gpubudget.ledger.models import AccountRow
+
+    with ledger_a.tx() as s:
+        s.add(AccountRow(name="lattice", parent=None, members=["bob"], managers=[],
+                         is_project=True, updated_at=0.0))
+    submit(ledger_a, "w1")  # the leader writes
+
+    ledger_b = Ledger(engine)
+    ledger_b.fence = b.check
+    with pytest.raises(NotLeader) as e:  # a standby writes nothing
+        submit(ledger_b, "w2")
+    assert e.value.leader == "http://a/"
+
+    expire(engine)  # a is paused past its lease ...
+    assert b.tick() == 2  # ... b takes over with a new token
+    a.valid_until = float("inf")  # a, woken, still believes it leads
+    with pytest.raises(NotLeader, match="stale"):
+        ledger_a.start("w1", placement=[{"node": "n1", "gpu": 0, "milli": 1000}], milli=1000,
+                       backed=True, protected_until=None, now=1001.0)
+    assert ledger_a.get("w1").state == "pending"  # nothing applied
+    assert a.token is None and not a.is_leader  # and it stepped down
+    assert a.tick() is None and b.tick() == 2
+    engine.dispose()
+
+
+def test_a_takeover_waits_for_the_old_leaders_open_write(pg_url):
+    """The fence reads the lease row FOR SHARE: a takeover cannot slip between the old
+    leader's check and its commit."""
+    engine = connect(pg_url)
+    a, b = Lease(engine, "a"), Lease(engine, "b")
+    assert a.tick() == 1
+    ledger = Ledger(engine)
+    ledger.fence = a.check
+    expire(engine)  # ran out, but a still writes inside it
+    with ledger.tx() as s:
+        assert b.tick() is None  # blocked by a's transaction (lock_timeout), not taken
+        s.execute(text("SELECT 1"))
+    assert b.tick() == 2
+    engine.dispose()
+
+
+def test_a_leader_that_cannot_reach_the_database_steps_down_at_its_lease_end(pg_url):
+    engine = connect(pg_url)
+    a = Lease(engine, "a")
+    assert a.tick() == 1
+    a.engine = connect(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")
+    assert a.tick() == 1  # unreachable, the lease still runs
+    a.valid_until = 0.0  # ... until it ends
+    assert a.tick() is None and not a.is_leader
+    engine.dispose()
+
+
+def test_release_lets_a_standby_take_over_at_once(pg_url):
+    engine = connect(pg_url)
+    a, b = Lease(engine, "a"), Lease(engine, "b")
+    assert a.tick() == 1 and b.tick() is None
+    a.release()
+    assert b.tick() == 2 and a.tick() is None
+    engine.dispose()
+
+
+def test_the_launcher_refuses_a_stale_leaders_launch(tmp_path):
+    from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
+
+    as_user = {"unix_user_template": TEMPLATE} if ensure_accounts(["bob"]) else {}
+    old, new = (LocalBackend(state_dir=str(tmp_path / "jobs"), stop_grace=1, **as_user)
+                for _ in range(2))
+    old.fence(1)
+
+    def launch(backend: LocalBackend, wid: str) -> str:
+        return backend.launch(Launch(workload=wid, attempt=1, user="bob", project="lattice",
+                                     command=["/bin/sleep", "30"], placement=[], env={},
+                                     kind="batch", min_runtime=0.0, protected_until=None,
+                                     backed=True, resumable=False, time_limit=None))
+
+    try:
+        launch(old, "aaaa1111")  # leads: it starts
+        new.fence(2)  # another replica took over
+        with pytest.raises(RuntimeError, match="stale"):
+            launch(old, "bbbb2222")
+        assert not (tmp_path / "jobs" / "bbbb2222" / "1").exists()  # nothing was started
+        launch(new, "cccc3333")
+        assert new.status("aaaa1111", 1).alive  # the old leader's job is adopted, not lost
+    finally:
+        for wid in ("aaaa1111", "cccc3333"):
+            new.stop(wid, 1)

@@ -34,7 +34,8 @@ class GpuBudgetLab(LoggingConfigurable):
 
     service_url = Unicode(help=(
         "The gpubudget service's base URL (without /api/v1), e.g. "
-        "http://127.0.0.1:10101/services/gpubudget. Default: $GPUBUDGET_URL, else the hub's "
+        "http://127.0.0.1:10101/services/gpubudget; several replicas comma-separated (the "
+        "next is tried when one is unreachable or a standby). Default: $GPUBUDGET_URL, else the hub's "
         "public address ($JUPYTERHUB_PUBLIC_HUB_URL) or the hub API's host ($JUPYTERHUB_API_URL) "
         "+ $JUPYTERHUB_BASE_URL + services/gpubudget."
     )).tag(config=True)
@@ -85,14 +86,21 @@ class GpuBudgetLab(LoggingConfigurable):
         if not self.service_url:
             return ("no service URL: set $GPUBUDGET_URL or GpuBudgetLab.service_url (outside "
                     "JupyterHub there is no $JUPYTERHUB_API_URL to derive it from)")
-        u = urlsplit(self.service_url)
-        if u.scheme not in ("http", "https") or not u.netloc:
-            return (f"GpuBudgetLab.service_url: {self.service_url!r} is not an http(s) URL")
+        for url in self.service_urls():
+            u = urlsplit(url)
+            if u.scheme not in ("http", "https") or not u.netloc:
+                return f"GpuBudgetLab.service_url: {url!r} is not an http(s) URL"
         if not self.api_token:
             return ("no token: this server has neither $GPUBUDGET_TOKEN nor "
                     "$JUPYTERHUB_API_TOKEN (not started by JupyterHub?); set "
                     "GpuBudgetLab.api_token")
         return None
 
-    def api_url(self, path: str) -> str:
-        return self.service_url.rstrip("/") + "/api/v1/" + path.lstrip("/")
+    def service_urls(self) -> list[str]:
+        """The service's replicas: ``service_url`` may list several, comma-separated (one
+        leads, the others stand by); the lab tries the next when one cannot answer."""
+        return [u.strip() for u in self.service_url.split(",") if u.strip()]
+
+    def api_url(self, path: str, base: str | None = None) -> str:
+        base = base if base is not None else (self.service_urls() or [self.service_url])[0]
+        return base.rstrip("/") + "/api/v1/" + path.lstrip("/")

@@ -54,12 +54,38 @@ class ServiceClient:
     _features_at: float = 0.0
     _features_error: str | None = None
     _checked_at: float = 0.0
+    _answered: int = 0  # the replica (index in service_urls) that answered last
 
     async def call(self, method: str, path: str, query: str = "", body: Any = None) -> Answer:
+        """One request to the service; with several replicas (``service_url`` lists them),
+        the one that answered last first, the next on a connection failure or a standby's
+        ``not_leader``."""
         problem = self.lab.problem()
         if problem:
             raise ServiceUnavailable(503, f"not connected to a gpubudget service: {problem}")
-        url = self.lab.api_url(path) + (f"?{query}" if query else "")
+        urls = self.lab.service_urls()
+        first = self._answered % len(urls)
+        err: ServiceUnavailable | None = None
+        answer: Answer | None = None
+        for i, base in enumerate(urls[first:] + urls[:first]):
+            try:
+                answer = await self._call(base, method, path, query, body)
+            except ServiceUnavailable as e:
+                err = e
+                continue
+            if answer.status == 503 and isinstance(answer.body, dict) \
+                    and answer.body.get("error") == "not_leader":
+                continue
+            self._answered = (first + i) % len(urls)
+            return answer
+        if answer is not None:
+            return answer  # every replica a standby: their answer says so
+        assert err is not None
+        raise err
+
+    async def _call(self, base: str, method: str, path: str, query: str,
+                    body: Any) -> Answer:
+        url = self.lab.api_url(path, base) + (f"?{query}" if query else "")
         headers = {"Authorization": f"token {self.lab.api_token}", "Accept": "application/json"}
         data = None
         if body is not None:
@@ -73,15 +99,15 @@ class ServiceClient:
         try:
             r = await AsyncHTTPClient().fetch(req, raise_error=False)
         except (OSError, HTTPClientError) as e:
-            raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
+            raise ServiceUnavailable(502, f"the gpubudget service at {base} "
                                           f"cannot be reached: {e}") from None
         if r.code == 599:  # tornado: connection refused, timeout, DNS ...
-            raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
+            raise ServiceUnavailable(502, f"the gpubudget service at {base} "
                                           f"cannot be reached: {r.error}")
         try:
             body = json.loads(r.body or b"null")
         except ValueError:
-            raise ServiceUnavailable(502, f"the gpubudget service at {self.lab.service_url} "
+            raise ServiceUnavailable(502, f"the gpubudget service at {base} "
                                           f"answered {r.code} with something other than "
                                           "JSON: is the URL right? (set $GPUBUDGET_URL or "
                                           "GpuBudgetLab.service_url)") from None

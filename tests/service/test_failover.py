@@ -226,3 +226,31 @@ def test_sqlite_ledger_refuses_a_second_replica(tmp_path):
     finally:
         first.terminate()
         first.wait(15)
+
+
+def test_hub_and_lab_clients_try_the_next_replica(cluster):
+    """The spawner's and the lab's clients take a list of replicas: a dead one and a
+    standby (503 not_leader) are passed over, the leader answers."""
+    import asyncio
+
+    from jupyter_gpubudget.hub.client import ServiceClient as HubClient
+    from jupyter_gpubudget.serverext.config import GpuBudgetLab
+    from jupyter_gpubudget.serverext.service import ServiceClient as LabClient
+    from tests.fixtures.replicas import TOKENS, free_port
+
+    leader = cluster.wait_leader()
+    standby = next(r for r in cluster.replicas if r is not leader)
+    dead = f"http://127.0.0.1:{free_port()}/services/gpubudget"
+    urls = ",".join([dead, standby.base, leader.base])
+
+    async def go() -> tuple[dict, int, dict]:
+        hub = HubClient(",".join(u + "/api/v1" for u in urls.split(",")), TOKENS["root"][0], 10)
+        made = await hub.request("POST", "/sessions", {"user": "dave", "project": "astro",
+                                                       "gpus": 1})
+        lab = LabClient(GpuBudgetLab(service_url=urls, api_token=TOKENS["dave"][0]))
+        a = await lab.call("DELETE", f"sessions/{made['id']}")
+        return made, a.status, a.body
+
+    made, status, body = asyncio.run(go())
+    assert made["state"] in ("pending", "running")
+    assert status == 200, body

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -278,6 +279,10 @@ class GpuBudgetService(Application):
                           "should reach it (e.g. http://10.0.0.5:10101/services/gpubudget/): "
                           "a standby names the leader's in its not_leader answers. Default: "
                           "http://<ip>:<port><service_prefix>.").tag(config=True)
+    replica_id = Unicode("", help="This replica's name in the lease (default: "
+                         "<hostname>:<port>). The same replica restarted after a crash takes "
+                         "its lease back at once (with a new fencing token) instead of "
+                         "waiting for it to run out; give every replica its own.").tag(config=True)
     lease_seconds = Float(8.0, help="PostgreSQL ledger: how long the leader's lease lasts "
                           "without renewal. A standby takes over this long after the leader "
                           "died or lost the database (plus at most lease_renew_interval). "
@@ -363,7 +368,9 @@ class GpuBudgetService(Application):
         if self._sqlite_lock is None:
             self.lease = Lease(connect(self.db_url, busy_timeout=self.ledger_busy_timeout,
                                        pool_size=1),
-                               url=self.replica_url or self._own_url(), ttl=self.lease_seconds,
+                               url=self.replica_url or self._own_url(),
+                               holder=self.replica_id or f"{socket.gethostname()}:{self.port}",
+                               ttl=self.lease_seconds,
                                renew_interval=self.lease_renew_interval, log=self.log,
                                on_change=self._lease_changed)
             self.ledger.fence = self.lease.check

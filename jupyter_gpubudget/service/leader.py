@@ -8,7 +8,9 @@ is one row of the ledger (``service_leader``, id 1):
 - ``holder`` (a random id per process), ``url`` (where it answers), ``token`` (the fencing
   token, incremented on every takeover), ``expires_at`` — from the database's clock
   (``now()``), so the replicas' own clocks do not matter.
-- A replica takes the lease when it is free or expired, in one conditional statement
+- A replica takes the lease when it is free, expired or held under its own ``holder`` id
+  (the same replica restarted after a crash: it need not wait for its old lease, which is
+  fenced off by the new token), in one conditional statement
   (``INSERT ... ON CONFLICT DO UPDATE ... WHERE expired``): two replicas cannot both win.
   The leader renews it every ``renew_interval`` seconds; one that cannot reach the database
   steps down when its lease ends by its own monotonic clock (started before the renewal
@@ -44,8 +46,7 @@ ON CONFLICT (id) DO UPDATE SET
   acquired_at = CASE WHEN service_leader.holder = :holder AND service_leader.token = :mine
                      THEN service_leader.acquired_at ELSE {_NOW} END,
   holder = :holder, url = :url, expires_at = {_NOW} + :ttl
-WHERE (service_leader.holder = :holder AND service_leader.token = :mine)
-   OR service_leader.expires_at < {_NOW}
+WHERE service_leader.holder = :holder OR service_leader.expires_at < {_NOW}
 RETURNING token
 """)
 

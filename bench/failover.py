@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -64,6 +65,8 @@ def main() -> None:
     finally:
         cluster.stop()
         pg.stop()
+        shutil.rmtree(pg.datadir.parent, ignore_errors=True)
+        shutil.rmtree(cluster.dir, ignore_errors=True)
     times.sort()
     p50 = times[len(times) // 2]
     p95 = times[min(len(times) - 1, int(0.95 * len(times)))]

@@ -22,7 +22,7 @@ from .model import (
     feature_chain,
     shape_label,
 )
-from .placement import gang_links, one_domain
+from .placement import cluster_choices, gang_links, one_domain
 
 #: the quantile of past run times a prediction aims at (chosen on synthetic seeds 1-3, see
 #: bench/policy.py): the median would minimise the error, a higher one lets fewer backfilled
@@ -113,6 +113,26 @@ def predicted_end(w: Workload, now: float, predicted: float) -> float:
 
 def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,
                      ends: Iterable[tuple[float, str]]) -> tuple[float, Placement] | None:
+    """:func:`reservation_in` the cluster ``req`` names; naming none, on an inventory of
+    several clusters, in the one where it starts soonest (the first such on a tie)."""
+    names = cluster_choices(cluster, req)
+    if names is None:
+        return reservation_in(cluster, req, now, ends)
+    ends = list(ends)
+    best: tuple[float, Placement] | None = None
+    for name in names:
+        prev = cluster.bar(name)
+        try:
+            got = reservation_in(cluster, req, now, ends)
+        finally:
+            cluster.bar(prev)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = got
+    return best
+
+
+def reservation_in(cluster: Cluster, req: SliceRequest, now: float,
+                   ends: Iterable[tuple[float, str]]) -> tuple[float, Placement] | None:
     """When and where a whole-GPU request could start as running work ends.
 
     ``ends`` is (predicted end, workload id) for running work, ascending. GPUs already
@@ -122,7 +142,7 @@ def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,
     inf = float("inf")
     avail: dict[int, list[int]] = {}
     for n in cluster.nodes:
-        if not n.healthy:
+        if not n.healthy or n.barred:
             continue
         lst = [i for i in n.free_whole if n.gpus[i].reserved_at == inf
                and (models is None or n.gpus[i].model in models)]
@@ -168,7 +188,7 @@ def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,
                     continue
                 n = cluster.by_name[s.node]
                 g = n.gpus[s.gpu]
-                if n.healthy and g.reserved_at == inf and (models is None or g.model in models):
+                if n.healthy and not n.barred and g.reserved_at == inf and (models is None or g.model in models):
                     avail.setdefault(n.idx, []).append(s.gpu)
                     changed = True
             if changed:

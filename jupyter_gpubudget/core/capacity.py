@@ -56,12 +56,17 @@ class Gpu:
 
 class NodeCap:
     __slots__ = ("name", "idx", "rack", "gpus", "cpu_total", "mem_total", "cpu_used",
-                 "mem_used", "healthy", "free_whole", "domains")
+                 "mem_used", "healthy", "free_whole", "domains", "cluster", "barred")
 
-    def __init__(self, name: str, idx: int, rack: str, cpu: int, mem: int) -> None:
+    def __init__(self, name: str, idx: int, rack: str, cpu: int, mem: int,
+                 cluster: str = "default") -> None:
         self.name = name
         self.idx = idx
         self.rack = rack
+        self.cluster = cluster
+        #: outside the cluster placement is looking in right now (:meth:`Cluster.bar`):
+        #: it has room for nothing
+        self.barred = False
         self.gpus: list[Gpu] = []
         self.cpu_total = cpu
         self.mem_total = mem
@@ -72,7 +77,7 @@ class NodeCap:
         self.domains: list[list[int]] = []
 
     def host_fits(self, cpu: int, mem: int) -> bool:
-        return ((not self.cpu_total or self.cpu_used + cpu <= self.cpu_total)
+        return not self.barred and ((not self.cpu_total or self.cpu_used + cpu <= self.cpu_total)
                 and (not self.mem_total or self.mem_used + mem <= self.mem_total))
 
 
@@ -104,7 +109,7 @@ class Cluster:
         self.total_milli = 0
         self.used_milli = 0
         for i, spec in enumerate(inventory.nodes):
-            n = NodeCap(spec.name, i, spec.rack, spec.cpu_milli, spec.memory_mib)
+            n = NodeCap(spec.name, i, spec.rack, spec.cpu_milli, spec.memory_mib, spec.cluster)
             dom_of = {}
             for d, group in enumerate(spec.nvlink or (tuple(g.index for g in spec.gpus),)):
                 for gi in group:
@@ -122,6 +127,9 @@ class Cluster:
             self.max_gpus_per_node = max(self.max_gpus_per_node, len(spec.gpus))
             self.total_milli += MILLI * len(spec.gpus)
         self.whole_buckets = [{} for _ in range(self.max_gpus_per_node + 1)]
+        #: the named clusters of the inventory (one, "default", unless it has several)
+        self.cluster_names: tuple[str, ...] = inventory.clusters or ("default",)
+        self._barred_to: str | None = None
         # the interconnect facts placement reads (model.INTERCONNECTS): the largest NVLink
         # domain and the most GPUs outside MIG mode on any node; a gang that fits one is
         # never split (``nvlink`` / ``node``); the default is ``nvlink`` where some node
@@ -314,6 +322,22 @@ class Cluster:
             if not g.mig and not g.whole and g.used_milli == 0:
                 n.free_whole[g.index] = None
         self._index_one(n, g)
+
+    # ------------------------------------------------------------------ named clusters
+    def bar(self, name: str | None) -> str | None:
+        """Let placement look only at the nodes of cluster ``name`` (None: every node) until
+        the next call; returns the cluster it looked at before, to restore. The nodes of
+        other clusters have room for nothing meanwhile (``NodeCap.host_fits``)."""
+        prev = self._barred_to
+        if name != prev:
+            for n in self.nodes:
+                n.barred = name is not None and n.cluster != name
+            self._barred_to = name
+        return prev
+
+    def one_cluster(self, placement: Placement) -> bool:
+        """Are all of a placement's nodes in one cluster?"""
+        return len({self.by_name[s.node].cluster for s in placement.slices}) <= 1
 
     # ------------------------------------------------------------------ reservations
     def clear_reservations(self) -> None:

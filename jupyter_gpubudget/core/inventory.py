@@ -62,6 +62,9 @@ class NodeSpec:
     cpu_milli: int = 0  # 0: not tracked
     memory_mib: int = 0  # host memory; 0: not tracked
     nvlink: tuple[tuple[int, ...], ...] = ()  # GPU index groups; () = all in one domain
+    #: the named cluster the node belongs to (its own backend and inventory; docs/service.md,
+    #: "Several clusters"): a gang never spans clusters, and a workload may name one
+    cluster: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,11 @@ class Inventory:
     def gpu_count(self) -> int:
         return sum(len(n.gpus) for n in self.nodes)
 
+    @property
+    def clusters(self) -> tuple[str, ...]:
+        """The clusters the nodes belong to, in the order they first appear."""
+        return tuple(dict.fromkeys(n.cluster for n in self.nodes))
+
     def node(self, name: str) -> NodeSpec:
         for n in self.nodes:
             if n.name == name:
@@ -83,14 +91,38 @@ class Inventory:
 def make_node(name: str, model: str, gpus: int, *, mig: tuple[int, ...] = (), rack: str = "default",
               cpu_milli: int = 0, memory_mib: int = 0, gpu_memory_mib: int | None = None,
               nvlink: tuple[tuple[int, ...], ...] = (),
-              mig_layout: dict[int, tuple[tuple[str, int], ...]] | None = None) -> NodeSpec:
+              mig_layout: dict[int, tuple[tuple[str, int], ...]] | None = None,
+              cluster: str = "default") -> NodeSpec:
     """A node; ``mig_layout`` gives the instances of MIG GPUs (GPUs in ``mig`` without one are
     carved freely)."""
     mem = gpu_memory_mib if gpu_memory_mib is not None else GPU_MEMORY_MIB.get(model, 0)
     layouts = mig_layout or {}
     specs = tuple(GpuSpec(i, model, mem, i in mig, f"GPU-{name}-{i}",
                           layouts.get(i) if i in mig else None) for i in range(gpus))
-    return NodeSpec(name, specs, rack, cpu_milli, memory_mib, nvlink)
+    return NodeSpec(name, specs, rack, cpu_milli, memory_mib, nvlink, cluster)
+
+
+def merge_clusters(parts: dict[str, Inventory]) -> Inventory:
+    """One inventory of several named clusters: every node of ``parts[name]`` is put in
+    cluster ``name``. Node names must be unique across clusters (a placement names nodes
+    only); a clash raises :class:`InventoryError` naming the node and both clusters."""
+    from dataclasses import replace
+
+    seen: dict[str, str] = {}
+    nodes: list[NodeSpec] = []
+    for name, inv in parts.items():
+        if not name or not name.replace("-", "").replace("_", "").isalnum():
+            raise InventoryError(f"cluster name {name!r}: use letters, digits, - and _",
+                                 source="clusters")
+        for n in inv.nodes:
+            if n.name in seen:
+                raise InventoryError(f"node {n.name!r} is in cluster {seen[n.name]!r} and in "
+                                     f"cluster {name!r}: node names must be unique across "
+                                     "clusters", source="clusters")
+            seen[n.name] = name
+            nodes.append(replace(n, cluster=name))
+    sources = {inv.source for inv in parts.values()}
+    return Inventory(tuple(nodes), sources.pop() if len(sources) == 1 else "mixed")
 
 
 def carve(model: str, profiles: list[tuple[str, int | None]]) -> tuple[tuple[str, int], ...]:
@@ -121,7 +153,7 @@ def carve(model: str, profiles: list[tuple[str, int | None]]) -> tuple[tuple[str
 
 
 _NODE_KEYS = {"name", "replicas", "rack", "model", "gpus", "mig", "nvlink", "cpu_milli",
-              "host_memory_mib", "gpu_memory_mib", "mig_layout"}
+              "host_memory_mib", "gpu_memory_mib", "mig_layout", "cluster"}
 
 
 def load_inventory(text: str, source: str = "<inventory>") -> Inventory:
@@ -149,7 +181,8 @@ def load_inventory(text: str, source: str = "<inventory>") -> Inventory:
             cpu_milli=int(f["cpu_milli"].number(integer=True)) if "cpu_milli" in f else 0,
             memory_mib=int(f["host_memory_mib"].number(integer=True)) if "host_memory_mib" in f else 0,
             gpu_memory_mib=int(f["gpu_memory_mib"].number(integer=True)) if "gpu_memory_mib" in f else None,
-            nvlink=nvlink, mig_layout=layouts)
+            nvlink=nvlink, mig_layout=layouts,
+            cluster=f["cluster"].string() if "cluster" in f else "default")
         for r in range(replicas):
             node_name = f"{name}-{r}" if replicas > 1 else name
             if node_name in names:

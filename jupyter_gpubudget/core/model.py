@@ -50,6 +50,9 @@ class SliceRequest:
     #: else ``nvlink`` where the inventory has NVLink domains, else ``node``. Only gangs
     #: (two or more whole GPUs) read it
     interconnect: str | None = None
+    #: the named cluster it must run in (``NodeSpec.cluster``); None: wherever it starts
+    #: sooner. A gang never spans clusters either way
+    cluster: str | None = None
     #: hashable identity of the request: equal shapes fit in exactly the same places
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False, hash=False)
 
@@ -57,7 +60,7 @@ class SliceRequest:
         object.__setattr__(self, "shape", (
             self.kind, self.gpus, self.profile, self.milli, self.gpu_memory_mib,
             self.gpu_model, self.cpu_milli, self.memory_mib, self.single_node,
-            self.interconnect))
+            self.interconnect, self.cluster))
 
     @staticmethod
     def whole(gpus: int = 1, **kw: Any) -> SliceRequest:

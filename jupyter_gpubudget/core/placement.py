@@ -33,6 +33,35 @@ from .model import MILLI, Placement, SliceAlloc, SliceRequest
 
 
 def place(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+    """Where ``req`` fits now (usable until ``end``), in the cluster it names; naming none,
+    anywhere — but a gang never spans clusters: one that only fits across them is placed in
+    the first cluster that holds it, else nowhere."""
+    if req.cluster is None:
+        p = _place_any(cluster, req, end)
+        if p is None or len(cluster.cluster_names) <= 1 or cluster.one_cluster(p):
+            return p
+    elif cluster.cluster_names == (req.cluster,):
+        return _place_any(cluster, req, end)
+    for name in cluster_choices(cluster, req) or ():
+        prev = cluster.bar(name)
+        try:
+            p = _place_any(cluster, req, end)
+        finally:
+            cluster.bar(prev)
+        if p is not None:
+            return p
+    return None
+
+
+def cluster_choices(cluster: Cluster, req: SliceRequest) -> tuple[str, ...] | None:
+    """The clusters a request is looked at in, one at a time (:meth:`Cluster.bar`): the one it
+    names; else, on an inventory of several, each of them; None: all nodes at once."""
+    if req.cluster is not None:
+        return None if cluster.cluster_names == (req.cluster,) else (req.cluster,)
+    return cluster.cluster_names if len(cluster.cluster_names) > 1 else None
+
+
+def _place_any(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
     if req.kind == "gpu":
         return place_whole(cluster, req, end)
     if req.kind == "mig":
@@ -212,7 +241,7 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
             continue
         for key in idle:
             g = cluster.gpu(key)
-            if end <= g.reserved_at:
+            if end <= g.reserved_at and not g.node.barred:
                 per_node.setdefault(g.node.idx, (g.node, []))[1].append(g.index)
     spare = cluster.gang_on_mig_spare
     out: list[tuple[NodeCap, list[int]]] = []
@@ -255,7 +284,7 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
     for k in range(len(cluster.whole_buckets) - 1, 0, -1):
         for idx in cluster.whole_buckets[k]:
             n = cluster.nodes[idx]
-            free = _usable_whole(n, models, end)
+            free = _usable_whole(n, models, end) if not n.barred else []
             if free and level == "nvlink":
                 free = one_domain(n, free)
             if free:

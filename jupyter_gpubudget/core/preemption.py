@@ -28,7 +28,7 @@ from typing import Any
 from . import mig as migtab
 from .capacity import Cluster, Gpu
 from .model import HOUR, MILLI, Policy, SliceRequest, Workload
-from .placement import full_profile, gang_links, idle_mig_for_gangs
+from .placement import cluster_choices, full_profile, gang_links, idle_mig_for_gangs
 
 SetCost = tuple[int, float, int, int, float]
 INF = float("inf")
@@ -124,13 +124,35 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
                    eligible: dict[str, Workload], standing: Callable[[Workload], float],
                    cost: Callable[[Workload], float] = lambda v: 0.0,
                    whole_on_mig: bool = False) -> list[Workload] | None:
+    """:func:`victims_in` the cluster ``req`` names; naming none, on an inventory of several
+    clusters, the cheapest set found in any one of them (a gang never spans clusters)."""
+    names = cluster_choices(cluster, req)
+    if names is None:
+        return victims_in(cluster, req, end, eligible, standing, cost, whole_on_mig)
+    best: tuple[SetCost, list[Workload]] | None = None
+    for name in names:
+        prev = cluster.bar(name)
+        try:
+            vs = victims_in(cluster, req, end, eligible, standing, cost, whole_on_mig)
+        finally:
+            cluster.bar(prev)
+        if vs is not None and (best is None or set_cost(vs, standing, cost) < best[0]):
+            best = (set_cost(vs, standing, cost), vs)
+    return best[1] if best is not None else None
+
+
+def victims_in(cluster: Cluster, req: SliceRequest, end: float,
+               eligible: dict[str, Workload], standing: Callable[[Workload], float],
+               cost: Callable[[Workload], float] = lambda v: 0.0,
+               whole_on_mig: bool = False) -> list[Workload] | None:
     """The cheapest set of eligible victims whose removal lets ``req`` fit, or None
     (``cost``: GPU-hours each victim's preemption throws away; ``whole_on_mig``: a one-GPU
     request may also empty a MIG-mode GPU, to take it whole)."""
     if not eligible:
         return None
     nodes = sorted({cluster.by_name[s.node].idx
-                    for wid in eligible for s in cluster.allocations[wid].slices})
+                    for wid in eligible for s in cluster.allocations[wid].slices
+                    if not cluster.by_name[s.node].barred})
     models = frozenset(req.gpu_model.split("|")) if req.gpu_model else None
     key = lambda v: victim_cost(v, standing(v), cost(v))  # noqa: E731
     best: tuple[SetCost, list[Workload]] | None = None
@@ -193,7 +215,7 @@ def choose_victims(cluster: Cluster, req: SliceRequest, end: float,
         if not found_single and not one_node:
             # a gang across nodes: free GPUs everywhere, then the cheapest freeable ones
             # (a set that does not fit its interconnect is refused by the caller's check)
-            have = sum(1 for n in cluster.nodes if n.healthy
+            have = sum(1 for n in cluster.nodes if n.healthy and not n.barred
                        for i in n.free_whole if gpu_ok(n.gpus[i]))
             if level == "any":
                 have += sum(len(idx) for _, idx in idle_mig_for_gangs(cluster, models, end))

@@ -81,7 +81,15 @@ def slice_choices(inventory: Inventory) -> list[dict]:
 def not_offered(inventory: Inventory, req: SliceRequest) -> tuple[str, str] | None:
     """Why no hardware in the inventory could ever hold ``req`` — ``(field, message)`` — or
     None. Such a request is refused at submission (batch jobs and sessions alike) instead of
-    waiting in the queue forever."""
+    waiting in the queue forever. A request naming a cluster is judged by that cluster's
+    nodes alone; a cluster the inventory does not have is refused, listing those it has."""
+    if req.cluster is not None:
+        names = inventory.clusters
+        if req.cluster not in names:
+            return "cluster", (f"no cluster {req.cluster!r} here (clusters: "
+                               f"{', '.join(names)})")
+        inventory = Inventory(tuple(n for n in inventory.nodes if n.cluster == req.cluster),
+                              inventory.source)
     present = sorted({g.model for n in inventory.nodes for g in n.gpus})
     wanted = set(req.gpu_model.split("|")) if req.gpu_model else None
     if wanted is not None:
@@ -216,7 +224,8 @@ class Quoter:
             req = w.request
             backed = s.is_backed(w, now)
             end = now + s.predict(w)
-            fits = place(s.cluster, req, end) is not None
+            got = place(s.cluster, req, end)
+            fits = got is not None
             if not fits and req.kind == "gpu" and req.gpus >= 2:
                 level, _ = gang_links(s.cluster, req)
                 if level != "any" and place(s.cluster, replace(req, interconnect="any"),
@@ -227,6 +236,10 @@ class Quoter:
         protected = s.policy.effective_min_runtime(w) if backed else 0.0
         out: dict[str, Any] = {"backed": backed, "fraction": fraction,
                                "protected_s": protected, "starts_now": fits}
+        if got is not None and len(s.cluster.cluster_names) > 1:
+            out["cluster"] = s.cluster.by_name[got.slices[0].node].cluster  # where it starts
+        elif req.cluster is not None:
+            out["cluster"] = req.cluster
         if fits:
             out["predicted_start"] = now
             out["why"] = "fits free capacity now"

@@ -85,6 +85,9 @@ class WorkloadRow(Base):
     #: started on GPUs reserved for a gang from this time (backfill): preempted then if it
     #: still runs, unprotected
     backfill_until: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: the named cluster (docs/service.md, "Several clusters"): the one it asked for while
+    #: it waits (None: wherever it starts sooner), the one it started on once it runs
+    cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ChargeRow(Base):

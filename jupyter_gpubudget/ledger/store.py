@@ -323,7 +323,7 @@ class Ledger:
                resumable: bool = False, time_limit: float | None = None,
                backend: str = "local", name: str = "", workload_id: str | None = None,
                checkpoint_interval: float | None = None, max_pending: int = 0,
-               s: Session | None = None) -> WorkloadRow:
+               cluster: str | None = None, s: Session | None = None) -> WorkloadRow:
         """A new pending workload. ``max_pending`` (0: none): refused (429) when ``user``
         already has that many pending — counted in the same write transaction, so that
         concurrent submissions cannot slip past it (SQLite; PostgreSQL may let a few
@@ -344,7 +344,7 @@ class Ledger:
                               request=request, command=command, env=env, min_runtime=min_runtime,
                               resumable=resumable, time_limit=time_limit, backend=backend,
                               submitted_at=now, preemptions=0, backed=False, reason="",
-                              checkpoint_interval=checkpoint_interval)
+                              checkpoint_interval=checkpoint_interval, cluster=cluster)
             s.add(row)
             s.flush()
             return row
@@ -440,7 +440,7 @@ class Ledger:
     def start(self, workload_id: str, *, placement: list[dict], milli: int, backed: bool,
               protected_until: float | None, now: float, actor: str = "scheduler",
               reason: str = "", backfill_until: float | None = None,
-              s: Session | None = None) -> ChargeRow:
+              cluster: str | None = None, s: Session | None = None) -> ChargeRow:
         """Mark a pending workload running and open its charge interval (one transaction)."""
         with self.tx(s) as s:
             w = s.get(WorkloadRow, workload_id, with_for_update=True)
@@ -453,6 +453,8 @@ class Ledger:
             w.state, w.started_at, w.placement = "running", now, placement
             w.backed, w.protected_until, w.backend_ref = backed, protected_until, None
             w.backfill_until = backfill_until
+            if cluster is not None:  # where it runs (several clusters)
+                w.cluster = cluster
             w.ended_at = None
             charge = ChargeRow(workload=workload_id, seq=seq, project=w.project, user=w.user,
                                milli=milli, start=now, end=None, checkpoint=now, closed_by="")

@@ -182,6 +182,14 @@ class GpuBudgetService(Application):
                            "or gpubudget).").tag(config=True)
     backend_class = Type(LocalBackend, klass=Backend, help="Backend that runs batch jobs."
                          ).tag(config=True)
+    clusters = Dict(help=(
+        "Several named clusters under one budget tree (docs/service.md, 'Several clusters'): "
+        "cluster name -> {'backend': 'local' | 'slurm' | 'kubernetes' | a Backend class's "
+        "import path, 'config': {that backend's settings}, 'inventory': a declared inventory "
+        "file (for engines that do not report their nodes)}. Usage on every cluster is "
+        "charged to the same accounts; a workload may name a cluster or start wherever it "
+        "starts sooner. Empty (the default): one cluster, backend_class and inventory_file."
+    )).tag(config=True)
     metrics_require_auth = Bool(True, help="Require a gpubudget admin token for /metrics."
                                 ).tag(config=True)
     gil_switch_interval = Float(0.001, help="sys.setswitchinterval for the service: the "
@@ -335,9 +343,18 @@ class GpuBudgetService(Application):
         os.umask(int(self.umask, 8))
         self.budgets = self._load_budgets()
         self._budgets_mtime = self._mtime()
-        self.backend: Backend = self.backend_class(parent=self, log=self.log)
-        engine_inventory = self.backend.discover_inventory()  # Slurm, Kubernetes: their nodes
-        if engine_inventory is not None:
+        if self.clusters:  # several clusters: one backend each, one merged inventory
+            from .clusters import build
+
+            self.backend, self.inventory, self.inventory_message = build(self, self.clusters)
+            self.backend.locate = self._cluster_of_workload  # type: ignore[attr-defined]
+            engine_inventory = None
+        else:
+            self.backend = self.backend_class(parent=self, log=self.log)
+            engine_inventory = self.backend.discover_inventory()  # Slurm, Kubernetes
+        if self.clusters:
+            pass  # the merged inventory of every cluster, built above
+        elif engine_inventory is not None:
             self.inventory = engine_inventory
             self.inventory_message = f"nodes of the {self.backend.name} backend"
         elif self.inventory_source == "declared":
@@ -410,6 +427,11 @@ class GpuBudgetService(Application):
                           self.tokens_file, len(self.local_tokens))
         self._resume_event = asyncio.Event()
         self.hub_done: set[str] = set()  # hub work of resumer() already done
+
+    def _cluster_of_workload(self, wid: str) -> str | None:
+        """The cluster a workload started on, as the ledger recorded it."""
+        row = self.ledger.get(wid)
+        return row.cluster if row is not None else None
 
     def _own_url(self) -> str:
         host = self.ip if self.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"

@@ -121,6 +121,13 @@ class SchedulingLoop:
         #: False on a standby replica (:meth:`follow`): the view is computed, nothing written
         self.applying = True
 
+    def cluster_of(self, nodes: tuple[str, ...]) -> str | None:
+        """The named cluster of a placement's nodes (one: a gang never spans clusters)."""
+        by_node = getattr(self, "_node_cluster", None)
+        if by_node is None:
+            by_node = self._node_cluster = {n.name: n.cluster for n in self.inventory.nodes}
+        return by_node.get(nodes[0]) if nodes else None
+
     # ------------------------------------------------------------------ reconcile
     def reconcile(self) -> None:
         """On start: settle workloads a crash left running, stop orphans. Idempotent."""
@@ -359,7 +366,8 @@ class SchedulingLoop:
             placement = placement_to_list(d.placement)
             charge = self.ledger.start(row.id, placement=placement, milli=d.placement.milli,
                                        backed=d.backed, protected_until=d.protected_until,
-                                       now=now, backfill_until=d.backfill_until)
+                                       now=now, backfill_until=d.backfill_until,
+                                       cluster=self.cluster_of(d.placement.nodes))
             if row.backend != self.backend.name:
                 # another part launches it (the hub spawner, for sessions): the ledger has
                 # recorded the start and opened the charge; there is nothing to run here

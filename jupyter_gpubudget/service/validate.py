@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 from jupyter_gpubudget.core.accounts import GRANT_DECIMALS, MAX_GRANT_HOURS, grant_in_steps
@@ -39,7 +40,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
               "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval",
-              "interconnect"}
+              "interconnect", "cluster"}
 GRANT_FIELDS = {"grant_hours", "share_pct", "note"}
 EVENT_FIELDS = {"workload", "event", "at", "project", "user", "milli", "kind", "placement"}
 
@@ -159,7 +160,22 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
+_CLUSTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
 def parse_slice(body: dict) -> SliceRequest:
+    """The slice a body asks for, with the cluster it names (``cluster``; whether the
+    inventory has it is :func:`check_offered`'s to say)."""
+    req = _parse_slice(body)
+    cluster = body.get("cluster")
+    if cluster is None:
+        return req
+    if not isinstance(cluster, str) or not _CLUSTER.match(cluster):
+        raise Invalid("cluster", "expected a cluster's name (letters, digits, - and _)")
+    return replace(req, cluster=cluster)
+
+
+def _parse_slice(body: dict) -> SliceRequest:
     gpu_model = _str(body, "gpu_model")
     single_node = _bool(body, "single_node")
     interconnect = body.get("interconnect")
@@ -319,7 +335,7 @@ def request_from_choice(key: str) -> SliceRequest:
     raise Invalid("slice", f"{key!r} is not one of cpu, gpu:N, mig:<profile>, mps:<milli>")
 
 
-QUOTE_ARGS = ("user", "project", "slice", "gpus", "min_runtime")
+QUOTE_ARGS = ("user", "project", "slice", "gpus", "min_runtime", "cluster")
 
 
 def quote_slice(args: dict[str, str | None]) -> str:
@@ -340,7 +356,8 @@ def quote_slice(args: dict[str, str | None]) -> str:
     return key or "cpu"
 
 
-SESSION_FIELDS = {"user", "project", "gpus", "slice", "min_runtime", "name", "gpu_model"}
+SESSION_FIELDS = {"user", "project", "gpus", "slice", "min_runtime", "name", "gpu_model",
+                  "cluster"}
 
 
 def parse_session(body: Any) -> dict:
@@ -353,8 +370,11 @@ def parse_session(body: Any) -> dict:
     sl = body.get("slice")
     if isinstance(sl, str) and (sl == "cpu" or sl.startswith(("gpu:", "mig:"))):
         req = request_from_choice(sl)
+        if "cluster" in body:
+            req = replace(req, cluster=parse_slice({"cluster": body["cluster"]}).cluster)
     else:
-        req = parse_slice({k: body[k] for k in ("gpus", "slice", "gpu_model") if k in body})
+        req = parse_slice({k: body[k] for k in ("gpus", "slice", "gpu_model", "cluster")
+                           if k in body})
     name = _text(body, "name", MAX_NAME_CHARS)
     return {"user": body["user"], "project": body["project"], "request": req, "name": name,
             "min_runtime": duration(body.get("min_runtime", 0), "min_runtime")}

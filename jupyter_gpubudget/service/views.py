@@ -33,7 +33,7 @@ def workload_json(r: WorkloadRow, view: View, now: float, tz=None) -> dict:  # n
         "predicted_start": view.reservations.get(r.id) if r.state == "pending" else None,
         "min_runtime": r.min_runtime, "resumable": r.resumable, "time_limit": r.time_limit,
         "preemptions": r.preemptions, "exit_code": r.exit_code, "reason": r.reason,
-        "backend": r.backend,
+        "backend": r.backend, "cluster": getattr(r, "cluster", None),
     }, WORKLOAD_TIMES, now, tz)
 
 

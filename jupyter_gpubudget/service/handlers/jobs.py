@@ -55,6 +55,7 @@ class JobsHandler(BaseHandler):
                 env=job["env"], min_runtime=job["min_runtime"], resumable=job["resumable"],
                 time_limit=job["time_limit"], backend=self.svc.backend.name, name=job["name"],
                 checkpoint_interval=job["checkpoint_interval"],
+                cluster=job["request"].cluster,
                 max_pending=self.svc.policy().max_pending_per_user, s=s)
             return 201, workload_json(row, self.svc.loop.view, now)
 

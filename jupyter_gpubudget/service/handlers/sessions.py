@@ -8,6 +8,7 @@ The endpoints are documented in docs/hub.md and the OpenAPI document.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from jupyter_gpubudget.core.offer import request_for, slice_choices
 from jupyter_gpubudget.ledger import LedgerError
@@ -28,6 +29,7 @@ from ..validate import (
     check_offered,
     duration,
     parse_session,
+    parse_slice,
     quote_slice,
     request_from_choice,
 )
@@ -168,6 +170,9 @@ class QuoteHandler(_SessionBase):
             raise ApiError(400, "project: is required", "project")
         key = quote_slice({k: self.get_query_argument(k) for k in self.request.query_arguments})
         req = request_from_choice(key)
+        named = self.get_query_argument("cluster", None)
+        if named:  # a quote for one cluster (else: wherever it starts sooner)
+            req = replace(req, cluster=parse_slice({"cluster": named}).cluster)
         min_runtime = duration(self.get_query_argument("min_runtime", "1h"), "min_runtime")
         tree, svc = self.tree, self.svc
         mine = tree.projects_of(user)
@@ -230,6 +235,7 @@ class SessionsHandler(_SessionBase):
                 request=request_to_dict(sess["request"]), command=None, env=None,
                 min_runtime=sess["min_runtime"], resumable=resumes is not None,
                 time_limit=None, backend=SESSION_BACKEND, name=sess["name"],
+                cluster=sess["request"].cluster,
                 max_pending=self.svc.policy().max_pending_per_user, s=s)
             if resumes is not None:
                 self.svc.ledger.record_decision(

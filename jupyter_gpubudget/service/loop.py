@@ -537,7 +537,11 @@ class SchedulingLoop:
             ws = on.get(spec.name, [])
             ends = [w.protected_until for w in ws if w.is_protected(now) and not w.stopping]
             info = {"state": "in_service", "running": len(ws),
-                    "protected_until": max(ends) if ends else None}
+                    "protected_until": max(ends) if ends else None,
+                    # GPU-equivalents held on it (the per-cluster metrics add them up)
+                    "allocated": sum(sl.milli for w in ws if w.placement
+                                     for sl in w.placement.slices
+                                     if sl.node == spec.name and sl.gpu >= 0) / 1000}
             if spec.name in self._out:
                 used = sum(s.milli for w in ws if w.placement for s in w.placement.slices
                            if s.node == spec.name and s.gpu >= 0) / 1000

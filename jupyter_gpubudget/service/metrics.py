@@ -92,10 +92,28 @@ class LedgerCollector(Collector):
             nodes.add_metric([st], counts[st])
         yield nodes
         yield node
+        yield self._clusters(v)
         drains = CounterMetricFamily("gpubudget_node_drains", "Nodes drained (found empty "
                                      "while unhealthy: ready for repair), from the ledger")
         drains.add_metric([], v.drains_total)
         yield drains
+
+    def _clusters(self, v):  # noqa: ANN001, ANN202
+        """GPUs per named cluster (docs/service.md, "Several clusters"): total and allocated
+        after the last cycle; one series per cluster ("default" with one cluster)."""
+        g = GaugeMetricFamily("gpubudget_cluster_gpus", "GPUs of each named cluster: total, "
+                              "and allocated (GPU-equivalents held by running work)",
+                              labels=["cluster", "state"])
+        total: dict[str, float] = {}
+        held: dict[str, float] = {}
+        for spec in self.svc.inventory.nodes:
+            total[spec.cluster] = total.get(spec.cluster, 0.0) + len(spec.gpus)
+            held[spec.cluster] = held.get(spec.cluster, 0.0) + float(
+                v.nodes.get(spec.name, {}).get("allocated", 0.0))
+        for name in sorted(total):
+            g.add_metric([name, "total"], total[name])
+            g.add_metric([name, "allocated"], held[name])
+        return g
 
     def _sessions(self):  # noqa: ANN202
         util = GaugeMetricFamily("gpubudget_session_gpu_utilisation_percent",

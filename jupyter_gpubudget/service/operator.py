@@ -233,7 +233,8 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
                  waited_s=max(0.0, now - r.submitted_at),
                  waited_text=duration_text(max(0.0, now - r.submitted_at)),
                  resumable=r.resumable, min_runtime=r.min_runtime,
-                 min_runtime_text=duration_text(r.min_runtime) if r.min_runtime else "none")
+                 min_runtime_text=duration_text(r.min_runtime) if r.min_runtime else "none",
+                 cluster=r.cluster)  # the one it names (None: wherever it starts sooner)
         pending.append(companions(d, ("submitted_at", "predicted_start"), now, tz))
     run = []
     for r in sorted(running, key=lambda r: (r.started_at or 0, r.id)):
@@ -247,10 +248,12 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
                  started_at=r.started_at, protected_until=prot, backed=r.backed,
                  cost_gpu_hours=round(cost.get(r.id, 0.0), 4), resumable=r.resumable,
                  backend=r.backend, stopping=r.id in stopping, idle=r.id in idle,
+                 cluster=r.cluster,
                  can_requeue=c.is_admin and r.backend == svc.backend.name)
         run.append(companions(d, ("started_at", "protected_until"), now, tz))
     return companions({"pending": pending, "running": run, "computed_at": view.at,
-                       "is_admin": c.is_admin, "project": project}, ("computed_at",), now, tz)
+                       "is_admin": c.is_admin, "project": project,
+                       "clusters": list(svc.inventory.clusters)}, ("computed_at",), now, tz)
 
 
 # ---------------------------------------------------------------------- nodes
@@ -299,7 +302,8 @@ def nodes_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
             gpus.append({"index": g.index, "model": g.model, "memory_mib": g.memory_mib,
                          "mig": g.mig, "uuid": g.uuid, "used_milli": sum(
                              int(x["milli"] or 0) for x in used), "slices": used})
-        d = {"name": spec.name, "rack": spec.rack, "gpus": gpus, "state": state,
+        d = {"name": spec.name, "rack": spec.rack, "cluster": spec.cluster, "gpus": gpus,
+             "state": state,
              "state_text": text, "healthy": healthy, "running": len(ws),
              "protected_until": max(prot) if prot else None,
              "reason": row.reason if row is not None else "",
@@ -314,6 +318,7 @@ def nodes_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
                             "message": f"Node {spec.name} is drained and ready for repair "
                                        f"({d['reason']}). Undrain it once it is repaired."})
     return companions({"nodes": nodes, "notices": notices, "is_admin": c.is_admin,
+                       "clusters": list(svc.inventory.clusters),
                        "inventory": svc.inventory.source, "computed_at": now,
                        "health_errors": dict(svc.health_monitor.errors) if c.is_admin else {}},
                       ("computed_at",), now, tz)

@@ -42,7 +42,10 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     cl.add_argument("--budgets", help="budgets YAML (default: built-in example budgets)")
     cl.add_argument("--compare", metavar="B.yaml",
                     help="a second budgets YAML: run both and show the difference")
-    cl.add_argument("--inventory", help="declared inventory YAML")
+    cl.add_argument("--inventory", action="append", metavar="[NAME=]FILE",
+                    help="declared inventory YAML; give it several times as NAME=FILE for "
+                    "several named clusters under one budget tree (the report adds each "
+                    "cluster's utilisation and shares)")
     cl.add_argument("--nodes", help="openb node list CSV (inventory for openb traces)")
     cl.add_argument("--gpus", type=int,
                     help="cluster size in GPUs when no inventory is given (8 per node)")

@@ -119,6 +119,7 @@ class JobRecord:
     backed_starts: int = 0
     unbacked_starts: int = 0
     restarts_from_snapshot: int = 0
+    cluster: str = "default"  # the named cluster of its current (or last) run
 
     @property
     def wait(self) -> float | None:
@@ -216,6 +217,10 @@ class SimResult:
     project_hours: dict[str, float] = field(default_factory=dict)  # delivered, per project
     trace_source: str = ""
     contended_hours: dict[str, float] = field(default_factory=dict)  # ... while work waited
+    #: cluster -> project -> delivered GPU-hours (several named clusters, one budget tree)
+    cluster_hours: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: cluster -> its GPUs
+    cluster_gpus: dict[str, int] = field(default_factory=dict)
 
 
 class Simulator:
@@ -233,6 +238,7 @@ class Simulator:
         if self.cfg.fast_meter:
             fastmeter.install(self.sched)
         self.records: dict[str, JobRecord] = {}
+        self.cluster_hours: dict[str, dict[str, float]] = {}
         self.heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self.events = 0
@@ -299,6 +305,8 @@ class Simulator:
         r.token += 1
         r.started_at = now
         r.milli = d.placement.milli
+        if d.placement.slices:
+            r.cluster = self.sched.cluster.by_name[d.placement.slices[0].node].cluster
         p = r.job.project
         self._running_milli[p] = self._running_milli.get(p, 0) + r.milli
         if r.first_start is None:
@@ -338,6 +346,8 @@ class Simulator:
         r.useful_gpu_hours += hours * r.rate
         p = r.job.project
         self.project_hours[p] = self.project_hours.get(p, 0.0) + hours
+        by = self.cluster_hours.setdefault(r.cluster, {})
+        by[p] = by.get(p, 0.0) + hours
         r.started_at = None
         return elapsed
 
@@ -483,7 +493,10 @@ class Simulator:
         return SimResult(self.records, self.samples, t0, end, total, sched.accounts,
                          self.policy, self.events, self.cycles, dict(self.decisions),
                          dict(self.project_hours), self.trace.source,
-                         dict(self.contended_hours))
+                         dict(self.contended_hours),
+                         {c: dict(h) for c, h in self.cluster_hours.items()},
+                         {c: sum(len(n.gpus) for n in self.inventory.nodes if n.cluster == c)
+                          for c in self.inventory.clusters})
 
     _last_cycle = float("-inf")
 

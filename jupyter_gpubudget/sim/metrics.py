@@ -101,6 +101,28 @@ def compute(res: SimResult) -> dict[str, Any]:
         "unused": unused_breakdown(res),
         "accounts": accounts,
     }
+    if len(res.cluster_gpus) > 1:
+        out["clusters"] = cluster_figures(res, span)
+    return out
+
+
+def cluster_figures(res: SimResult, span: float) -> dict[str, Any]:
+    """Several named clusters under one budget tree: per cluster, its GPUs, held utilisation
+    (GPU-hours charged there / its capacity × span) and each top-level account's share of what
+    was delivered there; the global figures are the report's own."""
+    tree = res.accounts
+    out: dict[str, Any] = {}
+    for name, gpus in sorted(res.cluster_gpus.items()):
+        hours = res.cluster_hours.get(name, {})
+        total = sum(hours.values())
+        shares: dict[str, float] = {}
+        for project, h in hours.items():
+            top = tree.path(project)[0] if project in tree else project
+            shares[top] = shares.get(top, 0.0) + h
+        out[name] = {"gpus": gpus, "delivered_gpu_hours": total,
+                     "held_utilisation": total / (gpus * span / HOUR) if gpus else 0.0,
+                     "program_shares": {k: v / total if total else 0.0
+                                        for k, v in sorted(shares.items())}}
     return out
 
 

@@ -128,6 +128,26 @@ def print_report(m: dict[str, Any], console: Console | None = None) -> None:
     c.print(summary_table(m))
     c.print(kinds_table(m))
     c.print(accounts_table(m))
+    if m.get("clusters"):
+        c.print(clusters_table(m))
+
+
+def clusters_table(m: dict[str, Any], title: str = "Per cluster (one budget tree)") -> Table:
+    """Several named clusters: each one's GPUs, held utilisation and the programs' shares of
+    what it delivered, then the global figures (the summary's)."""
+    t = Table(title=title)
+    programs = sorted({p for c in m["clusters"].values() for p in c["program_shares"]})
+    for col in ("cluster", "GPUs", "delivered GPU-h", "held utilisation", *programs):
+        t.add_column(col, justify="left" if col == "cluster" else "right")
+    for name, c in m["clusters"].items():
+        t.add_row(name, f"{c['gpus']:g}", f"{c['delivered_gpu_hours']:.1f}",
+                  _pct(c["held_utilisation"]),
+                  *(_pct(c["program_shares"].get(p, 0.0)) for p in programs))
+    glob = {a: v for a, v in m["accounts"].items() if v["parent"] is None}
+    t.add_row("all", f"{m['gpus']:g}", f"{m['delivered_gpu_hours']:.1f}",
+              _pct(m["held_utilisation"]),
+              *(_pct(glob[p]["delivered_share"]) if p in glob else "–" for p in programs))
+    return t
 
 
 def compare_table(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str) -> Table:

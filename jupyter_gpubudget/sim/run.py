@@ -84,14 +84,35 @@ class Setup:
     budgets_name: str
 
 
+def cluster_inventories(specs: list[str]) -> Inventory:
+    """Several named clusters from ``NAME=FILE`` declared inventories (one budget tree over
+    all of them): each file's nodes are put in cluster NAME."""
+    from jupyter_gpubudget.core.inventory import InventoryError, merge_clusters
+
+    parts: dict[str, Inventory] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise InventoryError(f"{spec!r}: with several inventories, give each as NAME=FILE",
+                                 source="--inventory")
+        if name in parts:
+            raise InventoryError(f"cluster {name!r} is given twice", source="--inventory")
+        p = Path(path)
+        parts[name] = load_inventory(p.read_text(encoding="utf-8"), str(p))
+    return merge_clusters(parts)
+
+
 def prepare(trace_path: str | None, budgets_path: str | None, *, fmt: str | None = None,
-            inventory_path: str | None = None, nodes_path: str | None = None,
+            inventory_path: str | list[str] | None = None, nodes_path: str | None = None,
             gpus: int | None = None, synthetic: SyntheticSpec | None = None) -> Setup:
     budgets, bname = read_budgets(budgets_path)
     inv: Inventory | None = None
-    if inventory_path:
-        p = Path(inventory_path)
+    paths = [inventory_path] if isinstance(inventory_path, str) else list(inventory_path or [])
+    if len(paths) == 1 and "=" not in paths[0]:
+        p = Path(paths[0])
         inv = load_inventory(p.read_text(encoding="utf-8"), str(p))
+    elif paths:
+        inv = cluster_inventories(paths)
     elif nodes_path:
         from .openb import openb_inventory
 

@@ -71,6 +71,8 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
            "kind": {"type": "string", "enum": ["batch", "debug"]},
            "gpu_model": {"type": "string"}, "single_node": {"type": "boolean"},
            "interconnect": {"type": "string", "enum": ["nvlink", "node", "any"]},
+           "cluster": {"type": "string", "description": "the named cluster to run on "
+                       "(GpuBudgetService.clusters); none: wherever it starts sooner"},
            "env": {"type": "object", "additionalProperties": {"type": "string"}}}}
 
 GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
@@ -301,7 +303,8 @@ def session_paths() -> dict:
                            "gpus": {"type": "integer", "minimum": 0, "maximum": 1024},
                            "slice": {"type": "string", "description": "cpu, gpu:N, "
                                      "mig:<profile> or <profile>, mps:<milli>[:<MiB>]"},
-                           "gpu_model": {"type": "string"}, "min_runtime": DURATION,
+                           "gpu_model": {"type": "string"}, "cluster": {"type": "string"},
+                           "min_runtime": DURATION,
                            "name": {"type": "string", "maxLength": 200}}}
     sid = [_path_param("id")]
     nf = {"404": "No such session"}

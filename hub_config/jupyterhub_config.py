@@ -166,6 +166,11 @@ elif os.geteuid() == 0:  # a root service still never runs a job as root
     for u in sorted(users):
         demo_setup.ensure_user(UNIX_TEMPLATE.format(username=u))
     service["command"] += [f"--LocalBackend.unix_user_template={UNIX_TEMPLATE}"]
+else:  # not root: no cgroup can be made; every job is this one account's own (UNSAFE, logged)
+    service["command"] += ["--LocalBackend.contain=False"]
+    print("gpubudget demo: not root, so jobs are not contained in cgroups (a job's processes "
+          "that leave its process group may outlive it); run as root for containment",
+          file=sys.stderr)
 c.JupyterHub.services = [
     service,
     # BudgetSpawner (inside the hub) talks to the service with this token

@@ -96,13 +96,15 @@ test: install sysdeps criu labtest
 	$(BIN)/mypy
 	@mkdir -p $(LANELOG); criu="$$(bash .ci/build-criu.sh)"; t0=$$(date +%s); \
 	GPUBUDGET_CRIU="$$criu" $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
-	  $(LANE_A) > $(LANELOG)/a.log 2>&1 & a=$$!; \
+	  --junitxml=$(LANELOG)/a.xml $(LANE_A) > $(LANELOG)/a.log 2>&1 & a=$$!; \
 	GPUBUDGET_CRIU="$$criu" $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
-	  tests $(addprefix --ignore=,$(LANE_A)) > $(LANELOG)/b.log 2>&1; rb=$$?; \
+	  --junitxml=$(LANELOG)/b.xml tests $(addprefix --ignore=,$(LANE_A)) > $(LANELOG)/b.log 2>&1; \
+	  rb=$$?; \
 	wait $$a; ra=$$?; \
 	echo "== lane A ($(LANE_A)): exit $$ra"; cat $(LANELOG)/a.log; \
 	echo "== lane B (every other suite): exit $$rb"; cat $(LANELOG)/b.log; \
 	echo "== both lanes: $$(( $$(date +%s) - t0 )) s"; \
+	$(BIN)/python .ci/suite_times.py $(LANELOG)/a.xml $(LANELOG)/b.xml; \
 	n() { tail -n 3 $(LANELOG)/[ab].log | grep -oE "[0-9]+ $$1" | awk '{s+=$$1} END {print s+0}'; }; \
 	echo "pytest: $$(n passed) passed, $$(( $$(n failed) + $$(n error) )) failed, $$(n skipped) skipped"; \
 	[ $$ra = 0 ] && [ $$rb = 0 ]

@@ -52,7 +52,8 @@ def test_request_builders_and_shapes():
         kind="mps", gpus=1, milli=250, gpu_memory_mib=1024, memory_mib=3)
     assert SliceRequest.mps(250).gpu_memory_mib == 0
     r = SliceRequest("mps", 1, None, 250, 9, "M", 1, 2, True)
-    assert r.shape == ("mps", 1, None, 250, 9, "M", 1, 2, True, None)
+    assert r.shape == ("mps", 1, None, 250, 9, "M", 1, 2, True, None, None)
+    assert SliceRequest.whole(2, cluster="a").shape != SliceRequest.whole(2, cluster="b").shape
     assert SliceRequest.whole(2).shape != SliceRequest.whole(2, single_node=True).shape
     assert hash(SliceRequest.whole(2).shape) == hash(SliceRequest.whole(2).shape)
 

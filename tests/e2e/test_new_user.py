@@ -113,12 +113,17 @@ def terminal_runs_the_cli(page, home: Path) -> None:  # noqa: ANN001
     here: the terminal draws on a canvas)."""
     for f in ("gb-term-submit.txt", "gb-term-jobs.txt"):
         (home / f).unlink(missing_ok=True)
+    # the lab restores its layout (terminals and notebooks of the last visit, or a launcher)
+    # after the dock panel appears and takes its splash screen away when done: on a slow
+    # machine a terminal opened before that loses its tab to what is restored
+    page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=120_000)
+    before = page.locator(".jp-Terminal").count()
     page.click(".lm-MenuBar-item:has-text('File')")
     page.hover(".lm-Menu-item:has-text('New')")
     page.click(".lm-Menu-item[data-command='terminal:create-new']")
-    screen = page.locator(".jp-Terminal .xterm-screen >> visible=true").last  # the new one
-    screen.wait_for()
-    screen.click()
+    page.wait_for_function(f"document.querySelectorAll('.jp-Terminal').length > {before}")
+    screen = page.locator(".jp-Terminal").last.locator(".xterm-screen")  # the new one
+    screen.click(timeout=120_000)
     page.keyboard.type("cd; printf 'command: echo hello from the terminal\\nproject: "
                        "lattice-qcd\\ngpus: 0\\nname: from-terminal\\n' > gb-term-job.yaml\n")
     page.keyboard.type("gpubudget submit gb-term-job.yaml > gb-term-submit.txt 2>&1; "

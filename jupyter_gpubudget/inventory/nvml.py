@@ -97,7 +97,7 @@ def discover(nvml: Any = None, node_name: str | None = None,
         if count == 0:
             raise NoNvidiaDriver("the NVIDIA driver reports no GPUs")
         driver = _text(nv.nvmlSystemGetDriverVersion())
-        gpus, migs, uuids, linked = [], [], {}, set()
+        gpus, migs, uuids, handles = [], [], {}, []
         for i in range(count):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             name = _text(nv.nvmlDeviceGetName(h))
@@ -116,12 +116,9 @@ def discover(nvml: Any = None, node_name: str | None = None,
                                 tuple((m.profile, m.start, m.uuid) for m in found)))
             uuids[i] = uuid
             migs.extend(found)
-            if _nvlink_active(nv, h):
-                linked.add(i)
-        domains = (tuple(sorted(linked)),) if linked else ()
-        rest = tuple((i,) for i in range(count) if i not in linked) if linked else ()
+            handles.append(h)
         node = NodeSpec(node_name or socket.gethostname(), tuple(gpus), "default", 0, 0,
-                        domains + rest)
+                        nvlink_domains(nv, handles))
         return Discovery(Inventory((node,), "nvml"), driver, tuple(migs), uuids)
     finally:
         try:
@@ -151,6 +148,37 @@ def _mig_instances(nv: Any, h: Any, gpu: int, model: str) -> list[MigInstance]:
             continue
         out.append(MigInstance(gpu, uuid, profile, info.placement.start))
     return out
+
+
+def nvlink_domains(nv: Any, handles: list[Any]) -> tuple[tuple[int, ...], ...]:
+    """The node's NVLink domains: groups of GPUs that reach each other over NVLink (all of
+    them on NVSwitch, pairs on NVLink bridges), every other GPU a domain of its own. A node
+    with no active link (PCIe only) is one domain per GPU, never one domain of all: a gang
+    that declared ``nvlink`` must not be placed there as if it had links.
+
+    Peers come from NVML's peer-to-peer status over NVLink; a driver that cannot say puts
+    every GPU with an active link in one domain."""
+    linked = [i for i, h in enumerate(handles) if _nvlink_active(nv, h)]
+    group = list(range(len(handles)))
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    try:
+        nvlink_cap, ok = nv.NVML_P2P_CAPS_INDEX_NVLINK, nv.NVML_P2P_STATUS_OK
+        for k, a in enumerate(linked):
+            for b in linked[k + 1:]:
+                if nv.nvmlDeviceGetP2PStatus(handles[a], handles[b], nvlink_cap) == ok:
+                    group[root(b)] = root(a)
+    except (AttributeError, nv.NVMLError):  # an old driver or library: one NVLink domain
+        for a in linked:
+            group[a] = linked[0]
+    domains: dict[int, list[int]] = {}
+    for i in range(len(handles)):
+        domains.setdefault(root(i), []).append(i)
+    return tuple(tuple(d) for d in sorted(domains.values()))
 
 
 def _nvlink_active(nv: Any, h: Any) -> bool:

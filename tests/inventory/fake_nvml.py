@@ -236,6 +236,18 @@ class FakeNvml:
             raise NVMLError("Not Supported")
         return 1
 
+    NVML_P2P_CAPS_INDEX_NVLINK = 2
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
+
+    def nvmlDeviceGetP2PStatus(self, h1, h2, cap):
+        """NVLink peers: every linked GPU (NVSwitch), or those sharing a ``bridge`` value."""
+        assert cap == self.NVML_P2P_CAPS_INDEX_NVLINK
+        a, b = self._gpu(h1), self._gpu(h2)
+        if not (a.get("nvlinks") and b.get("nvlinks")) or a.get("bridge") != b.get("bridge"):
+            return self.NVML_P2P_STATUS_NOT_SUPPORTED
+        return self.NVML_P2P_STATUS_OK
+
     # --- health (events, retired pages, row remapping, ECC, temperature) -----------------
     def nvmlEventSetCreate(self):
         return ("eventset",)

@@ -34,6 +34,23 @@ def test_discovers_gpus_mig_instances_and_nvlink():
     assert d.placement.slices[0].gpu in (6, 7)
 
 
+def test_nvlink_domains_come_from_peers_and_pcie_gpus_have_none():
+    # PCIe only: one domain per GPU, so a gang's default interconnect is the node, not NVLink
+    pcie = [dict(g, nvlinks=0) for g in hgx_h200(mig_gpus=())][:4]
+    (node,) = discover(FakeNvml(pcie), node_name="pcie").inventory.nodes
+    assert node.nvlink == ((0,), (1,), (2,), (3,))
+    s = Scheduler(tree(), discover(FakeNvml(pcie), node_name="pcie").inventory)
+    assert s.cluster.default_interconnect == "node"
+    # NVLink bridges joining pairs: two domains, not one
+    pairs = [dict(g, bridge=g_i // 2) for g_i, g in enumerate(hgx_h200(mig_gpus=())[:4])]
+    (node,) = discover(FakeNvml(pairs), node_name="pairs").inventory.nodes
+    assert node.nvlink == ((0, 1), (2, 3))
+    # a GPU without links beside linked ones is a domain of its own
+    mixed = pairs[:2] + [dict(pairs[2], nvlinks=0)]
+    (node,) = discover(FakeNvml(mixed), node_name="mixed").inventory.nodes
+    assert node.nvlink == ((0, 1), (2,))
+
+
 def test_no_driver_falls_back_to_declared(tmp_path):
     f = tmp_path / "inv.yaml"
     f.write_text("nodes: [{name: n, model: H100-80GB, gpus: 2}]\n")

@@ -23,6 +23,10 @@
 #   GPUBUDGET_SNAPSHOT_METHODS  snapshot methods of the servers, in order       [criu,namespace]
 #   GPUBUDGET_CRIU           the CRIU binary the servers use (else found on PATH / in the cache)
 #   GPUBUDGET_SNAPSHOT_ON_PREEMPT  0: preemption stops a server without saving its kernels [1]
+#   GPUBUDGET_CLUSTERS       several clusters under one budget tree, each a declared inventory
+#                            run by the local backend: NAME=INVENTORY.yaml[,NAME=...]  [one]
+#   GPUBUDGET_HUB_EXTRA_CONFIG  a jupyterhub_config.py of yours, loaded last (your changes
+#                            on top of the demo's: e.g. c.BudgetSpawner.cluster_spawners)
 #   GPUBUDGET_ISOLATION      1: as root, run the service and every user as separate Unix
 #                            accounts (below); 0: everything as the hub's user   [1]
 #
@@ -171,6 +175,21 @@ else:  # not root: no cgroup can be made; every job is this one account's own (U
     print("gpubudget demo: not root, so jobs are not contained in cgroups (a job's processes "
           "that leave its process group may outlive it); run as root for containment",
           file=sys.stderr)
+if env("GPUBUDGET_CLUSTERS"):  # several named clusters, one budget tree (docs/service.md)
+    clusters = {}
+    for part in env("GPUBUDGET_CLUSTERS").split(","):
+        name, _, path = part.strip().partition("=")
+        if not name or not path or not Path(path).is_file():
+            raise SystemExit(f"GPUBUDGET_CLUSTERS: expected NAME=INVENTORY.yaml[,...] with "
+                             f"existing files, got {part.strip()!r}")
+        copy = SERVICE_DIR / f"inventory-{name}.yaml"  # where the service's account reads it
+        copy.write_text(Path(path).read_text())
+        copy.chmod(0o644)
+        clusters[name] = {"backend": "local", "inventory": str(copy)}
+    clusters_config = SERVICE_DIR / "clusters_config.py"
+    clusters_config.write_text(f"c.GpuBudgetService.clusters = {clusters!r}\n")
+    clusters_config.chmod(0o644)
+    service["command"].append(f"--config={clusters_config}")
 c.JupyterHub.services = [
     service,
     # BudgetSpawner (inside the hub) talks to the service with this token
@@ -246,3 +265,9 @@ c.Spawner.environment = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin'
 for _k in ("GPUBUDGET_SNAPSHOT_METHODS", "GPUBUDGET_CRIU"):  # snapshots (docs/snapshot.md)
     if env(_k):
         c.Spawner.environment[_k] = env(_k)
+
+if env("GPUBUDGET_HUB_EXTRA_CONFIG"):  # an admin's changes on top of the demo's: run with
+    # this `c`, so it reads and changes the demo's values (c.Spawner.environment, ...)
+    import runpy
+
+    runpy.run_path(env("GPUBUDGET_HUB_EXTRA_CONFIG"), init_globals={"c": c, "get_config": lambda: c})

@@ -1,6 +1,7 @@
-"""The spawn form: the user's projects with their budget, the slices the inventory offers
-(grouped, with memory and compute), the minimum runtime (presets, a custom value, the cap) and
-a live quote for exactly what is selected.
+"""The spawn form: the user's projects with their budget, the cluster (where the service
+schedules several: a named one, or wherever the session starts soonest), the slices the
+inventory offers (grouped, with memory and compute), the minimum runtime (presets, a custom
+value, the cap) and a live quote for exactly what is selected.
 
 Rendered from a Jinja template (``BudgetSpawner.form_template``; default
 ``templates/gpubudget_form.html`` in this package) with the context built by
@@ -77,7 +78,8 @@ async def render_form(spawner: BudgetSpawner) -> str:
         try:
             ctx["quote"] = await spawner.quote(ctx["selected"]["project"],
                                                ctx["selected"]["slice"],
-                                               ctx["selected"]["min_runtime"])
+                                               ctx["selected"]["min_runtime"],
+                                               ctx["selected"]["cluster"])
         except ServiceError as e:
             ctx["quote_error"] = e.message
     ctx.update(quote_url=spawner.quote_url(), server_name=spawner.name or "",
@@ -150,11 +152,24 @@ def form_context(offer: dict, chosen: dict, presets: list[str], default_min_runt
     project = chosen.get("project") if chosen.get("project") in projects else (
         projects[0] if projects else "")
     sl = chosen.get("slice") if chosen.get("slice") in keys else default_slice
+    clusters = [c for c in offer.get("clusters") or [] if isinstance(c, dict) and c.get("name")]
+    ctx["clusters"] = [dict(c, hint=cluster_hint(c)) for c in clusters] if len(clusters) > 1 \
+        else []
+    names = [c["name"] for c in ctx["clusters"]]
+    cluster = chosen.get("cluster") if chosen.get("cluster") in names else ""
     ctx["presets"] = _runtime_presets(presets, cap, default_min_runtime)
     mr = str(chosen.get("min_runtime") or default_min_runtime)
     ctx["custom_runtime"] = all(o["value"] != mr for o in ctx["presets"])
-    ctx["selected"] = {"project": project, "slice": sl, "min_runtime": mr}
+    ctx["selected"] = {"project": project, "slice": sl, "min_runtime": mr, "cluster": cluster}
     return ctx
+
+
+def cluster_hint(c: dict) -> str:
+    """'8 GPUs (H100-80GB) on 2 nodes'."""
+    gpus, nodes = int(c.get("gpus") or 0), int(c.get("nodes") or 0)
+    models = ", ".join(str(m) for m in c.get("models") or [])
+    return (f"{gpus} GPU{'s' if gpus != 1 else ''}" + (f" ({models})" if models else "") +
+            f" on {nodes} node{'s' if nodes != 1 else ''}")
 
 
 def slice_name(ch: dict) -> str:
@@ -197,6 +212,8 @@ def quote_words(answer: dict | None) -> str:
     q = answer.get("quote") or {}
     start = "starts now" if q.get("starts_now") else \
         f"predicted start {when(q.get('predicted_start'), answer.get('now'))}"
+    if q.get("cluster"):
+        start += f" on cluster {q['cluster']}"
     if q.get("backed"):
         return (f"{answer.get('project')}: {start}; protected for "
                 f"{span(q.get('protected_s') or 0)}, which costs "

@@ -81,7 +81,8 @@ class QuoteHandler(_Base):
             raise web.HTTPError(400, f"{e.field}: {e.message}") from None
         try:
             answer = await spawner.quote(args.get("project", ""), key,
-                                         args.get("min_runtime", "1h"))
+                                         args.get("min_runtime", "1h"),
+                                         args.get("cluster", ""))
         except ServiceError as e:
             raise web.HTTPError(e.status if e.status < 500 else 503,
                                 e.message.removeprefix("gpubudget service: ")) from None

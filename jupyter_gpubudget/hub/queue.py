@@ -145,7 +145,9 @@ async def _progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
             prot = f"; protected for {hours(max(0, s['protected_until'] - time.time()))}"
         elif not s.get("backed"):
             prot = "; unbacked (not protected, preempted first)"
-        yield {"progress": 50, "message": f"Granted {describe(sp.placement)}{prot}.",
+        on = f" on cluster {s['cluster']}" if s.get("cluster") not in (None, "", "default") \
+            else ""
+        yield {"progress": 50, "message": f"Granted {describe(sp.placement)}{on}{prot}.",
                "gpubudget": {"granted": describe(sp.placement),
                              "protected_until": s.get("protected_until")}}
         yield {"progress": 60, "message": "Starting the server..."}

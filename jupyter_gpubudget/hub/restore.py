@@ -55,6 +55,8 @@ def options_from_session(sess: dict) -> dict:
         out["slice"] = "cpu"
     if sess.get("min_runtime"):
         out["min_runtime"] = f"{int(sess['min_runtime'])}s"
+    if req.get("cluster"):  # a cluster it named (not one the core chose for it)
+        out["cluster"] = req["cluster"]
     return out
 
 

@@ -34,13 +34,13 @@ from urllib.parse import quote as urlquote
 from jupyterhub.spawner import LocalProcessSpawner, Spawner
 from tornado import web
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Enum, Float, List, Type, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, List, TraitError, Type, Unicode, default, validate
 
 from jupyter_gpubudget.backends.mps import CONTROL
 from jupyter_gpubudget.service.validate import Invalid, duration
 
 from . import mig, mps, queue, restore, watch
-from .child import configure_child, construct_child
+from .child import ClusterSpawnerError, check_cluster_spawners, configure_child, construct_child
 from .client import ServiceClient, ServiceError
 from .form import render_form
 from .handlers import QUOTE_ROUTE
@@ -51,7 +51,7 @@ __all__ = ["BudgetSpawner", "ServiceError", "normalise_slice"]
 
 #: what ``user_options`` may hold; anything else is refused, naming it (an option the
 #: spawner ignored would start something other than what was asked: a CPU session)
-USER_OPTIONS = ("project", "slice", "gpus", "min_runtime", "resume", "restore")
+USER_OPTIONS = ("project", "slice", "gpus", "min_runtime", "cluster", "resume", "restore")
 
 
 def check_user_options(opts: dict) -> None:
@@ -72,8 +72,15 @@ def largest_offered(offer: dict) -> str:
 
 
 def normalise_slice(opts: dict) -> dict:
-    """user_options -> the service's session fields (slice key or gpus)."""
+    """user_options -> the service's session fields (slice key or gpus, and the cluster
+    when one is named: empty means wherever the session starts soonest)."""
     out: dict[str, Any] = {}
+    cluster = opts.get("cluster")
+    if cluster not in (None, ""):
+        if not isinstance(cluster, str) or len(cluster) > 63:
+            raise web.HTTPError(400, "cluster: expected a cluster's name (or empty: wherever "
+                                     "the session starts soonest)")
+        out["cluster"] = cluster
     if "gpus" in opts and opts["gpus"] not in (None, ""):
         g = opts["gpus"]
         if isinstance(g, str) and g.strip().isdigit() and len(g.strip()) <= 6:
@@ -101,6 +108,15 @@ class BudgetSpawner(Spawner):
              "(e.g. c.LocalProcessSpawner.*, c.Spawner.*) apply.")
     backend_spawner_config = Dict(
         {}, config=True, help="Trait values set on the backend spawner (e.g. {'cmd': [...]}).")
+    cluster_spawners = Dict(
+        {}, config=True,
+        help="Where the service schedules several clusters (GpuBudgetService.clusters): the "
+             "spawner that starts a session granted a slice on each, as {cluster: {'class': "
+             "<Spawner class or import path>, 'config': {<trait>: <value>}}}, e.g. "
+             "{'hpc': {'class': 'batchspawner.SlurmSpawner', 'config': {'req_partition': "
+             "'gpu'}}}. A cluster not named here uses backend_spawner_class with "
+             "backend_spawner_config. A class that cannot be imported, is not a Spawner or "
+             "lacks a setting is refused when the hub starts, naming the entry.")
     service_api_url = Unicode(
         config=True,
         help="Base URL of the gpubudget service's REST API, reached directly from the hub "
@@ -210,6 +226,7 @@ class BudgetSpawner(Spawner):
     session_id = Unicode("")
     placement = AnyTrait(None, allow_none=True)
     child_state = Dict({})
+    child_cluster = Unicode("")  # the cluster the backend spawner was made for
     pending_end = Dict({})  # a stop the service could not be told of: session, reason, at
     #: the hibernated session and its snapshot, kept across stops (restored at the next start)
     hibernated = Dict({})
@@ -234,6 +251,13 @@ class BudgetSpawner(Spawner):
     @default("start_timeout")
     def _default_start_timeout(self) -> int:
         return int(self.max_queue_wait + self.backend_start_timeout + 30)
+
+    @validate("cluster_spawners")
+    def _check_cluster_spawners(self, proposal: Any) -> dict:
+        try:
+            return check_cluster_spawners(proposal["value"])
+        except ClusterSpawnerError as e:
+            raise TraitError(str(e)) from None
 
     @default("options_form")
     def _default_form(self) -> Any:
@@ -285,12 +309,15 @@ class BudgetSpawner(Spawner):
                       f"({self._offer.get('inventory_gpus')} GPUs)")
         return self._offer
 
-    async def quote(self, project: str, slice_key: str, min_runtime: str) -> dict:
-        """One quote for this user (the spawn form's live quote)."""
+    async def quote(self, project: str, slice_key: str, min_runtime: str,
+                    cluster: str = "") -> dict:
+        """One quote for this user (the spawn form's live quote); ``cluster`` empty: on the
+        cluster where the session would start soonest (the quote names it)."""
         return await self.api(
             "GET", f"/sessions/quote?user={urlquote(self.user.name)}"
                    f"&project={urlquote(project)}&slice={urlquote(slice_key)}"
-                   f"&min_runtime={urlquote(min_runtime)}")
+                   f"&min_runtime={urlquote(min_runtime)}"
+                   + (f"&cluster={urlquote(cluster)}" if cluster else ""))
 
     def quote_url(self) -> str:
         """Where the spawn form's page asks the hub for a quote (``handlers.QuoteHandler``,
@@ -312,6 +339,8 @@ class BudgetSpawner(Spawner):
         if runtime == "custom":
             runtime = one("min_runtime_custom") or self.default_min_runtime
         opts = {"project": one("project"), "slice": one("slice"), "min_runtime": runtime}
+        if one("cluster"):
+            opts["cluster"] = one("cluster")
         self._form_choices = opts  # the form comes back with these after an error
         if not opts["slice"]:  # never read as CPU only: that is a choice of its own
             raise web.HTTPError(400, "Slice: no slice chosen; pick one of the slices the form "
@@ -330,6 +359,11 @@ class BudgetSpawner(Spawner):
             raise web.HTTPError(
                 400, f"Slice: {opts['slice'][:40]!r} is not offered here; "
                      f"{largest_offered(offer or {})}.")
+        names = [c.get("name") for c in (offer or {}).get("clusters") or []]
+        if "cluster" in opts and names and opts["cluster"] not in names:
+            raise web.HTTPError(
+                400, f"Cluster: there is no cluster {opts['cluster'][:40]!r}; pick one of "
+                     f"{', '.join(str(n) for n in names)}, or 'wherever it starts soonest'.")
         return opts
 
     # ------------------------------------------------------------------ spawning
@@ -389,7 +423,7 @@ class BudgetSpawner(Spawner):
             try:
                 old = await self.api("GET", f"/sessions/{urlquote(hib['session'], safe='')}")
                 body.update({k: v for k, v in restore.options_from_session(old).items()
-                             if k in ("project", "slice", "gpus", "min_runtime")})
+                             if k in ("project", "slice", "gpus", "min_runtime", "cluster")})
             except ServiceError:
                 pass
         key = f"{self.user.name}-{self.name or 'default'}-{uuid.uuid4().hex[:12]}"
@@ -436,7 +470,7 @@ class BudgetSpawner(Spawner):
             disc = self._get_discovery()
             migs = await mig.carve(self, self.placement, disc)  # before any server runs
             pipes = await mps.acquire(self, self.placement, disc, migs)
-            child = self._construct_child()
+            child = self._construct_child(sess.get("cluster"))
             env = placement_env(self.placement, disc, mps_pipes=pipes, migs=migs)
             env.update({"GPUBUDGET_SESSION": self.session_id, "GPUBUDGET_PROJECT":
                         str(body["project"]), "GPUBUDGET_INVENTORY": str(sess.get("inventory"))})
@@ -446,8 +480,9 @@ class BudgetSpawner(Spawner):
                 "env": env, "session": self.session_id, "project": str(body["project"]),
                 "user": self.user.name, "protected_until": sess.get("protected_until"),
                 "min_runtime": sess.get("min_runtime"), "kind": "interactive"})
-            self.log.info("gpubudget: session %s granted %s; CUDA_VISIBLE_DEVICES=%s",
-                          self.session_id, describe(self.placement),
+            self.log.info("gpubudget: session %s granted %s on cluster %s; "
+                          "CUDA_VISIBLE_DEVICES=%s", self.session_id, describe(self.placement),
+                          sess.get("cluster") or "default",
                           env["CUDA_VISIBLE_DEVICES"] or "(none)")
             url = await asyncio.wait_for(child.start(), self.backend_start_timeout)
             self._server_url = restore.server_url(self, url)
@@ -485,8 +520,8 @@ class BudgetSpawner(Spawner):
         self._session = sess
         self._changed.set()
 
-    def _construct_child(self) -> Spawner:
-        return construct_child(self)
+    def _construct_child(self, cluster: str | None = None) -> Spawner:
+        return construct_child(self, cluster)
 
     def _get_discovery(self) -> Any:
         if not self.use_nvml or self._session.get("inventory") != "nvml":
@@ -607,6 +642,8 @@ class BudgetSpawner(Spawner):
             self.child_state = self.child.get_state()
         if self.child_state:
             state["child_state"] = self.child_state
+        if self.child_cluster:
+            state["gpubudget_cluster"] = self.child_cluster
         if self.pending_end:
             state["gpubudget_pending_end"] = self.pending_end
         if self.hibernated:
@@ -618,6 +655,7 @@ class BudgetSpawner(Spawner):
         self.session_id = state.get("gpubudget_session", "")
         self.placement = state.get("placement")
         self.child_state = state.get("child_state", {})
+        self.child_cluster = state.get("gpubudget_cluster", "")
         self.pending_end = state.get("gpubudget_pending_end") or {}
         self.hibernated = state.get("gpubudget_hibernated") or {}
         if self.child_state:
@@ -629,6 +667,7 @@ class BudgetSpawner(Spawner):
             self.child.clear_state()
         self.child = None
         self.child_state = {}
+        self.child_cluster = ""
         self.session_id = ""
         self.placement = None
         self._phase = "idle"

@@ -25,9 +25,12 @@ def hours(seconds: float) -> str:
 
 
 def ask(request: dict | None) -> str:
-    """What a session asked for: 'MIG 1g.10gb', '2 GPUs', 'an MPS share of 25%'."""
+    """What a session asked for: 'MIG 1g.10gb', '2 GPUs', 'an MPS share of 25%', and
+    'on cluster hpc' when it named one."""
     if not request:
         return "a session"
+    if request.get("cluster"):
+        return f"{ask({**request, 'cluster': None})} on cluster {request['cluster']}"
     kind = request.get("kind")
     if kind == "mig":
         return f"MIG {request.get('profile')}"

@@ -47,6 +47,8 @@ export interface IWorkload {
   exit_code: number | null;
   reason: string;
   backend: string;
+  /** The cluster it runs on (or named, while it waits); 'default' where there is one. */
+  cluster?: string | null;
   /** GPU-hours charged so far (proposed for the service; computed here when absent). */
   charged_gpu_hours?: number | null;
 }

@@ -211,6 +211,11 @@ export function describePlacement(slices: IPlacementSlice[] | null | undefined):
   return `${sliceName(slices)} on ${placementWhere(slices)}`;
 }
 
+/** The cluster worth naming: null where the service schedules one cluster ('default'). */
+export function clusterName(cluster: string | null | undefined): string | null {
+  return cluster && cluster !== 'default' ? cluster : null;
+}
+
 /** What a standing (usage / grant) means for the account's work. */
 export function standingWords(standing: number | null | undefined): string {
   if (standing === null || standing === undefined || !Number.isFinite(standing)) {

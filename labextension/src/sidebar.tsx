@@ -22,6 +22,7 @@ import {
   formatRelative,
   formatWhen,
   formatWindow,
+  clusterName,
   placementFraction,
   placementWhere,
   sliceName,
@@ -180,6 +181,11 @@ function SessionSection(props: IProps) {
             ? `${sliceName(s.placement)} (${formatFraction(fraction, s.placement)})`
             : 'not placed yet'}
         </Row>
+        {clusterName(s.cluster) && (
+          <Row label="Cluster" title="The cluster this session runs on (or waits for)">
+            {clusterName(s.cluster)}
+          </Row>
+        )}
         <Row label="Runs on">
           {s.placement ? placementWhere(s.placement) : '–'}
           {inventory && <div className="jp-GpuBudget-muted">{inventory}</div>}
@@ -405,6 +411,7 @@ function WorkItem(props: IProps & { w: IWorkload }) {
         <strong>{title}</strong>{' '}
         <span className="jp-GpuBudget-muted">
           {isSession ? 'session' : `${w.kind} job`} · {w.project}
+          {clusterName(w.cluster) ? ` · cluster ${clusterName(w.cluster)}` : ''}
           {w.placement ? ` · ${describePlacement(w.placement)}` : ''}
         </span>
       </div>
@@ -467,6 +474,7 @@ function EndedItem(props: { w: IEndedWorkload; offsetMs: number; now: number }) 
         <strong>{title}</strong>{' '}
         <span className="jp-GpuBudget-muted">
           {w.kind === 'interactive' ? 'session' : `${w.kind} job`} · {w.project}
+          {clusterName(w.cluster) ? ` · cluster ${clusterName(w.cluster)}` : ''}
         </span>
       </div>
       <div>

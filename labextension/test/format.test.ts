@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  clusterName,
   describePlacement,
   formatClock,
   formatDuration,
@@ -131,5 +132,15 @@ describe('standing and window', () => {
     expect(formatWindow(7 * 86400)).toBe('7 days');
     expect(formatWindow(86400)).toBe('1 day');
     expect(formatWindow(12 * 3600)).toBe('12 h');
+  });
+});
+
+describe('cluster', () => {
+  it('names a cluster only where there are several', () => {
+    expect(clusterName('hpc')).toBe('hpc');
+    expect(clusterName('default')).toBeNull();
+    expect(clusterName(null)).toBeNull();
+    expect(clusterName(undefined)).toBeNull();
+    expect(clusterName('')).toBeNull();
   });
 });

@@ -13,7 +13,7 @@ import pytest
 from jupyter_gpubudget.core.inventory import load_inventory
 from jupyter_gpubudget.core.offer import slice_choices
 from jupyter_gpubudget.hub import queue
-from jupyter_gpubudget.hub.form import form_context, render_template, slice_hint
+from jupyter_gpubudget.hub.form import form_context, quote_words, render_template, slice_hint
 from jupyter_gpubudget.hub.spawner import BudgetSpawner
 
 INVENTORY = load_inventory("""
@@ -66,6 +66,34 @@ def test_slices_are_grouped_with_memory_and_compute():
     assert slice_hint({"kind": "cpu"}) == "no GPU · costs no GPU-hours"
     # the smallest GPU slice is the default choice
     assert re.search(r'value="mig:1g\.10gb"[^>]*checked', render())
+
+
+def test_the_cluster_choice_appears_only_where_there_are_several():
+    assert 'name="cluster"' not in render()  # one cluster: no choice to make
+    one = {**OFFER, "clusters": [{"name": "default", "gpus": 4, "nodes": 1,
+                                  "models": ["H100-80GB"]}]}
+    assert 'name="cluster"' not in render(one)
+    two = {**OFFER, "clusters": [
+        {"name": "ws", "gpus": 1, "nodes": 1, "models": ["H100-80GB"]},
+        {"name": "hpc", "gpus": 16, "nodes": 2, "models": ["A100-80GB", "H100-80GB"]}]}
+    page = render(two)
+    assert re.findall(r'name="cluster" value="([^"]*)"', page) == ["", "ws", "hpc"]
+    assert re.search(r'name="cluster" value=""[^>]*checked', page)  # soonest, by default
+    t = text(page)
+    assert "Wherever it starts soonest" in t and "ws 1 GPU (H100-80GB) on 1 node" in t
+    assert "hpc 16 GPUs (A100-80GB, H100-80GB) on 2 nodes" in t
+    assert 'id="gpubudget-q-cluster"' in page
+    # after an error the form comes back with the cluster chosen; an unknown one is dropped
+    assert re.search(r'name="cluster" value="hpc"[^>]*checked',
+                     render(two, {"cluster": "hpc"}))
+    assert re.search(r'name="cluster" value=""[^>]*checked', render(two, {"cluster": "x"}))
+
+
+def test_quote_words_name_the_cluster():
+    answer = {"project": "p", "now": 1000.0,
+              "quote": {"starts_now": True, "backed": True, "protected_s": 3600,
+                        "cost_gpu_hours": 1.0, "cluster": "hpc"}}
+    assert quote_words(answer).startswith("p: starts now on cluster hpc; protected for 1 h")
 
 
 def test_minimum_runtime_presets_stop_at_the_cap_and_a_custom_value_is_kept():

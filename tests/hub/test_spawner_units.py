@@ -3,9 +3,12 @@ form, GPU-idle measurement with a fake NVML, and the entry point / traitlets hel
 
 from __future__ import annotations
 
+import re
 import types
 
 import pytest
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import TraitError
 
 from jupyter_gpubudget.backends.devices import DeviceError
 from jupyter_gpubudget.core.inventory import load_inventory
@@ -122,6 +125,52 @@ def test_form_refuses_a_project_the_user_does_not_belong_to():
         sp.options_from_form({"project": ["genomics"], "slice": ["cpu"]})
     assert "not a member of project 'genomics'" in str(e.value)
     assert "lattice-qcd, astro" in str(e.value)
+
+
+def test_form_and_user_options_name_a_cluster_or_none():
+    sp = BudgetSpawner.__new__(BudgetSpawner)
+    BudgetSpawner.__init__(sp)
+    sp._offer = {"projects": ["p"], "clusters": [{"name": "ws"}, {"name": "hpc"}]}
+    base = {"project": ["p"], "slice": ["gpu:1"], "min_runtime": ["1h"]}
+    assert sp.options_from_form({**base, "cluster": ["hpc"]})["cluster"] == "hpc"
+    assert "cluster" not in sp.options_from_form({**base, "cluster": [""]})  # soonest
+    with pytest.raises(Exception) as e:
+        sp.options_from_form({**base, "cluster": ["gpu-farm"]})
+    assert "no cluster 'gpu-farm'" in str(e.value) and "ws, hpc" in str(e.value)
+    assert normalise_slice({"slice": "gpu:1", "cluster": "hpc"}) == {"slice": "gpu:1",
+                                                                     "cluster": "hpc"}
+    assert normalise_slice({"gpus": 2, "cluster": ""}) == {"gpus": 2}
+    with pytest.raises(Exception, match="cluster: expected a cluster's name"):
+        normalise_slice({"slice": "cpu", "cluster": ["hpc"]})
+
+
+class _ClusterSpawner(LocalProcessSpawner):
+    pass
+
+
+def test_each_cluster_gets_its_own_spawner_and_bad_entries_are_refused():
+    sp = BudgetSpawner(cluster_spawners={
+        "hpc": {"class": f"{__name__}._ClusterSpawner", "config": {"cmd": ["hpc-server"]}}},
+        backend_spawner_config={"cmd": ["ws-server"]})
+    child = sp._construct_child("ws")
+    assert type(child) is LocalProcessSpawner and child.cmd == ["ws-server"]
+    assert sp._construct_child("ws") is child  # kept while on the same cluster
+    child = sp._construct_child("hpc")  # a start granted on hpc: hpc's own spawner
+    assert type(child) is _ClusterSpawner and child.cmd == ["hpc-server"]
+    assert sp.get_state()["gpubudget_cluster"] == "hpc"
+    # after a hub restart the spawner comes back as the cluster's
+    state = {"child_state": {"pid": 4242}, "gpubudget_cluster": "hpc"}
+    again = BudgetSpawner(cluster_spawners=sp.cluster_spawners)
+    again.load_state(state)
+    assert type(again.child) is _ClusterSpawner and again.child.pid == 4242
+    for bad, says in [({"hpc": {"class": "no.such.Spawner"}}, "cluster_spawners.hpc.class"),
+                      ({"hpc": {"class": "builtins.dict"}}, "is not a JupyterHub Spawner"),
+                      ({"hpc": {"class": "jupyterhub.spawner.LocalProcessSpawner",
+                                "config": {"colour": 1}}},
+                       "cluster_spawners.hpc.config.colour"),
+                      ({"hpc": "jupyterhub.spawner.LocalProcessSpawner"}, "expected {'class'")]:
+        with pytest.raises(TraitError, match=re.escape(says)):
+            BudgetSpawner(cluster_spawners=bad)
 
 
 class FakeNvml:

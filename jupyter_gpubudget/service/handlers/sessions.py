@@ -146,7 +146,20 @@ class OfferHandler(_SessionBase):
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
                    "window_s": pol.window, "inventory": svc.inventory.source, "now": now,
                    "quotes_computed_at": quoter.at if quoter is not None else None,
-                   "inventory_gpus": svc.inventory.gpu_count, "quotes": quotes})
+                   "inventory_gpus": svc.inventory.gpu_count, "quotes": quotes,
+                   "clusters": self.clusters()})
+
+    def clusters(self) -> list[dict]:
+        """The clusters a session may name, with their GPUs and models (one entry, 'default',
+        where the service schedules one cluster: the form then offers no choice)."""
+        inv = self.svc.inventory
+        out = []
+        for name in inv.clusters:
+            nodes = [n for n in inv.nodes if n.cluster == name]
+            models = sorted({g.model for n in nodes for g in n.gpus})
+            out.append({"name": name, "gpus": sum(len(n.gpus) for n in nodes),
+                        "nodes": len(nodes), "models": models})
+        return out
 
     def figures(self, project: str) -> dict:
         """A project's budget as the last cycle saw it: grant, used, left (GPU-hours in the

@@ -86,10 +86,12 @@ run: install sysdeps
 
 ## test: install everything the tests need and run every suite, in two lanes side by side
 ## (each lane starts its own hub, PostgreSQL and other daemons on free ports): the browser
-## and hub suites (LANE_A), and every other suite (tests/ less LANE_A, so a new suite
-## lands there). A lane's output is printed whole once both have ended; `make test` fails
+## and hub suites with the security attacks (LANE_A), and every other suite (tests/ less
+## LANE_A, so a new suite lands there); balanced by the seconds per suite each run prints
+## (.ci/suite_times.py: fresh clone 2026-12-03, A 789 s and B 1424 s before tests/security,
+## 297 s, moved to A). A lane's output is printed whole once both have ended; `make test` fails
 ## when either does. PYTEST_ARGS passes arguments to both.
-LANE_A := tests/e2e tests/serverext tests/hub tests/binder
+LANE_A := tests/e2e tests/serverext tests/hub tests/binder tests/security
 LANELOG := $(VENV)/lanes
 test: install sysdeps criu labtest
 	$(BIN)/ruff check jupyter_gpubudget tests bench

@@ -70,6 +70,8 @@ def compute(res: SimResult) -> dict[str, Any]:
     accounts = account_shares(res.accounts, res.project_hours, arrived, cap_hours,
                               res.contended_hours)
     programs = [a for a in accounts.values() if a["parent"] is None]
+    entitled = entitled_shares({n: a for n, a in accounts.items() if a["parent"] is None},
+                               window_demand(res.accounts, arrived, res.end))
     out: dict[str, Any] = {
         "trace": res.trace_source,
         "workloads": len(res.records),
@@ -93,6 +95,11 @@ def compute(res: SimResult) -> dict[str, Any]:
         # points): over the whole run, and counting only what ran while work waited
         "share_error_pts": max((100.0 * abs(a["delivered_share"] - a["grant_share"])
                                 for a in programs), default=0.0),
+        # ... and from the share it was entitled to: a program that asked for less than its
+        # grant's share got all it asked for, the rest shared by grant (max-min fairness)
+        "entitled_share_error_pts": max(
+            (100.0 * abs(accounts[n]["delivered_share"] - e) for n, e in entitled.items()),
+            default=0.0),
         "contended_share_error_pts": max(
             (100.0 * abs(a["contended_share"] - a["grant_share"]) for a in programs),
             default=0.0),
@@ -134,6 +141,48 @@ def unused_breakdown(res: SimResult) -> dict[str, float]:
     n = len(res.samples)
     return {cause: sum(s.unused.get(cause, 0) / s.total_milli for s in res.samples) / n
             for cause in UNUSED_CAUSES}
+
+
+def window_demand(tree: AccountTree, records: dict[str, Any], end: float) -> dict[str, float]:
+    """GPU-hours each account's work could have used before ``end``: per workload its slice
+    × its run time, cut at ``end`` (work submitted late could not use more)."""
+    out: dict[str, float] = {}
+    for r in records.values():
+        j = r.job
+        if j.project not in tree.accounts:
+            continue
+        frac = r.milli / 1000 if r.milli else gpu_fraction(j.request)
+        h = frac * max(0.0, min(j.duration, end - j.submit)) / HOUR
+        for a in tree.path(j.project):
+            out[a] = out.get(a, 0.0) + h
+    return out
+
+
+def entitled_shares(siblings: dict[str, dict[str, Any]], demand: dict[str, float]
+                    ) -> dict[str, float]:
+    """Each sibling's share of what the siblings were delivered under max-min fairness by
+    grant: one that asked for less than its grant's part is entitled to all it asked for,
+    and what it leaves is shared among the others by their grants (water-filling)."""
+    total = sum(a["delivered_gpu_hours"] for a in siblings.values())
+    if total <= 0:
+        return {n: a["grant_share"] for n, a in siblings.items()}
+    active = {n: a["grant_share"] for n, a in siblings.items()}
+    out: dict[str, float] = {}
+    left = total
+    while active:
+        g = sum(active.values())
+        if g <= 0:
+            out.update({n: 0.0 for n in active})
+            break
+        capped = {n for n, gs in active.items() if demand.get(n, 0.0) <= left * gs / g}
+        if not capped:
+            out.update({n: left * gs / g / total for n, gs in active.items()})
+            break
+        for n in capped:
+            out[n] = demand.get(n, 0.0) / total
+            left -= demand.get(n, 0.0)
+            del active[n]
+    return out
 
 
 def account_shares(tree: AccountTree, project_hours: dict[str, float],

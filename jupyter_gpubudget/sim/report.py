@@ -108,6 +108,10 @@ def summary_table(m: dict[str, Any], title: str = "Cluster") -> Table:
         t.add_row("programs' share − grant share (max)",
                   f"{m['share_error_pts']:.1f} pt (while contended "
                   f"{m['contended_share_error_pts']:.1f} pt)")
+    if "entitled_share_error_pts" in m:
+        t.add_row("programs' share − entitled share (max)",
+                  f"{m['entitled_share_error_pts']:.1f} pt (a program that asked for less "
+                  "than its grant's part is entitled to what it asked for)")
     t.add_row("events / cycles", f"{m['events']} / {m['cycles']}")
     return t
 

@@ -31,6 +31,7 @@ from . import fragmentation
 from .accounts import AccountTree
 from .backfill import (
     BACKFILL_QUANTILE,
+    PREDICT_QUANTILE,
     RESERVE_QUANTILE,
     plan_reservation,
     predict_runtime,
@@ -233,6 +234,8 @@ class Scheduler:
         against reservations, so that work backfilled before a gang's reservation rarely
         runs into it."""
         p = self._predicted_long.get(w.id)
+        if p is None and BACKFILL_QUANTILE == PREDICT_QUANTILE:
+            p = self._predicted_long[w.id] = self.predict(w)  # the same prediction: once
         if p is None:
             sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
             hit = self._by_features_long.get(sig)

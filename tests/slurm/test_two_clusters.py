@@ -7,7 +7,8 @@ cluster (SlurmBackend, two nodes of two GPUs) with one account tree:
 - a job naming none starts on the cluster where it fits now (the workstation is full);
 - a project's usage on both clusters is one usage and one standing;
 - the operator's queue and nodes views — what the admin pages render, rendered here with the
-  pages' own templates — and each workload's JSON (what the sidebar reads) name its cluster;
+  pages' own templates — and each workload's JSON name its cluster, and so does the
+  researcher's JupyterLab sidebar (real JupyterLab in Chromium, "My other work");
 - an unknown cluster is a 400 naming the field and listing the clusters.
 """
 
@@ -106,7 +107,42 @@ def running(svc, wid: str) -> dict | None:  # noqa: ANN001
     return j if j["state"] == "running" and j.get("placement") else None
 
 
-def test_two_clusters_one_budget_tree(service, slurm_accounts):
+def sidebar_work(svc, d: Path, n: int) -> list[str]:  # noqa: ANN001
+    """The "My other work" items of gpb-ana's JupyterLab sidebar (the lab's server extension
+    talks to the service with gpb-ana's token), once ``n`` are shown; a screenshot is kept."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_lab_sidebar import SHOTS
+    from tests.fixtures.jupyter import start_jupyter
+    from tests.hub.hubproc import CHROMIUM, CHROMIUM_FLAGS, require_browser
+
+    require_browser()
+    lab = start_jupyter(d, {"GPUBUDGET_URL": svc["api"].removesuffix("/api/v1"),
+                            "JUPYTERHUB_API_TOKEN": ANA}, lab=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.set_default_timeout(60_000)
+                page.goto(lab.url + f"lab?token={lab.token}")
+                page.wait_for_selector("#jp-main-dock-panel")
+                page.click('li[data-id="jp-gpubudget-panel"]')
+                page.wait_for_function(
+                    "n => document.querySelectorAll('#jp-gpubudget-panel .jp-GpuBudget-work')"
+                    ".length >= n", arg=n)
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SHOTS / "lab-sidebar-two-clusters-slurm.png"))
+                work = page.locator("#jp-gpubudget-panel .jp-GpuBudget-work")
+                return [" ".join(work.nth(i).inner_text().split()) for i in range(work.count())]
+            finally:
+                browser.close()
+    finally:
+        lab.stop()
+
+
+def test_two_clusters_one_budget_tree(service, slurm_accounts, tmp_path):
     svc = service
     # an unknown cluster: a 400 naming the field and listing the clusters, nothing queued
     status, out = http("POST", svc["api"] + "/jobs", ANA,
@@ -155,6 +191,12 @@ def test_two_clusters_one_budget_tree(service, slurm_accounts):
         assert f'<td class="gb-cluster">{cl}</td>' in row, row
     html = ENV.get_template("nodes.html").render(**{**frame, "page": "nodes"}, data=nodes)
     assert "cluster local" in html and "cluster slurm" in html
+
+    # the researcher's JupyterLab sidebar, in real Chromium, names each job's cluster
+    items = sidebar_work(svc, tmp_path / "lab", 3)
+    for name, cl in (("slurm-job", "slurm"), ("local-job", "local"), ("anywhere", "slurm")):
+        item = next(i for i in items if f" {name} " in f" {i} ")
+        assert f"cluster {cl}" in item, items
 
     # one standing: stop everything; lattice's usage is the GPU-hours on both clusters
     for w in (on_slurm, on_local, anywhere):

@@ -2,7 +2,10 @@
 
 Three replicas; sessions and jobs are driven through whichever answers (as the hub and the lab
 do). At each point the leader is killed (SIGKILL), paused (SIGSTOP, woken with SIGCONT after
-another replica took over) or partitioned from the database (its TCP proxy cut). Afterwards:
+another replica took over) or partitioned from the database by its TCP proxy — alternately
+dropping every packet (its connections stay open and hang, as in a real partition; the held
+bytes arrive after the heal, a late write the fencing token must refuse) and closing its
+connections (resets at once). Afterwards:
 - every charge interval equals the independent recount — a job's from its launcher's own
   records (when its process started and ended), a session's from when the test (the hub)
   saw it start and ended it — to the second;
@@ -76,6 +79,7 @@ def test_failover_at_random_points_keeps_the_ledger_exact(cluster):
     sessions: dict[str, dict] = {}  # id -> {"seen_running", "end_called", "end_answered"}
     failovers: list[float] = []
     n_jobs = 0
+    partitions = 0
     for point in range(N_POINTS):
         # work arrives: jobs, sessions (started by the scheduler, ended by "the hub")
         for _ in range(rng.randint(1, 2)):
@@ -110,7 +114,9 @@ def test_failover_at_random_points_keeps_the_ledger_exact(cluster):
         elif fault == "pause":
             leader.pause()
         else:
-            leader.proxy.cut()
+            fault += " (drop)" if partitions % 2 == 0 else " (close)"
+            leader.proxy.cut("drop" if partitions % 2 == 0 else "close")
+            partitions += 1
         new, took = resumed_after(cluster, t0, leader)
         assert took <= RESUME_LIMIT_S, f"point {point} ({fault}): resumed after {took:.1f} s"
         failovers.append(took)
@@ -254,3 +260,69 @@ def test_hub_and_lab_clients_try_the_next_replica(cluster):
     made, status, body = asyncio.run(go())
     assert made["state"] in ("pending", "running")
     assert status == 200, body
+
+
+def test_partitioned_leader_stops_at_its_lease_end_and_its_late_write_is_fenced(
+        postgres_server):  # noqa: F811
+    """A partition that drops packets: the leader's database calls hang (no error). It stops
+    leading at its lease end by its own clock while its write still hangs; the other replica
+    takes the lease; after the heal the held write reaches the database and is refused by
+    the fencing token — nothing of it is written."""
+    import threading
+
+    from jupyter_gpubudget.ledger.db import upgrade
+    from jupyter_gpubudget.service.leader import Lease, NotLeader
+    from tests.fixtures.replicas import Proxy
+
+    url = postgres_server.new_database()
+    upgrade(url)
+    proxy = Proxy(postgres_server.port)
+    via = url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+    assert via != url
+    engine_a, lease_engine_a, engine_b = connect(via), connect(via, pool_size=1), connect(url)
+    a = Lease(lease_engine_a, url="a", ttl=3.0, renew_interval=0.5, holder="a")
+    b = Lease(engine_b, url="b", ttl=3.0, renew_interval=0.5, holder="b")
+    ledger_a = Ledger(engine_a)
+    ledger_a.fence = a.check
+    try:
+        assert a.tick() is not None and b.tick() is None
+        ledger_a.set_state("before", "1")  # a writes while it leads
+        a.start()
+        b.start()
+        proxy.cut("drop")
+        lease_end = a.valid_until
+        outcome: list[object] = []
+
+        def late_write() -> None:
+            try:
+                ledger_a.set_state("late", "1")
+                outcome.append("written")
+            except Exception as e:  # noqa: BLE001 - what the heal brings is the point
+                outcome.append(e)
+
+        writer = threading.Thread(target=late_write, daemon=True)
+        writer.start()
+        while time.monotonic() < lease_end + 0.1:
+            time.sleep(0.05)
+        assert not a.is_leader, "the partitioned leader still acts after its lease end"
+        deadline = time.monotonic() + 60
+        while not b.is_leader and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.is_leader, "the other replica never took the lease"
+        assert writer.is_alive(), f"the write did not hang: the partition was no partition " \
+                                  f"({outcome})"
+        proxy.heal()
+        writer.join(60)
+        assert not writer.is_alive(), "the late write still hangs after the heal"
+        assert outcome and isinstance(outcome[0], NotLeader), outcome
+        ledger_b = Ledger(engine_b)
+        assert ledger_b.get_state("before") == "1"
+        assert ledger_b.get_state("late") is None, "the old leader's late write got through"
+        assert b.is_leader and b.tick() is not None  # the lease stayed where it went
+    finally:
+        proxy.heal()
+        a.stop(release=False)
+        b.stop(release=False)
+        proxy.close()
+        for e in (engine_a, lease_engine_a, engine_b):
+            e.dispose()

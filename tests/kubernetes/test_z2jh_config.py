@@ -1,5 +1,7 @@
 """hub_config/z2jh: the Zero to JupyterHub values name only real traits, files that parse and
-scopes that exist; rbac.yaml validates strictly, and it is least privilege in fact: every
+scopes that exist; gpubudget-service.yaml (the service as a Deployment of 2 replicas and its
+Service) validates strictly and agrees with the values, the service's routes and rbac.yaml
+(schema checks only: Kubernetes cannot run here); rbac.yaml validates strictly, and it is least privilege in fact: every
 request the Kubernetes backend makes against the fake API server (not a Kubernetes cluster) is
 allowed by it, and every rule it grants is used."""
 
@@ -66,26 +68,111 @@ def test_hub_config_names_real_traits_and_classes():
     compile(v["hub"]["extraConfig"]["gpubudget"], "extraConfig.gpubudget", "exec")
 
 
+def service_docs() -> dict[str, dict]:
+    docs = [d for d in yaml.safe_load_all((Z2JH / "gpubudget-service.yaml").read_text()) if d]
+    return {d["kind"]: d for d in docs}
+
+
+def container() -> dict:
+    (c,) = service_docs()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return c
+
+
 def test_service_config_file_budgets_and_inventory(tmp_path):
     from jupyter_gpubudget.core.accounts import load_budgets
     from jupyter_gpubudget.core.inventory import load_inventory
 
-    files = values()["hub"]["extraFiles"]
-    (tmp_path / "gpubudget_config.py").write_text(files["gpubudget-config"]["stringData"])
+    files = service_docs()["ConfigMap"]["data"]
+    (tmp_path / "gpubudget_config.py").write_text(files["gpubudget_config.py"])
     cfg = PyFileConfigLoader("gpubudget_config.py", str(tmp_path)).load_config()
     assert check_traits(cfg) >= 8
     backend = import_string(cfg.GpuBudgetService.backend_class)
     assert backend.__name__ == "KubernetesBackend"
-    svc = values()["hub"]["services"]["gpubudget"]
-    assert svc["command"][-1] == f"--config={files['gpubudget-config']['mountPath']}"
-    assert cfg.GpuBudgetService.budgets_file == files["gpubudget-budgets"]["mountPath"]
-    assert cfg.GpuBudgetService.inventory_file == files["gpubudget-inventory"]["mountPath"]
-    load_budgets(files["gpubudget-budgets"]["stringData"], "values.yaml")
-    load_inventory(files["gpubudget-inventory"]["stringData"], "values.yaml")
+    assert "db_url" not in cfg.GpuBudgetService, "replicas need the PostgreSQL URL of the Secret"
+    (mount,) = [m["mountPath"] for m in container()["volumeMounts"] if m["name"] == "config"]
+    assert f"--config={mount}/gpubudget_config.py" in container()["command"]
+    assert cfg.GpuBudgetService.budgets_file == f"{mount}/budgets.yaml"
+    assert cfg.GpuBudgetService.inventory_file == f"{mount}/inventory.yaml"
+    load_budgets(files["budgets.yaml"], "gpubudget-service.yaml")
+    load_inventory(files["inventory.yaml"], "gpubudget-service.yaml")
     # the hub's and the service's placement settings agree
     hub = values()["hub"]["config"]["KubePlacement"]
     for k in ("mode", "mig_strategy", "shared_replicas"):
         assert cfg.KubePlacement[k] == hub[k], k
+
+
+@pytest.mark.parametrize("version", ["1.32", "1.34", "1.37"])
+def test_service_manifest_validates_strictly(version):
+    docs = service_docs()
+    assert sorted(docs) == ["ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    for d in docs.values():
+        kv.validate(d, version, strict=True)
+
+
+def test_service_manifest_two_replicas_behind_the_leaders_readiness():
+    """The Deployment, its Service, the probes, the secrets and values.yaml agree: 2 replicas,
+    the Service reaches the ready (leading) one, the hub knows it as an external service at
+    the Service's address, the probes ask endpoints the service has."""
+    from jupyter_gpubudget.service.handlers.system import API_ROUTES
+
+    docs = service_docs()
+    dep, svc = docs["Deployment"], docs["Service"]
+    pod = dep["spec"]["template"]
+    c = container()
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"]["type"] == "Recreate"  # a standby is never ready
+    labels = pod["metadata"]["labels"]
+    for sel in (svc["spec"]["selector"], dep["spec"]["selector"]["matchLabels"]):
+        assert sel.items() <= labels.items(), sel
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    (sport,) = svc["spec"]["ports"]
+    assert sport["targetPort"] in ports
+    assert f"--port={ports[sport['targetPort']]}" in c["command"]
+    assert "--ip=0.0.0.0" in c["command"]
+    env = {e["name"]: e for e in c["env"]}
+    prefix = env["JUPYTERHUB_SERVICE_PREFIX"]["value"]
+    assert prefix == "/services/gpubudget/"
+    routes = {path for path, _h in API_ROUTES}
+    for probe, route in (("readinessProbe", "/leader"), ("livenessProbe", "/healthz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == prefix + "api/v1" + route and route in routes, (probe, get)
+        assert get["port"] in ports
+    # each replica tells clients its own address
+    assert (f"--GpuBudgetService.replica_url=http://$(POD_IP):{ports['http']}{prefix}"
+            in c["command"])
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # one ledger (PostgreSQL, from a Secret) and one login cookie secret for both
+    assert env["GPUBUDGET_DB_URL"]["valueFrom"]["secretKeyRef"]["name"] == "gpubudget"
+    assert env["JUPYTERHUB_COOKIE_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "gpubudget"
+    # the hub: an external service at the Service's address, its chart-generated token
+    hub_svc = values()["hub"]["services"]["gpubudget"]
+    url = f"http://{svc['metadata']['name']}:{sport['port']}"
+    assert hub_svc["url"] == url and "command" not in hub_svc
+    assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "hub", "key": "hub.services.gpubudget.apiToken"}
+    assert env["JUPYTERHUB_SERVICE_NAME"]["value"] == "gpubudget"
+    assert values()["hub"]["config"]["BudgetSpawner"]["service_api_url"] == \
+        url + prefix + "api/v1"
+    # the flags name real traits
+    from jupyter_gpubudget.service.app import GpuBudgetService
+
+    known = set(GpuBudgetService.class_trait_names(config=True))
+    for arg in c["command"]:
+        if arg.startswith("--GpuBudgetService."):
+            assert arg.split("=", 1)[0].split(".", 1)[1] in known, arg
+    # non-root, nothing to escalate, bounded
+    sc, csc = pod["spec"]["securityContext"], c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert csc["allowPrivilegeEscalation"] is False and csc["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= c["resources"]["requests"].keys()
+    assert "memory" in c["resources"]["limits"]
+    # the service's account is the one rbac.yaml grants the backend's rules to
+    sa = pod["spec"]["serviceAccountName"]
+    assert sa == docs["ServiceAccount"]["metadata"]["name"]
+    for d in rbac_docs():
+        if d["kind"].endswith("Binding"):
+            assert {"kind": "ServiceAccount", "name": sa,
+                    "namespace": dep["metadata"]["namespace"]} in d["subjects"], d["kind"]
 
 
 def test_roles_use_existing_scopes():

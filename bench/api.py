@@ -7,7 +7,14 @@ server cannot hide queueing). With --contend it measures again with one CPU-boun
 process per core running (a machine loaded by other work). Prints the figures; the last line
 is JSON {"p99_ms": ..., "p99_contended_ms": ...}.
 
-    python bench/api.py [--rate 200] [--seconds 15] [--db URL] [--contend]
+With --replicas N (N >= 2) it starts a throwaway PostgreSQL (tests/fixtures/postgres.py) and N
+service replicas on that one ledger (one leads, the others stand by; docs/service.md,
+"Replicas"), and drives the same load the way the hub's and the lab's clients do with the
+replica URL list: each client connection starts at its own replica (the reads spread over all)
+and moves to the next on a connection failure or a 503; the setup's writes go to the leader
+(a standby refuses them with not_leader and the client tries the next).
+
+    python bench/api.py [--rate 200] [--seconds 15] [--db URL] [--contend] [--replicas 2]
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -26,7 +34,7 @@ from urllib.parse import urlparse
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from tests.fixtures.hub import ServiceProc, http, start_hub  # noqa: E402
+from tests.fixtures.hub import ServiceProc, free_port, http, start_hub  # noqa: E402
 
 TARGET_P99_MS = 25.0
 TARGET_P99_CONTENDED_MS = 100.0
@@ -78,13 +86,18 @@ class Conn:
         return int(status_line.split()[1])
 
 
-async def load(url: str, token: str, rate: float, seconds: float,
-               connections: int = 32) -> tuple[list[float], int]:
-    """Open loop: request i is due at t0 + i/rate; latency counts from when it was due."""
-    u = urlparse(url)
+async def load(urls: str | list[str], token: str, rate: float, seconds: float,
+               connections: int = 32) -> tuple[list[float], int, list[int]]:
+    """Open loop: request i is due at t0 + i/rate; latency counts from when it was due.
+    ``urls``: one URL, or the replicas' (the same path on each): connection i starts at
+    replica i mod n and moves to the next on a connection failure or a 503 (a retry's time
+    counts in the request's latency). Returns the latencies (ms), the errors and how many
+    requests each replica answered."""
+    replicas = [urlparse(u) for u in ([urls] if isinstance(urls, str) else urls)]
     n = int(rate * seconds)
     lat: list[float] = []
     errors = 0
+    answered = [0] * len(replicas)
     due: asyncio.Queue[float] = asyncio.Queue()
     t0 = time.perf_counter() + 0.2
 
@@ -96,26 +109,73 @@ async def load(url: str, token: str, rate: float, seconds: float,
                 await asyncio.sleep(delay)
             due.put_nowait(at)
 
-    async def worker() -> None:
+    async def worker(k: int) -> None:
         nonlocal errors
-        conn = Conn(u.hostname or "127.0.0.1", u.port or 80)
+        at_replica = k % len(replicas)
+
+        def conn_to(i: int) -> Conn:
+            u = replicas[i]
+            return Conn(u.hostname or "127.0.0.1", u.port or 80)
+
+        conn = conn_to(at_replica)
         while True:
             at = await due.get()
-            try:
-                if await conn.get(u.path, token) != 200:
-                    errors += 1
-            except (OSError, ValueError, asyncio.IncompleteReadError):
+            for _try in range(len(replicas)):
+                try:
+                    status = await conn.get(replicas[at_replica].path, token)
+                except (OSError, ValueError, asyncio.IncompleteReadError):
+                    status = None
+                if status == 200:
+                    answered[at_replica] += 1
+                    break
+                if status is not None and status != 503:
+                    break
+                at_replica = (at_replica + 1) % len(replicas)  # the next replica
+                conn = conn_to(at_replica)
+            if status != 200:
                 errors += 1
-                conn = Conn(u.hostname or "127.0.0.1", u.port or 80)
             lat.append((time.perf_counter() - at) * 1000)
             due.task_done()
 
-    workers = [asyncio.create_task(worker()) for _ in range(connections)]
+    workers = [asyncio.create_task(worker(k)) for k in range(connections)]
     await producer()
     await due.join()
     for w in workers:
         w.cancel()
-    return lat, errors
+    return lat, errors, answered
+
+
+class ReplicaProc(ServiceProc):
+    """One more replica of the hub's gpubudget service on its own port (the same service
+    identity and token: the hub authenticates its callers for either)."""
+
+    def __init__(self, *a: object, port: int, **kw: object) -> None:
+        super().__init__(*a, **kw)
+        self.port = port
+        self.extra_args = [*self.extra_args, f"--port={port}", "--ip=127.0.0.1",
+                           f"--GpuBudgetService.replica_url={self.base}/"]
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/services/gpubudget"
+
+    def env(self) -> dict:
+        env = super().env()
+        env["JUPYTERHUB_SERVICE_URL"] = f"http://127.0.0.1:{self.port}"
+        return env
+
+
+def write(svcs: list[ServiceProc], method: str, path: str, token: str,
+          body: object = None) -> tuple[int, object]:
+    """A write through the replica list: a standby's 503 not_leader sends it to the next."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for svc in svcs:
+            status, out = http(method, svc.api + path, token, body)
+            if status != 503:
+                return status, out
+        time.sleep(0.2)
+    raise RuntimeError(f"{method} {path}: no replica leads after 60 s (see the service logs)")
 
 
 def main() -> None:
@@ -126,33 +186,58 @@ def main() -> None:
     ap.add_argument("--db", default=None, help="ledger URL (default: SQLite in a temp dir)")
     ap.add_argument("--contend", action="store_true",
                     help="measure again with one CPU-bound competitor process per core")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="service replicas on one PostgreSQL ledger (>= 2: starts a throwaway "
+                         "PostgreSQL unless --db names one)")
     args = ap.parse_args()
 
     d = Path(tempfile.mkdtemp(prefix="gpubudget-bench-"))
+    pg = None
+    db = args.db
+    if args.replicas > 1 and db is None:
+        from tests.fixtures.postgres import start_postgres
+
+        pg = start_postgres()
+        db = pg.new_database()
+    if args.replicas > 1 and not db.startswith(("postgres://", "postgresql")):
+        sys.exit("bench/api.py: --replicas needs a PostgreSQL ledger: give --db "
+                 "postgresql://... or no --db (a throwaway PostgreSQL is started)")
     hub = start_hub(d / "hub")
-    svc = ServiceProc(hub, d / "svc", args.db or f"sqlite:///{d / 'ledger.sqlite'}",
-                      cycle_interval=1.0,
-                      extra_args=["--LocalBackend.allowed_commands=sleep .*"])
+    common = dict(cycle_interval=1.0, extra_args=["--LocalBackend.allowed_commands=sleep .*"])
+    svcs: list[ServiceProc] = [ServiceProc(hub, d / "svc", db or f"sqlite:///{d / 'ledger.sqlite'}",
+                                           **common)]
+    for _ in range(args.replicas - 1):  # the same jobs directory: replicas of one node
+        svcs.append(ReplicaProc(hub, d / "svc", db, port=free_port(), **common))
     try:
-        svc.start()
+        for svc in svcs:  # one at a time: the first leads
+            svc.start()
         token = hub.token("bob")
         for i in range(args.workloads):
-            status, _ = http("POST", svc.api + "/jobs", token,
-                             {"command": "sleep 600", "project": "lattice", "gpus": 1,
-                              "name": f"bench{i}"})
+            status, _ = write(svcs, "POST", "/jobs", token,
+                              {"command": "sleep 600", "project": "lattice", "gpus": 1,
+                               "name": f"bench{i}"})
             assert status == 201
-        url = svc.api + "/workloads/me"
-        status, body = http("GET", url, token)
-        assert status == 200 and len(body["workloads"]) == args.workloads
-        asyncio.run(load(url, token, 20, 1))  # warm-up (token cache, connections)
+        urls = [svc.api + "/workloads/me" for svc in svcs]
+        for url in urls:  # every replica answers (a standby once it has followed the ledger)
+            deadline = time.monotonic() + 30
+            while True:
+                status, body = http("GET", url, token)
+                if status == 200 and len(body["workloads"]) == args.workloads:
+                    break
+                assert time.monotonic() < deadline, (url, status, body)
+                time.sleep(0.2)
+        roles = [http("GET", svc.api + "/leader")[1].get("role") for svc in svcs]
+        asyncio.run(load(urls, token, 20, 1))  # warm-up (token cache, connections)
 
         def measure(label: str, target: float) -> tuple[float, float, int, int]:
-            lat, errors = asyncio.run(load(url, token, args.rate, args.seconds))
+            lat, errors, answered = asyncio.run(load(urls, token, args.rate, args.seconds))
             lat.sort()
             p50, p90, p99 = (percentile(lat, q) for q in (50, 90, 99))
             print(f"{label}: GET /api/v1/workloads/me  rate={args.rate:g}/s  "
                   f"duration={args.seconds:g}s  requests={len(lat)}  errors={errors}  "
-                  f"workloads/user={args.workloads}")
+                  f"workloads/user={args.workloads}"
+                  + (f"  replicas={len(svcs)} ({', '.join(roles)}) answered "
+                     f"{'/'.join(map(str, answered))}" if len(svcs) > 1 else ""))
             print(f"  latency ms: p50={p50:.2f}  p90={p90:.2f}  p99={p99:.2f}  "
                   f"max={lat[-1]:.2f}   target p99 <= {target:g} ms: "
                   f"{'met' if p99 <= target else 'MISSED'}", flush=True)
@@ -160,7 +245,7 @@ def main() -> None:
 
         p50, p99, n, errors = measure("quiet", TARGET_P99_MS)
         out = {"p99_ms": round(p99, 3), "p50_ms": round(p50, 3), "rate": args.rate,
-               "requests": n, "errors": errors}
+               "requests": n, "errors": errors, "replicas": len(svcs)}
         if args.contend:
             cores = os.cpu_count() or 1
             procs = competitors(cores)
@@ -173,15 +258,20 @@ def main() -> None:
             out.update(p99_contended_ms=round(c99, 3), p50_contended_ms=round(c50, 3),
                        competitors=cores, errors_contended=cerr,
                        contended_vs_quiet_p99=round(c99 / p99, 2) if p99 else None)
-        for r in http("GET", svc.api + "/queue", hub.token("root"))[1]["queue"]:
-            http("DELETE", f"{svc.api}/jobs/{r['id']}", hub.token("root"))
-        for w in http("GET", url, token)[1]["workloads"]:
+        root = hub.token("root")
+        for r in http("GET", svcs[0].api + "/queue", root)[1]["queue"]:
+            write(svcs, "DELETE", f"/jobs/{r['id']}", root)
+        for w in http("GET", urls[0], token)[1]["workloads"]:
             if w["state"] == "running":
-                http("DELETE", f"{svc.api}/jobs/{w['id']}", token)
+                write(svcs, "DELETE", f"/jobs/{w['id']}", token)
         print(json.dumps(out))
     finally:
-        svc.stop()
+        for svc in reversed(svcs):
+            svc.stop()
         hub.stop()
+        if pg is not None:
+            pg.stop()
+            shutil.rmtree(pg.datadir.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

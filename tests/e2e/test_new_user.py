@@ -166,6 +166,8 @@ def test_a_stopped_session_says_what_it_cost(demo, browser):
     assert abs(float(m.group(1)) - ended["charged_gpu_hours"]) <= \
         0.06 * ended["charged_gpu_hours"], (text, ended["charged_gpu_hours"])
     assert not re.search(r"\b1[6-9]\d{8}\b", text)  # no epoch
+    # how it ended, in words, not the ledger's record ("done: stop (by gpubudget-spawner)")
+    assert "when it was stopped" in text and "(by " not in text, text
     _shot(page, "new-user-home-after-stop.png")
 
     # the next login: the sidebar's history says the same, and its chart's caption is whole

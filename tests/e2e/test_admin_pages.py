@@ -444,6 +444,9 @@ def test_a_drain_closes_its_dialog_updates_the_node_in_place_and_a_failure_stays
             page.locator("#node-h100-b button[data-act=undrain]").click()
             page.wait_for_selector("#gb-confirm.show")
             page.fill("#gb-confirm-reason", "PSU swapped")
+            # the drain's in-place refreshes are done (one after the next scheduling cycle):
+            # a refresh after the logout below would fail, rightly, and log its fetch error
+            page.wait_for_function("() => !document.body.dataset.gbRefreshing")
             ctx.clear_cookies()  # logged out meanwhile (another tab)
             page.click("#gb-confirm-ok")
             err = page.locator("#gb-confirm-error")
@@ -462,6 +465,51 @@ def test_a_drain_closes_its_dialog_updates_the_node_in_place_and_a_failure_stays
             assert page.errors == [], page.errors
         finally:
             browser.close()
+
+
+def test_a_change_accepted_while_its_dialog_opens_still_closes_it(demo):
+    """Bootstrap ignores a dialog's hide() while it is still fading in: a drain confirmed
+    within that fade (a quick click, a fast service) was carried out but left its dialog open
+    (the first admin-pages test timed out on it once, after an undrain)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            ctx, page = login(browser, demo, "admin")
+            page.click("#gb-tabs >> text=Nodes")
+            card = page.locator("#node-h100-b")
+            card.wait_for()
+            assert card.get_attribute("data-state") == "in_service"
+            stay(page)
+            # a slow fade (2 s) so that the service's answer surely lands within it
+            page.add_style_tag(content=".modal.fade, .modal.fade .modal-dialog, "
+                                       ".modal-backdrop.fade { transition-duration: 2s "
+                                       "!important; }")
+            # open the dialog and confirm it in the same task, long before its fade ends
+            page.evaluate("""() => {
+                document.querySelector('#node-h100-b button[data-act=drain]').click();
+                document.getElementById('gb-confirm-reason').value = 'quick drain';
+                document.getElementById('gb-confirm-form').requestSubmit();
+            }""")
+            wait_in_place(page, "document.querySelector('#node-h100-b').dataset.state "
+                                "!== 'in_service'")
+            # closed for good: no backdrop left (while the backdrop fades in, the dialog itself
+            # is not displayed yet, so "hidden" alone would hold before it ever showed)
+            page.wait_for_function("() => !document.querySelector('.modal-backdrop') && "
+                                   "!document.body.classList.contains('modal-open')",
+                                   timeout=15_000)
+            assert not page.locator("#gb-confirm").is_visible()
+            assert "h100-b" in page.inner_text("#gb-alert")
+            st, n = http("GET", demo.svc + "/nodes/h100-b", demo.token)
+            assert not n["healthy"] and n["reason"] == "quick drain", n
+            page.wait_for_function("() => !document.body.dataset.gbRefreshing")
+            ctx.close()
+        finally:
+            browser.close()
+            st, n = http("PUT", demo.svc + "/nodes/h100-b/health", demo.token,
+                         {"healthy": True, "reason": "quick drain test done"})
+            assert st == 200, n
 
 
 def test_change_grant_says_save_waits_for_a_preview(demo):

@@ -98,6 +98,18 @@
     a.className = `alert alert-${kind}`;
     a.textContent = text;
   }
+  // Bootstrap ignores hide() while a dialog is still fading in, so a change accepted within
+  // that fade (a quick click, a fast service) left its dialog open: close it once it is shown
+  function closer(el, modal) {
+    let shown = false, pending = false;
+    el.addEventListener("show.bs.modal", () => { shown = false; pending = false; });
+    el.addEventListener("shown.bs.modal", () => {
+      shown = true;
+      if (pending) { pending = false; modal.hide(); }
+    });
+    el.addEventListener("hidden.bs.modal", () => { shown = false; pending = false; });
+    return () => { if (shown) modal.hide(); else pending = true; };
+  }
   // the page's content as the service renders it now, swapped in place (open history rows
   // stay open); the buttons in it work through the listeners on document below
   async function refresh() {
@@ -123,6 +135,8 @@
   // run on it (what it computes: standings, a drained node found empty)
   async function refreshAfter(done, then, later) {
     flash(done);
+    // while set, the page is still catching up with the change (tests wait for it to clear)
+    document.body.dataset.gbRefreshing = String(Number(document.body.dataset.gbRefreshing || 0) + 1);
     try {
       await refresh();
       if (then) then();
@@ -132,6 +146,10 @@
       if (later) flash(later);
     } catch (e) {
       flash(`${done} ${e.message}`, "warning");
+    } finally {
+      const left = Number(document.body.dataset.gbRefreshing) - 1;
+      if (left > 0) document.body.dataset.gbRefreshing = String(left);
+      else delete document.body.dataset.gbRefreshing;
     }
   }
   // GPU-hours as the pages write them: one decimal below 100, none above
@@ -148,6 +166,7 @@
   const modalEl = document.getElementById("gb-grant-modal");
   if (modalEl) {
     const modal = new bootstrap.Modal(modalEl);
+    const close = closer(modalEl, modal);
     const form = document.getElementById("gb-grant-form");
     const value = document.getElementById("gb-grant-value");
     const note = document.getElementById("gb-grant-note");
@@ -266,7 +285,7 @@
         save.disabled = false;
         return;
       }
-      modal.hide();
+      close();
       const g = saved.grant;
       const what = g.grant_hours !== null ? `${fmt(g.grant_hours)} GPU-h` : `${g.share_pct} % of its parent`;
       const changed = account;
@@ -279,6 +298,7 @@
   const confirmEl = document.getElementById("gb-confirm");
   if (confirmEl) {
     const modal = new bootstrap.Modal(confirmEl);
+    const close = closer(confirmEl, modal);
     const text = document.getElementById("gb-confirm-text");
     const box = document.getElementById("gb-confirm-reason-box");
     const reason = document.getElementById("gb-confirm-reason");
@@ -358,7 +378,7 @@
         ok.disabled = false;
         return;
       }
-      modal.hide();
+      close();
       refreshAfter(a.done(out || {}));
     });
   }

@@ -54,7 +54,8 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
-                "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect"}
+                "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
+                "backfill_lease"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -366,6 +367,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
             minimum=0))
     if "gang_overdue_after" in fields:
         policy = replace(policy, gang_overdue_after=fields["gang_overdue_after"].duration())
+    if "backfill_lease" in fields:
+        policy = replace(policy, backfill_lease=fields["backfill_lease"].duration())
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:

@@ -315,6 +315,15 @@ class Policy:
     # running work outlives its predictions is kept, at a price in preemptions (0: never;
     # off by default, see docs/simulator.md for what it costs)
     gang_overdue_after: float = 0.0
+    # resumable batch work that finds no other room may borrow GPUs reserved for a blocked
+    # gang even when it is predicted to run past the gang's start, when it gets at least
+    # this many seconds on them first: a *lease*. It is told when the GPUs are due (it saves
+    # its progress then, see preemption.last_checkpoint) and is preempted for the gang at
+    # that time if still running, losing only its restart; the reservation plans with the
+    # leased GPUs free at their due time. Reserved GPUs no longer sit idle for lack of work
+    # short enough to fit before the gang (0: only work predicted to end before it). 1 h was
+    # chosen over seeds 0-20 against 30 min and 2 h (docs/simulator.md, "Leases")
+    backfill_lease: float = 3600.0
     #: seconds a preempted workload that does not stop at once (``Workload.stops_at_once``)
     #: is expected to take to release its slice (a notebook's snapshot grace period)
     stop_grace: float = 120.0

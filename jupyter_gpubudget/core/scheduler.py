@@ -146,6 +146,7 @@ class Scheduler:
         self._lane_held: list[Gpu] = []
         self._lane_until = INF
         self._lane_room = 0  # healthy whole GPUs outside MIG mode that are not kept
+        self._lane_on = False  # is the lane keeping GPUs in this cycle?
         self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
 
@@ -357,8 +358,48 @@ class Scheduler:
             self._order = [e for e in self._order if self._seq.get(e[2]) == e[1]]
         return w
 
-    def _place(self, w: Workload, end: float) -> Placement | None:
-        """Place ``w``; a workload may always use the GPUs reserved for itself."""
+    def leasable(self, w: Workload) -> bool:
+        """May ``w`` borrow GPUs reserved for a gang past the gang's start
+        (``Policy.backfill_lease``)? Resumable batch work on whole GPUs that saves its
+        progress: preempted when the GPUs are due, it loses only its restart."""
+        pol = self.policy
+        return (pol.backfill_lease > 0 and w.kind == "batch" and w.resumable
+                and w.request.kind == "gpu" and pol.checkpoint_interval_of(w) > 0)
+
+    def _memo(self, w: Workload, end: float, res_times: list[float]) -> tuple[object, ...]:
+        """The "does not fit" memo key of ``w``: its shape, where its end falls among the
+        times GPUs are held to, and whether it may lease reserved GPUs."""
+        return (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0,
+                self.policy.backfill_lease > 0 and self.leasable(w))
+
+    def _place(self, w: Workload, end: float, now: float | None = None) -> Placement | None:
+        """Place ``w``; a workload may always use the GPUs reserved for itself. Given
+        ``now``, leasable work (:meth:`leasable`) that fits nowhere else may take GPUs a gang
+        has reserved from ``now + policy.backfill_lease`` (or its protection's end) on or later."""
+        p = self._place_plain(w, end)
+        if p is None and now is not None and self.reservations and self.leasable(w):
+            # at least the lease, and never due before its protection ends (semantics 2)
+            due = now + max(self.policy.backfill_lease, self.policy.effective_min_runtime(w))
+            if end > due:
+                with self._lane_closed(now):
+                    p = self._place_plain(w, due)
+        return p
+
+    @contextmanager
+    def _lane_closed(self, now: float) -> Iterator[None]:
+        """The GPUs kept for the short lane closed to everything for a while (a lease is
+        never taken on them)."""
+        held = [g for g in self._lane_held if g.reserved_at == self._lane_until]
+        for g in held:
+            g.reserved_at = now
+        try:
+            yield
+        finally:
+            for g in held:
+                if g.reserved_at == now:
+                    g.reserved_at = self._lane_until
+
+    def _place_plain(self, w: Workload, end: float) -> Placement | None:
         own = self.reservations.get(w.id)
         if own is None:
             return place(self.cluster, w.request, end)
@@ -433,7 +474,7 @@ class Scheduler:
         w = self._enqueue(w)
         out: list[Decision] = []
         backed = self.is_backed(w, now)
-        p = place(self.cluster, w.request, now + self.predict_long(w))
+        p = self._place(w, now + self.predict_long(w), now)
         if p is not None:
             self._start(w, p, backed, now, out)
         return out
@@ -459,6 +500,7 @@ class Scheduler:
 
     def _fill(self, now: float) -> list[Decision]:
         out: list[Decision] = []
+        self._top_up_lane()
         while self._fill_pass(now, out):
             pass  # a start on GPUs reserved for it freed the rest of them: look again
         return out
@@ -480,11 +522,11 @@ class Scheduler:
             if w is None or self._seq.get(wid) != seq:
                 continue
             end = now + self.predict_long(w)
-            memo = (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0)
+            memo = self._memo(w, end, res_times)
             own = wid in self.reservations
             if memo in failed and not own:
                 continue
-            p = self._place(w, end)
+            p = self._place(w, end, now)
             if p is None:
                 failed.add(memo)
                 continue
@@ -561,7 +603,7 @@ class Scheduler:
                 continue
             req = w.request
             end = now + self.predict_long(w)
-            if (req.shape, bisect.bisect_left(res_times, end) if res_times else 0) in failed \
+            if self._memo(w, end, res_times) in failed \
                     and not (req.kind == "gpu" and req.gpus >= 2
                              and len(self.reservations) < self.policy.max_reservations):
                 # its shape no longer fits; skip the backing check unless preemption may help
@@ -588,10 +630,10 @@ class Scheduler:
             if known_gen == gen or w.id not in pending:
                 continue
             end = now + self.predict_long(w)
-            memo = (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0)
+            memo = self._memo(w, end, res_times)
             if memo in failed:
                 continue
-            p = self._place(w, end)
+            p = self._place(w, end, now)
             if p is None:
                 failed.add(memo)
                 continue
@@ -606,9 +648,9 @@ class Scheduler:
                   pool: dict[str, Workload], out: list[Decision]) -> None:
         end = now + self.predict_long(w)
         shape = w.request.shape
-        memo = (shape, bisect.bisect_left(res_times, end) if res_times else 0)
+        memo = self._memo(w, end, res_times)
         if memo not in failed or w.id in self.reservations:
-            p = self._place(w, end)
+            p = self._place(w, end, now)
             if p is not None:
                 self._start(w, p, backed, now, out)
                 return
@@ -670,15 +712,36 @@ class Scheduler:
         the fewest free GPUs are kept, so that free nodes stay whole for gangs. Nothing is
         kept until debug work has been seen."""
         self._lane_held = []
+        self._lane_on = False
         hold, lane = self.policy.short_lane_hold, self.policy.short_lane
         if hold <= 0 or lane <= 0 or not self.history.kind_version.get("debug"):
             return
+        self._lane_on = True
         free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
                       for i in n.free_whole)
         self._lane_until = now + lane
         self._lane_room = sum(1 for n in self.cluster.nodes if n.healthy
                               for g in n.gpus if not g.mig) - min(hold, len(free))
         for _, idx, i in free[:hold]:
+            g = self.cluster.nodes[idx].gpus[i]
+            g.reserved_at = self._lane_until
+            self._lane_held.append(g)
+
+    def _top_up_lane(self) -> None:
+        """Between cycles, a GPU that comes free is kept for the short lane first when
+        fewer than ``policy.short_lane_hold`` of the kept GPUs still stand free (short work
+        used them): otherwise, with every GPU busy or leased when the cycle began, the
+        lane would keep nothing until a cycle finds a GPU free. Only GPUs no gang has
+        reserved; the same choice as :meth:`_hold_for_lane`."""
+        hold = self.policy.short_lane_hold
+        if not self._lane_on or hold <= 0:
+            return
+        kept = sum(1 for g in self._lane_held if g.free and g.reserved_at == self._lane_until)
+        if kept >= hold:
+            return
+        free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
+                      for i in n.free_whole if n.gpus[i].reserved_at == INF)
+        for _, idx, i in free[:hold - kept]:
             g = self.cluster.nodes[idx].gpus[i]
             g.reserved_at = self._lane_until
             self._lane_held.append(g)
@@ -809,10 +872,19 @@ class Scheduler:
     def _running_ends(self, now: float) -> list[tuple[float, str]]:
         """(predicted end, id) of running work, ascending; kept until running work changes."""
         if self._ends is None or self._ends_at != now:
-            self._ends = sorted((predicted_end(wr, now, self.predict(wr)), wid)
+            self._ends = sorted((self._end_of(wr, now, self.predict(wr)), wid)
                                 for wid, wr in self.running.items())
             self._ends_at = now
         return self._ends
+
+    def _end_of(self, w: Workload, now: float, predicted: float) -> float:
+        """When running ``w`` is expected to free its GPUs: its predicted end; with leases
+        (``Policy.backfill_lease``), work on borrowed GPUs gives them back when they are
+        due at the latest (it is preempted for the gang then)."""
+        end = predicted_end(w, now, predicted)
+        if self.policy.backfill_lease > 0 and w.backfill_until is not None:
+            end = min(end, max(w.backfill_until, now))
+        return end
 
     def _reservation_ends(self, now: float) -> list[tuple[float, str]]:
         """(cautious predicted end, id) of running work, ascending: when a blocked gang can
@@ -832,7 +904,7 @@ class Scheduler:
                 else:
                     p = predict_runtime(wr, self.history, self.policy, RESERVE_QUANTILE)
                     self._by_features_reserve[sig] = (version.get(wr.kind, 0), p)
-                cautious.append((predicted_end(wr, now, p), wid))
+                cautious.append((self._end_of(wr, now, p), wid))
             cautious.sort()
             self._reserve_ends = (ends, cautious)
         return self._reserve_ends[1]

@@ -19,6 +19,7 @@ GOOD = textwrap.dedent("""\
       short_lane_patience: 5m
       short_lane_late_cost: 0.5
       gang_overdue_after: 2h
+      backfill_lease: 30m
       gang_on_mig: false
       gang_on_mig_spare: 1
       max_pending_per_user: 25
@@ -69,6 +70,10 @@ def test_good_file_loads_tree_policy_and_people():
     assert (b.policy.gang_on_mig, b.policy.gang_on_mig_spare) == (False, 1)
     plain = load_budgets("accounts: {a: {grant: 1}}").policy
     assert plain.gang_overdue_after == 0  # off
+    # leases of reserved GPUs (issue 26): 1 h by default, as the budgets file says
+    assert (b.policy.backfill_lease, plain.backfill_lease) == (30 * 60, HOUR)
+    assert load_budgets("policy: {backfill_lease: 0}\naccounts: {a: {grant: 1}}\n"
+                        ).policy.backfill_lease == 0  # off
     # off by default (issue 26): only gangs that declared ``interconnect: any`` may use them
     assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (False, 2)
     assert plain.interconnect == () and plain.interconnect_for("batch") is None
@@ -135,6 +140,8 @@ BAD = [
      "policy.short_lane_patience", 1, "duration"),
     ("policy:\n  gang_overdue_after: late\naccounts: {a: {grant: 1}}\n",
      "policy.gang_overdue_after", 2, "duration"),
+    ("policy:\n  backfill_lease: soon\naccounts: {a: {grant: 1}}\n",
+     "policy.backfill_lease", 2, "duration"),
 ]
 
 

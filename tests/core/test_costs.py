@@ -313,6 +313,72 @@ def test_protected_backfill_is_not_preempted() -> None:
     assert "gang" in s.pending
 
 
+def _leasing(lease: float, **long_kw: object) -> tuple[Scheduler, list]:
+    """4 GPUs. r1 (2 GPUs, 2 h, protected throughout) runs; the gang (4 GPUs) is reserved
+    from NOW + 2 h; then "long" (b, 1 GPU, 8 h) arrives, too long to end before the gang
+    starts."""
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1, backfill_lease=lease))
+    s.submit(job("r1", "b", gpus=2, limit=2 * HOUR, min_runtime=2 * HOUR), NOW)
+    s.submit(job("gang", "a", gpus=4, at=1.0, limit=8 * HOUR), NOW)
+    assert [d.at for d in s.cycle(NOW) if isinstance(d, Reserve)] == [NOW + 2 * HOUR]
+    kw: dict[str, object] = {"resumable": True, **long_kw}
+    return s, s.submit(job("long", "b", limit=8 * HOUR, at=2.0, **kw), NOW)  # type: ignore[arg-type]
+
+
+def test_a_lease_lends_reserved_gpus_to_resumable_work_until_they_are_due() -> None:
+    """With backfill_lease 1 h, "long" borrows a reserved GPU although it will run past
+    NOW + 2 h: it is told the GPUs are due then (backfill_until); the gang's reservation
+    does not slip for it (it plans with the GPU given back when due); at NOW + 2 h it is
+    preempted for the gang, having saved its work then: it loses only its restart."""
+    s, ds = _leasing(HOUR)
+    (st,) = ds
+    assert isinstance(st, Start) and st.workload == "long"
+    assert st.backfill_until == NOW + 2 * HOUR
+    assert [d.at for d in s.cycle(NOW + HOUR) if isinstance(d, Reserve)] == [NOW + 2 * HOUR]
+    s.finish("r1", NOW + 2 * HOUR)
+    long = s.running["long"]
+    assert preemption_cost(long, NOW + 2 * HOUR, s.policy) == pytest.approx(
+        s.policy.restart_overhead_of(long) / HOUR)
+    ds = s.cycle(NOW + 2 * HOUR)
+    assert [d.workload for d in ds if isinstance(d, Preempt)] == ["long"]
+    assert [d.workload for d in ds if isinstance(d, Start)] == ["gang"]
+
+
+@pytest.mark.parametrize("case", ["off", "not resumable", "no checkpoints", "lease too long",
+                                  "protected past the gang", "debug"])
+def test_no_lease_where_the_work_cannot_give_the_gpus_back_in_time(case: str) -> None:
+    """No lease when leasing is off (0); for work that cannot save its progress when the GPUs
+    are due (not resumable, or no checkpoints); when the GPUs are due sooner than the lease
+    (3 h asked, due in 2 h); when the work's protection would outlast the due time
+    (semantics 2: protected work is never preempted, so it may not borrow); and for work
+    that is not batch. "long" waits, and the reservation still stands at NOW + 2 h."""
+    lease = {"off": 0.0, "lease too long": 3 * HOUR}.get(case, HOUR)
+    kw: dict[str, object] = {"not resumable": {"resumable": False},
+                             "no checkpoints": {"checkpoint_interval": 0.0},
+                             "protected past the gang": {"min_runtime": 3 * HOUR},
+                             "debug": {"kind": "debug"}}.get(case, {})
+    if "checkpoint_interval" in kw:
+        s, _ = _leasing(lease)
+        s.cancel("long", NOW)
+        w = replace(job("long", "b", limit=8 * HOUR, at=2.0, resumable=True),
+                    checkpoint_interval=0.0)
+        ds = s.submit(w, NOW)
+    else:
+        s, ds = _leasing(lease, **kw)
+    assert ds == [] and "long" in s.pending
+    assert [d.at for d in s.cycle(NOW + 60.0) if isinstance(d, Reserve)] == [NOW + 2 * HOUR]
+    assert "long" in s.pending
+
+
+def test_a_lease_is_at_least_the_protection() -> None:
+    """Protected for 90 min, with a 1 h lease: the GPUs are due at NOW + 2 h, after its
+    protection ends, so it may borrow them; it is never preempted before NOW + 90 min."""
+    s, ds = _leasing(HOUR, min_runtime=1.5 * HOUR)
+    (st,) = ds
+    assert isinstance(st, Start) and st.backfill_until == NOW + 2 * HOUR
+    assert st.protected_until is None or st.protected_until <= st.backfill_until
+
+
 def _overdue(after: float, *, b_min_runtime: float = 0.0, a_used: float = 0.0,
              b_used: float = 80.0) -> Scheduler:
     """4 GPUs. b (used 80 of 100 GPU-h) runs r1 on all 4 since NOW − 1 h: not resumable,

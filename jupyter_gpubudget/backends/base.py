@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from traitlets.config import LoggingConfigurable
@@ -27,6 +28,27 @@ class Launch:
     backed: bool | None = None
     resumable: bool | None = None
     time_limit: float | None = None  # seconds; the backend stops the attempt when it is over
+    # on GPUs lent from a gang's reservation (a backfill or a lease, docs/core.md): when they
+    # are due back. The job should save its progress by then; it is preempted then if the
+    # gang needs them
+    due_at: float | None = None
+
+
+def job_identity_env(launch: Launch) -> dict[str, str]:
+    """What every backend tells a job about itself: ``GPUBUDGET_WORKLOAD``, ``_PROJECT``,
+    ``_USER``, ``_ATTEMPT`` and :func:`due_env`."""
+    return {"GPUBUDGET_WORKLOAD": launch.workload, "GPUBUDGET_PROJECT": launch.project,
+            "GPUBUDGET_USER": launch.user, "GPUBUDGET_ATTEMPT": str(launch.attempt),
+            **due_env(launch)}
+
+
+def due_env(launch: Launch) -> dict[str, str]:
+    """On GPUs lent from a gang's reservation, ``GPUBUDGET_DUE_AT``: when they are due back
+    (RFC 3339, UTC), for the job to save its progress by then; else nothing."""
+    if launch.due_at is None:
+        return {}
+    return {"GPUBUDGET_DUE_AT": datetime.fromtimestamp(launch.due_at, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")}
 
 
 @dataclass(frozen=True)

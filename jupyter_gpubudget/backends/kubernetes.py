@@ -34,7 +34,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default
 from traitlets.config import Configurable
 
 from . import k8s_objects as ko
-from .base import Backend, BackendStatus, Launch
+from .base import Backend, BackendStatus, Launch, due_env
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -509,7 +509,8 @@ class KubernetesBackend(Backend):
                        backed=launch.backed,
                        resumable=launch.resumable)
         return ko.batch_jobs(
-            meta=meta, command=list(launch.command), env={**self.extra_env, **launch.env},
+            meta=meta, command=list(launch.command),
+            env={**self.extra_env, **launch.env, **due_env(launch)},
             placement=launch.placement, naming=self.naming(), namespace=self.namespace,
             image=self.image, grace_seconds=self.stop_grace, ttl_seconds=self.job_ttl,
             service_account=self.service_account or None,

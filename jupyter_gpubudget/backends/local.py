@@ -47,7 +47,7 @@ from jupyter_gpubudget.launcher.policy import DEFAULT_JOB_PATH
 from jupyter_gpubudget.launcher.records import proc_starttime, read_record
 
 from . import devices as dev
-from .base import Backend, BackendStatus, Launch, LogChunk
+from .base import Backend, BackendStatus, Launch, LogChunk, job_identity_env
 from .mps import CONTROL, LauncherMps, MpsDaemons, MpsUnavailable
 
 #: ended attempts remembered as released (their ends are reported a few times at most)
@@ -383,9 +383,7 @@ class LocalBackend(Backend):
     def launch(self, launch: Launch) -> str:
         holder = f"{launch.workload}.{launch.attempt}"
         job_env = self.job_devices(launch.placement, holder)
-        job_env.update({"GPUBUDGET_WORKLOAD": launch.workload,
-                        "GPUBUDGET_PROJECT": launch.project, "GPUBUDGET_USER": launch.user,
-                        "GPUBUDGET_ATTEMPT": str(launch.attempt),
+        job_env.update({**job_identity_env(launch),
                         "GPUBUDGET_PLACEMENT": json.dumps(launch.placement)})
         spec = {"workload": launch.workload, "attempt": launch.attempt,
                 "user": self.unix_user(launch.user),

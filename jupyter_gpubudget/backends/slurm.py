@@ -37,7 +37,7 @@ from typing import Any
 
 from traitlets import Bool, Dict, Float, List, Unicode
 
-from .base import Backend, BackendStatus, Launch
+from .base import Backend, BackendStatus, Launch, job_identity_env
 from .slurm_map import (
     ALIVE,
     SACCT_FIELDS,
@@ -256,8 +256,7 @@ class SlurmBackend(Backend):
         # the job starts with --export=NONE; SLURM_EXPORT_ENV=ALL lets its own srun steps
         # see the environment set here (otherwise they inherit NONE and get no PATH)
         env = {"PATH": self.job_path, **launch.env, "SLURM_EXPORT_ENV": "ALL",
-               "GPUBUDGET_WORKLOAD": launch.workload, "GPUBUDGET_PROJECT": launch.project,
-               "GPUBUDGET_USER": launch.user, "GPUBUDGET_ATTEMPT": str(launch.attempt)}
+               **job_identity_env(launch)}
         lines = ["#!/bin/sh",
                  f"# gpubudget workload {launch.workload} attempt {launch.attempt} "
                  f"(project {launch.project})"]

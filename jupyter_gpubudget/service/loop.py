@@ -384,7 +384,8 @@ class SchedulingLoop:
                     env=dict(full.env or {}) if full else {}, kind=row.kind,
                     min_runtime=row.min_runtime,
                     protected_until=d.protected_until, backed=d.backed,
-                    resumable=row.resumable, time_limit=row.time_limit))
+                    resumable=row.resumable, time_limit=row.time_limit,
+                    due_at=d.backfill_until))
             except Exception as e:  # noqa: BLE001
                 self.ledger.stop(row.id, now=self.clock(), state="failed", closed_by="exit",
                                  reason=f"launch failed: {e}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -68,6 +69,20 @@ def test_job_runs_on_the_core_node_and_succeeds_seen_through_the_watch(api, back
     # state came from list + watch, never from reading the Job
     assert api.count_requests("GET", r"/jobs/gb-") == 0
     assert api.count_requests("GET", r"/jobs$") >= 2  # a list and at least one watch
+
+
+def test_a_job_on_lent_gpus_is_told_when_they_are_due(api, backend):
+    """A backfill or a lease (``Launch.due_at``): its container has ``GPUBUDGET_DUE_AT``."""
+    gpu_node(api, "h1", 2)
+    b = backend()
+    code = "import os; print(os.environ.get('GPUBUDGET_DUE_AT', 'none'))"
+    for wid, due, want in (("abab000000000001", 1_800_000_000.0, "2027-01-15T08:00:00Z"),
+                           ("abab000000000002", None, "none")):
+        b.launch(replace(launch(wid, whole("h1", 0), code), due_at=due))
+        wait(lambda wid=wid: (s := b.status(wid, 1)) and not s.alive, "end")
+        (pod,) = pods_of(api, wid)
+        log = (api.workdir / f"default_{pod['metadata']['name']}" / "container.log")
+        assert log.read_text().split() == [want]
 
 
 def test_failed_job_reports_the_container_exit_code(api, backend):

@@ -55,6 +55,20 @@ def output_of(la: Launch, job_id: str) -> str:
     return (home / f"gpubudget-gpubudget.{la.workload}.{la.attempt}-{job_id}.out").read_text()
 
 
+def test_a_job_on_lent_gpus_is_told_when_they_are_due(backend):
+    """A backfill or a lease (``Launch.due_at``) runs with ``GPUBUDGET_DUE_AT`` in its
+    environment on the real cluster; a job on GPUs of its own has none."""
+    due = launch(backend, 'echo "due=${GPUBUDGET_DUE_AT:-none}"',
+                 [{"node": "gpu2", "gpu": 0, "kind": "gpu", "milli": 1000}],
+                 due_at=1_800_000_000.0)
+    own = launch(backend, 'echo "due=${GPUBUDGET_DUE_AT:-none}"',
+                 [{"node": "gpu2", "gpu": 1, "kind": "gpu", "milli": 1000}])
+    for la, want in ((due, "due=2027-01-15T08:00:00Z"), (own, "due=none")):
+        wait(lambda la=la: (s := backend.status(la.workload, 1)) and not s.alive, 30, "end")
+        rec = backend.accounting([f"gpubudget.{la.workload}.1"])[0]
+        assert output_of(la, rec.job_id).splitlines()[0] == want
+
+
 def test_inventory_and_health_from_scontrol(backend):
     inv = backend.discover_inventory()
     assert inv.source == "slurm"

@@ -728,13 +728,13 @@ class Scheduler:
             self._lane_held.append(g)
 
     def _top_up_lane(self) -> None:
-        """Between cycles, a GPU that comes free is kept for the short lane first when
-        fewer than ``policy.short_lane_hold`` of the kept GPUs still stand free (short work
-        used them): otherwise, with every GPU busy or leased when the cycle began, the
-        lane would keep nothing until a cycle finds a GPU free. Only GPUs no gang has
-        reserved; the same choice as :meth:`_hold_for_lane`."""
+        """With leases (``policy.backfill_lease``), between cycles a GPU that comes free is
+        kept for the short lane first when fewer than ``policy.short_lane_hold`` of the kept
+        GPUs still stand free (short work used them): otherwise, with every GPU busy or
+        leased when the cycle began, the lane would keep nothing until a cycle finds a GPU
+        free. Only GPUs no gang has reserved; the same choice as :meth:`_hold_for_lane`."""
         hold = self.policy.short_lane_hold
-        if not self._lane_on or hold <= 0:
+        if not self._lane_on or hold <= 0 or self.policy.backfill_lease <= 0:
             return
         kept = sum(1 for g in self._lane_held if g.free and g.reserved_at == self._lane_until)
         if kept >= hold:

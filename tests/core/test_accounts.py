@@ -70,8 +70,10 @@ def test_good_file_loads_tree_policy_and_people():
     assert (b.policy.gang_on_mig, b.policy.gang_on_mig_spare) == (False, 1)
     plain = load_budgets("accounts: {a: {grant: 1}}").policy
     assert plain.gang_overdue_after == 0  # off
-    # leases of reserved GPUs (issue 26): 1 h by default, as the budgets file says
-    assert (b.policy.backfill_lease, plain.backfill_lease) == (30 * 60, HOUR)
+    # leases of reserved GPUs (issue 26): off by default, as the budgets file says
+    assert (b.policy.backfill_lease, plain.backfill_lease) == (30 * 60, 0)
+    assert load_budgets("policy: {backfill_lease: 1h}\naccounts: {a: {grant: 1}}\n"
+                        ).policy.backfill_lease == HOUR
     assert load_budgets("policy: {backfill_lease: 0}\naccounts: {a: {grant: 1}}\n"
                         ).policy.backfill_lease == 0  # off
     # off by default (issue 26): only gangs that declared ``interconnect: any`` may use them

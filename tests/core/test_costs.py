@@ -596,3 +596,27 @@ def test_the_short_lane_empties_a_mig_gpu_to_take_it_whole() -> None:
     ds = s.cycle(NOW)
     assert [(d.workload, d.reason) for d in ds if isinstance(d, Preempt)] == [
         ("b1", "a short debug run takes it (loses 0.05 GPU-h)")]
+
+
+@pytest.mark.parametrize("lease", [0.0, HOUR])
+def test_with_leases_a_gpu_freed_between_cycles_is_kept_for_the_short_lane(lease: float) -> None:
+    """4 GPUs, debug work seen before. Three long jobs run; the cycle keeps the fourth GPU
+    for the short lane; a debug run takes it. When b1 ends between cycles, its GPU goes to
+    the lane first where leases are on (every other GPU may be leased, so the lane would
+    keep nothing until a cycle found one free): the long job x waits. Without leases it
+    starts there at once, as before."""
+    s = Scheduler(tree(), inventory(gpus=4), Policy(backfill_lease=lease))
+    s.submit(job("d0", kind="debug", limit=600.0), NOW - 1000)
+    s.finish("d0", NOW - 400)
+    for k in (1, 2, 3):
+        s.submit(job(f"b{k}", "b", limit=8 * HOUR, at=float(k)), NOW)
+    s.cycle(NOW)
+    assert len(s.running) == 3 and len(s._lane_held) == 1  # the fourth GPU is kept
+    (st,) = s.submit(job("d1", kind="debug", limit=600.0, at=4.0), NOW + 1)
+    assert isinstance(st, Start)
+    assert s.submit(job("x", "b", limit=8 * HOUR, at=5.0), NOW + 5) == []
+    ds = s.finish("b1", NOW + 10)
+    if lease:
+        assert ds == [] and "x" in s.pending
+    else:
+        assert [d.workload for d in ds if isinstance(d, Start)] == ["x"]

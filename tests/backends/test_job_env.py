@@ -43,3 +43,13 @@ def test_the_local_launcher_accepts_every_variable_the_service_sets():
     """The root launcher refuses a ``job_env`` key it does not know ("not a variable the
     service sets"): each one the backends send must be on its list."""
     assert set(job_identity_env(replace(LAUNCH, due_at=1.0))) <= SERVICE_ENV
+
+
+def test_a_job_may_not_set_its_own_due_time():
+    """The attack: a job spec's own ``env`` claiming a later due time (or none at all) is
+    refused, naming the key; only the service sets it."""
+    from jupyter_gpubudget.launcher.policy import env_problem
+
+    for value in ("2099-01-01T00:00:00Z", ""):
+        why = env_problem({"GPUBUDGET_DUE_AT": value})
+        assert why is not None and why[0] == "env.GPUBUDGET_DUE_AT"

@@ -105,6 +105,7 @@ def test_daily_usage_splits_at_local_midnight_and_sums_to_the_window_usage(servi
     _event(service, root, "daily-1", "start", midnight - 2 * HOUR, project="lattice",
            user="bob", milli=2000, kind="batch")
     _event(service, root, "daily-1", "stop", midnight + 3 * HOUR)
+    posted = time.time()  # a cycle that began after this has seen both events
 
     st, out = http("GET", f"{service.api}/accounts/lattice/usage/daily?tz=Asia/Tokyo", bob)
     assert st == 200, out
@@ -132,9 +133,9 @@ def test_daily_usage_splits_at_local_midnight_and_sums_to_the_window_usage(servi
     physics = http("GET", f"{service.api}/accounts/physics/usage/daily", bob)[1]
     assert physics["tz"] == "UTC"
     assert sum(d["gpu_hours"] for d in physics["days"]) == pytest.approx(10.0)
-    wait_for(lambda: http("GET", f"{service.api}/accounts/lattice/usage", bob)[1][
-        "usage_hours"], "the cycle to count the usage")
-    usage = http("GET", f"{service.api}/accounts/lattice/usage", bob)[1]
+    # a cycle between the two events counts the charge as still running: wait for one after
+    usage = wait_for(lambda: (u := http("GET", f"{service.api}/accounts/lattice/usage", bob)[1])
+                     ["computed_at"] > posted and u, "a cycle after both events")
     assert sum(d["gpu_hours"] for d in days) == pytest.approx(usage["usage_hours"], abs=1e-6)
 
 

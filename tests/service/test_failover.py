@@ -152,6 +152,10 @@ def test_failover_at_random_points_keeps_the_ledger_exact(cluster):
     check_ledger(cluster, sessions)
 
 
+#: how long after its charge starts a launched attempt may write its pid file
+LAUNCH_LATENCY = 5.0
+
+
 def check_ledger(cluster: Cluster, sessions: dict[str, dict]) -> None:
     url = cluster.replicas[0].db_url.replace(f":{cluster.replicas[0].proxy.port}/",
                                              f":{cluster.pg_port}/")
@@ -178,7 +182,10 @@ def check_ledger(cluster: Cluster, sessions: dict[str, dict]) -> None:
                 continue
             started = pid.stat().st_mtime
             ended = json.loads((adir / "exit").read_text())["ended_at"]
-            assert abs(c.start - started) <= 1.0, (c.workload, c.seq, c.start, started)
+            # charged from the decision, launched after it: never started uncharged, and
+            # the launch's latency (seconds on a loaded 2-core machine) is the only gap
+            assert c.start - 1.0 <= started <= c.start + LAUNCH_LATENCY, (
+                c.workload, c.seq, c.start, started)
             assert abs(c.end - ended) <= 1.0, (c.workload, c.seq, c.end, ended)
             placement = json.loads((adir / "output.log").read_text().splitlines()[0])
             for sl in placement:

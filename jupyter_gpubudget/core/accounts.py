@@ -55,7 +55,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
-                "backfill_lease"}
+                "backfill_lease", "finish_drain_ratio"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -369,6 +369,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, gang_overdue_after=fields["gang_overdue_after"].duration())
     if "backfill_lease" in fields:
         policy = replace(policy, backfill_lease=fields["backfill_lease"].duration())
+    if "finish_drain_ratio" in fields:
+        policy = replace(policy, finish_drain_ratio=fields["finish_drain_ratio"].number(
+            minimum=0))
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:

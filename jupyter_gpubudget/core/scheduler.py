@@ -66,6 +66,10 @@ from .preemption import (
 from .ranking import INF, LANE_OFFSET, Standings, compute_standings, rank
 from .usage import UsageMeter
 
+#: ``Policy.finish_drain_ratio`` looks only at reservations at least this far away (seconds):
+#: nearer ones cost little idle time, and their stragglers are about to end anyway
+FINISH_DRAIN_AFTER = 3600.0
+
 
 @dataclass(slots=True)
 class ClusterState:
@@ -696,6 +700,58 @@ class Scheduler:
                 failed.clear()  # memo keys depend on reservation times
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
+                if (self.policy.finish_drain_ratio > 0 and pool
+                        and self._finish_drain(w, at, placement, end, now, pool, res_times,
+                                               out)):
+                    failed.clear()
+                    self._memo_gen += 1
+
+    def _finish_drain(self, w: Workload, at: float, placement: Placement, end: float,
+                      now: float, pool: dict[str, Workload], res_times: list[float],
+                      out: list[Decision]) -> bool:
+        """``Policy.finish_drain_ratio``: gang ``w`` has just reserved ``placement`` from
+        ``at``; if that is at least ``FINISH_DRAIN_AFTER`` away and every workload still
+        running on those GPUs may be preempted (unprotected, stops at once, of a project
+        standing level with ``w``'s or above it), preempt them and start ``w`` now when the
+        idle GPU-hours saved (the reserved GPUs free now × the time to ``at``) are at least
+        the ratio × what they lose, tolls included. True if ``w`` started; otherwise nothing
+        has changed."""
+        if at - now < FINISH_DRAIN_AFTER:
+            return False
+        gpus = [self.cluster.by_name[sl.node].gpus[sl.gpu] for sl in placement.slices]
+        stragglers = {t for g in gpus for t in g.tenants}
+        st = self._st
+        if not stragglers or st is None or w.project not in st.path_standing:
+            return False
+        paths, mine = st.path_standing, st.path_standing[w.project]
+        victims = []
+        for wid in sorted(stragglers):
+            v = pool.get(wid)
+            if v is None or v.stopping or not v.stops_at_once or v.is_protected(now):
+                return False
+            if paths.get(v.project, ()) < mine:  # work of a project standing below w's
+                return False
+            victims.append(v)
+        costs = {v.id: preemption_cost(v, now, self.policy) + self.policy.preemption_toll
+                 for v in victims}
+        idle_hours = sum(1 for g in gpus if g.free) * (at - now) / HOUR
+        if idle_hours < self.policy.finish_drain_ratio * sum(costs.values()):
+            return False
+        # the reservation gives way to the start (its GPUs are w's either way)
+        for g in gpus:
+            if g.reserved_at == at:
+                g.reserved_at = INF
+        if not self._fits_without(victims, w, end):
+            self.cluster.reserve(placement, at)
+            return False
+        del self.reservations[w.id]
+        res_times.remove(at)
+        out[:] = [d for d in out if not (isinstance(d, Reserve) and d.workload == w.id)]
+        self._take(w, victims, end, now, out, pool,
+                   lambda v: f"the last of a drain for gang {w.id}, which would hold "
+                             f"{idle_hours:.1f} idle GPU-hours (loses {costs[v.id]:.2f} "
+                             f"GPU-h)")
+        return True
 
     def _overdue_gang(self, w: Workload, now: float) -> bool:
         """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first
@@ -728,13 +784,16 @@ class Scheduler:
             self._lane_held.append(g)
 
     def _top_up_lane(self) -> None:
-        """With leases (``policy.backfill_lease``), between cycles a GPU that comes free is
-        kept for the short lane first when fewer than ``policy.short_lane_hold`` of the kept
-        GPUs still stand free (short work used them): otherwise, with every GPU busy or
-        leased when the cycle began, the lane would keep nothing until a cycle finds a GPU
-        free. Only GPUs no gang has reserved; the same choice as :meth:`_hold_for_lane`."""
+        """With leases (``policy.backfill_lease``) or drains finished by preemption
+        (``policy.finish_drain_ratio``), between cycles a GPU that comes free is kept for the
+        short lane first when fewer than ``policy.short_lane_hold`` of the kept GPUs still
+        stand free (short work used them): otherwise, with every GPU busy or leased when the
+        cycle began — and no reserved GPU standing idle for short work to use — the lane
+        would keep nothing until a cycle finds a GPU free. Only GPUs no gang has reserved;
+        the same choice as :meth:`_hold_for_lane`."""
         hold = self.policy.short_lane_hold
-        if not self._lane_on or hold <= 0 or self.policy.backfill_lease <= 0:
+        if not self._lane_on or hold <= 0 or (self.policy.backfill_lease <= 0
+                                               and self.policy.finish_drain_ratio <= 0):
             return
         kept = sum(1 for g in self._lane_held if g.free and g.reserved_at == self._lane_until)
         if kept >= hold:

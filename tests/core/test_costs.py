@@ -452,6 +452,58 @@ def test_only_a_gang_that_had_a_reservation_can_be_overdue() -> None:
     assert s.first_planned == {}
 
 
+def _draining(ratio: float, *, r1_limit: float = 10 * HOUR, r1_min_runtime: float = 0.0,
+              a_used: float = 1.0, b_used: float = 60.0) -> tuple[Scheduler, list]:
+    """4 GPUs. b has used 60 of 100 GPU-h, a 1, so b stands above a; the fair-share rule
+    never preempts here (a margin of 1000: b would have to stand 1001 times higher). r1 (b, 1 GPU, resumable, a 10 h limit) has
+    run 30 min and just saved its work: preempting it loses its 120 s reload plus the
+    0.25 GPU-h toll, 0.283 GPU-h. a's gang of 4 GPUs arrives at NOW: its reservation is at
+    r1's end, NOW + 9.5 h, with 3 GPUs standing idle until then: 28.5 idle GPU-hours."""
+    s = Scheduler(tree(), inventory(gpus=4),
+                  Policy(max_reservations=1, finish_drain_ratio=ratio, preemption_margin=1000))
+    for wid, project, used in (("olda", "a", a_used), ("oldb", "b", b_used)):
+        s.meter.add(ChargeInterval(wid, project, "x", 1000, NOW - 90 * HOUR,
+                                   NOW - 90 * HOUR + used * HOUR))
+    s.submit(job("r1", "b", limit=r1_limit, min_runtime=r1_min_runtime, resumable=True),
+             NOW - HOUR / 2)
+    assert "r1" in s.running
+    s.submit(job("gang", "a", gpus=4, at=1.0, limit=8 * HOUR), NOW)
+    return s, s.cycle(NOW)
+
+
+def test_a_drain_is_finished_by_preempting_its_straggler_when_the_idle_time_is_worth_it() -> None:
+    """With finish_drain_ratio 4: 28.5 idle GPU-h >= 4 x 0.283 GPU-h, so r1 is preempted
+    (it loses only its reload: it had just saved) and the gang starts now instead of in
+    9.5 h; with the ratio at 100 (28.3 GPU-h needed) too, just."""
+    for ratio in (4.0, 100.0):
+        s, ds = _draining(ratio)
+        (pre,) = [d for d in ds if isinstance(d, Preempt)]
+        assert pre.workload == "r1" and pre.for_workload == "gang"
+        assert "the last of a drain for gang gang" in pre.reason
+        assert "28.5 idle GPU-hours" in pre.reason and "(loses 0.28 GPU-h)" in pre.reason
+        assert [d.workload for d in ds if isinstance(d, Start)] == ["gang"]
+        assert not [d for d in ds if isinstance(d, Reserve)]
+        assert "r1" not in s.running and s.reservations == {}
+
+
+@pytest.mark.parametrize("case", ["off", "not worth it", "protected", "reservation soon",
+                                  "victim stands below"])
+def test_no_drain_is_finished_where_it_must_not_be(case: str) -> None:
+    """Off (0); a ratio the idle time does not reach (101 x 0.283 > 28.5); a straggler still
+    in its protected run (semantics 2); a reservation less than FINISH_DRAIN_AFTER away (r1's
+    limit 1.2 h: due at NOW + 0.7 h); a straggler of a project standing below the gang's (a
+    has used 60 GPU-h, b 1). r1 runs on, and the gang stays reserved at r1's end."""
+    ratio = {"off": 0.0, "not worth it": 101.0}.get(case, 4.0)
+    limit = 1.2 * HOUR if case == "reservation soon" else 10 * HOUR
+    s, ds = _draining(ratio, r1_limit=limit,
+                      r1_min_runtime=10 * HOUR if case == "protected" else 0.0,
+                      **({"a_used": 60.0, "b_used": 1.0} if case == "victim stands below"
+                         else {}))
+    assert not [d for d in ds if isinstance(d, (Preempt, Start))]
+    assert [d.at for d in ds if isinstance(d, Reserve)] == [NOW - HOUR / 2 + limit]
+    assert "r1" in s.running and "gang" in s.pending
+
+
 # ---------------------------------------------------------------- MIG GPUs and the short lane
 
 
@@ -598,14 +650,16 @@ def test_the_short_lane_empties_a_mig_gpu_to_take_it_whole() -> None:
         ("b1", "a short debug run takes it (loses 0.05 GPU-h)")]
 
 
-@pytest.mark.parametrize("lease", [0.0, HOUR])
-def test_with_leases_a_gpu_freed_between_cycles_is_kept_for_the_short_lane(lease: float) -> None:
+@pytest.mark.parametrize(("lease", "drain"), [(0.0, 0.0), (HOUR, 0.0), (0.0, 4.0)])
+def test_with_leases_a_gpu_freed_between_cycles_is_kept_for_the_short_lane(
+        lease: float, drain: float) -> None:
     """4 GPUs, debug work seen before. Three long jobs run; the cycle keeps the fourth GPU
     for the short lane; a debug run takes it. When b1 ends between cycles, its GPU goes to
-    the lane first where leases are on (every other GPU may be leased, so the lane would
-    keep nothing until a cycle found one free): the long job x waits. Without leases it
-    starts there at once, as before."""
-    s = Scheduler(tree(), inventory(gpus=4), Policy(backfill_lease=lease))
+    the lane first where leases or finished drains are on (every other GPU may be leased or
+    busy, with no reserved GPU left idle, so the lane would keep nothing until a cycle found
+    one free): the long job x waits. Without either it starts there at once, as before."""
+    s = Scheduler(tree(), inventory(gpus=4),
+                  Policy(backfill_lease=lease, finish_drain_ratio=drain))
     s.submit(job("d0", kind="debug", limit=600.0), NOW - 1000)
     s.finish("d0", NOW - 400)
     for k in (1, 2, 3):
@@ -616,7 +670,7 @@ def test_with_leases_a_gpu_freed_between_cycles_is_kept_for_the_short_lane(lease
     assert isinstance(st, Start)
     assert s.submit(job("x", "b", limit=8 * HOUR, at=5.0), NOW + 5) == []
     ds = s.finish("b1", NOW + 10)
-    if lease:
+    if lease or drain:
         assert ds == [] and "x" in s.pending
     else:
         assert [d.workload for d in ds if isinstance(d, Start)] == ["x"]

@@ -93,6 +93,7 @@ def states(draw) -> tuple[ClusterState, float]:
                     short_lane_patience=draw(st.sampled_from([0.0, 180.0])),
                     gang_overdue_after=draw(st.sampled_from([0.0, 600.0])),
                     backfill_lease=draw(st.sampled_from([0.0, 600.0, 3600.0])),
+                    finish_drain_ratio=draw(st.sampled_from([0.0, 0.0, 4.0])),
                     gang_on_mig=draw(st.booleans()),
                     gang_on_mig_spare=draw(st.sampled_from([0, 1])))
     t = tree(THREE_PROJECTS.format(**g))

@@ -55,7 +55,8 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
-                "backfill_lease", "finish_drain_ratio"}
+                "backfill_lease", "finish_drain_ratio",
+                "finish_drain_budget"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -372,6 +373,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     if "finish_drain_ratio" in fields:
         policy = replace(policy, finish_drain_ratio=fields["finish_drain_ratio"].number(
             minimum=0))
+    if "finish_drain_budget" in fields:
+        policy = replace(policy, finish_drain_budget=fields["finish_drain_budget"].number(
+            minimum=0, maximum=1))
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,8 @@ from .usage import UsageMeter
 #: ``Policy.finish_drain_ratio`` looks only at reservations at least this far away (seconds):
 #: nearer ones cost little idle time, and their stragglers are about to end anyway
 FINISH_DRAIN_AFTER = 3600.0
+#: ``Policy.finish_drain_budget`` sums what preemptions threw away over this trailing window
+LOSS_WINDOW = 24 * 3600.0
 
 
 @dataclass(slots=True)
@@ -83,6 +86,9 @@ class ClusterState:
     charges: Sequence[ChargeInterval] = ()
     history: RuntimeHistory | None = None
     unhealthy: frozenset[str] = frozenset()
+    #: (time, GPU-hours thrown away) of each preemption in the last ``LOSS_WINDOW``
+    #: (``Policy.finish_drain_budget``; the service reads them from its decision log)
+    recent_losses: Sequence[tuple[float, float]] = ()
 
 
 @contextmanager
@@ -153,6 +159,9 @@ class Scheduler:
         self._lane_on = False  # is the lane keeping GPUs in this cycle?
         self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
+        # (time, GPU-hours thrown away) of the preemptions in the trailing LOSS_WINDOW,
+        # oldest first (Policy.finish_drain_budget)
+        self.recent_losses: deque[tuple[float, float]] = deque()
 
     # ================================================================= building
     def new_cluster(self) -> Cluster:
@@ -194,6 +203,7 @@ class Scheduler:
         for w in state.pending:
             s._enqueue(w, key=INF, bulk=True)
         s._order.sort()
+        s.recent_losses.extend(sorted(state.recent_losses))
         return s
 
     # ================================================================= figures
@@ -464,11 +474,13 @@ class Scheduler:
         reports it gone."""
         if v.is_protected(now):  # semantics 2: a guard, not a choice
             raise AssertionError(f"refusing to preempt protected workload {v.id}")
+        lost = preemption_cost(v, now, self.policy)
         if v.stops_at_once:
             self._stop(v.id, now)
         else:
             self.running[v.id] = replace(v, stopping=True)
-        out.append(Preempt(v.id, reason, for_wid))
+        self.recent_losses.append((now, lost))
+        out.append(Preempt(v.id, reason, for_wid, lost))
 
     # ================================================================= incremental path
     def submit(self, w: Workload, now: float) -> list[Decision]:
@@ -737,6 +749,9 @@ class Scheduler:
         idle_hours = sum(1 for g in gpus if g.free) * (at - now) / HOUR
         if idle_hours < self.policy.finish_drain_ratio * sum(costs.values()):
             return False
+        if not self._within_loss_budget(
+                sum(preemption_cost(v, now, self.policy) for v in victims), now):
+            return False
         # the reservation gives way to the start (its GPUs are w's either way)
         for g in gpus:
             if g.reserved_at == at:
@@ -752,6 +767,22 @@ class Scheduler:
                              f"{idle_hours:.1f} idle GPU-hours (loses {costs[v.id]:.2f} "
                              f"GPU-h)")
         return True
+
+    def recent_loss(self, now: float) -> float:
+        """GPU-hours preemptions threw away in the trailing ``LOSS_WINDOW``."""
+        losses = self.recent_losses
+        while losses and losses[0][0] < now - LOSS_WINDOW:
+            losses.popleft()
+        return sum(x for _, x in losses)
+
+    def _within_loss_budget(self, lost: float, now: float) -> bool:
+        """``Policy.finish_drain_budget``: would ``lost`` more GPU-hours thrown away keep
+        the trailing day's within the budget's share of the cluster's GPU-hours?"""
+        budget = self.policy.finish_drain_budget
+        if budget <= 0:
+            return True
+        room = budget * self.inventory.gpu_count * LOSS_WINDOW / HOUR
+        return self.recent_loss(now) + lost <= room
 
     def _overdue_gang(self, w: Workload, now: float) -> bool:
         """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first

@@ -577,6 +577,22 @@ class Ledger:
                              .order_by(t.ended_at.desc()).limit(limit)).all()
             return [(u, p, k, e - st, req, cmd) for u, p, k, st, e, req, cmd in reversed(rows)]
 
+    def recent_losses(self, since: float) -> list[tuple[float, float]]:
+        """(time, GPU-hours thrown away) of each preemption the scheduler decided since
+        ``since``, oldest first (``Policy.finish_drain_budget``): one ``preempting`` or
+        ``preempt-requested`` decision is logged per preemption, with its loss."""
+        with self.ro() as s:
+            rows = s.execute(select(DecisionRow.at, DecisionRow.detail)
+                             .where(DecisionRow.at >= since,
+                                    DecisionRow.kind.in_(("preempting", "preempt-requested")))
+                             .order_by(DecisionRow.at)).all()
+        out = []
+        for at, detail in rows:
+            lost = detail.get("lost_gpu_hours") if isinstance(detail, dict) else None
+            if isinstance(lost, int | float) and not isinstance(lost, bool) and lost > 0:
+                out.append((at, float(lost)))
+        return out
+
     def preemptions_by_project(self) -> dict[str, int]:
         with self.ro() as s:
             rows = s.execute(select(WorkloadRow.project, func.sum(WorkloadRow.preemptions))

@@ -345,12 +345,14 @@ class SchedulingLoop:
             if row.backend != self.backend.name:
                 self.ledger.record_decision(now=now, kind="preempt-requested", workload=row.id,
                                             reason=d.reason, cycle=cycle,
-                                            detail={"for": d.for_workload})
+                                            detail={"for": d.for_workload,
+                                                    "lost_gpu_hours": d.lost})
                 return
             iv = self.ledger.open_interval(row.id)
             self.ledger.record_decision(now=now, kind="preempting", workload=row.id,
                                         reason=d.reason, cycle=cycle,
-                                        detail={"for": d.for_workload})
+                                        detail={"for": d.for_workload,
+                                                "lost_gpu_hours": d.lost})
             asked = self.clock()
             st = self.backend.stop(row.id, iv.seq if iv else 0)
             with self.ledger.tx() as s:

@@ -22,7 +22,7 @@ from jupyter_gpubudget.core.model import (
     Workload,
     shape_label,
 )
-from jupyter_gpubudget.core.scheduler import ClusterState
+from jupyter_gpubudget.core.scheduler import LOSS_WINDOW, ClusterState
 from jupyter_gpubudget.ledger import Ledger
 from jupyter_gpubudget.ledger.nodes import unhealthy_nodes
 from jupyter_gpubudget.ledger.rollups import HOUR
@@ -290,5 +290,6 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
                     command=command_name(command))
     state = ClusterState(accounts=tree_with_ledger_grants(tree, ledger), inventory=inventory,
                          policy=policy, running=running, pending=pending, charges=charges,
-                         history=history, unhealthy=unhealthy_nodes(ledger))
+                         history=history, unhealthy=unhealthy_nodes(ledger),
+                         recent_losses=ledger.recent_losses(now - LOSS_WINDOW))
     return state, rows

@@ -20,7 +20,8 @@ GOOD = textwrap.dedent("""\
       short_lane_late_cost: 0.5
       gang_overdue_after: 2h
       backfill_lease: 30m
-      finish_drain_ratio: 4
+      finish_drain_ratio: 2
+      finish_drain_budget: 0.01
       gang_on_mig: false
       gang_on_mig_spare: 1
       max_pending_per_user: 25
@@ -77,8 +78,12 @@ def test_good_file_loads_tree_policy_and_people():
                         ).policy.backfill_lease == HOUR
     assert load_budgets("policy: {backfill_lease: 0}\naccounts: {a: {grant: 1}}\n"
                         ).policy.backfill_lease == 0  # off
-    # drains finished by preemption (issue 26): off by default, a ratio when set
-    assert (b.policy.finish_drain_ratio, plain.finish_drain_ratio) == (4.0, 0.0)
+    # drains finished by preemption (issue 26): on by default at 4, within a loss budget
+    # of 0.7 % of the cluster's GPU-hours a day; a ratio of 0 turns it off
+    assert (b.policy.finish_drain_ratio, plain.finish_drain_ratio) == (2.0, 4.0)
+    assert (b.policy.finish_drain_budget, plain.finish_drain_budget) == (0.01, 0.007)
+    assert load_budgets("policy: {finish_drain_ratio: 0}\naccounts: {a: {grant: 1}}\n"
+                        ).policy.finish_drain_ratio == 0  # off
     # off by default (issue 26): only gangs that declared ``interconnect: any`` may use them
     assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (False, 2)
     assert plain.interconnect == () and plain.interconnect_for("batch") is None
@@ -151,6 +156,10 @@ BAD = [
      "policy.finish_drain_ratio", 2, "must be ≥ 0, got -1"),
     ("policy:\n  finish_drain_ratio: lots\naccounts: {a: {grant: 1}}\n",
      "policy.finish_drain_ratio", 2, "number"),
+    ("policy:\n  finish_drain_budget: -0.1\naccounts: {a: {grant: 1}}\n",
+     "policy.finish_drain_budget", 2, "must be ≥ 0, got -0.1"),
+    ("policy:\n  finish_drain_budget: 2\naccounts: {a: {grant: 1}}\n",
+     "policy.finish_drain_budget", 2, "≤ 1"),
 ]
 
 

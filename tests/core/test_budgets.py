@@ -91,7 +91,8 @@ def test_policy_errors_word_for_word():
         ("min_runtime_cap: {gpu: 1h}", "policy.min_runtime_cap.gpu",
          "unknown key 'gpu' (allowed: batch, debug, interactive)"),
         ("colour: red", "policy.colour", "unknown key 'colour' (allowed: backfill, "
-         "backfill_lease, checkpoint_interval, default_runtime, finish_drain_ratio, gang_on_mig, "
+         "backfill_lease, checkpoint_interval, default_runtime, finish_drain_budget, "
+         "finish_drain_ratio, gang_on_mig, "
          "gang_on_mig_spare, gang_overdue_after, interconnect, max_pending_per_user, max_reservations, mig_first, "
          "min_runtime_cap, "
          "mps_on_mig, placement, preemption, preemption_margin, preemption_toll, "

@@ -4,6 +4,7 @@ other scheduling rules of issue 14 — each on a case small enough to compute by
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -39,7 +40,7 @@ from jupyter_gpubudget.core.preemption import (
     preemption_pays,
     standing_gap,
 )
-from jupyter_gpubudget.core.scheduler import Scheduler
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler
 
 from .helpers import inventory, job, tree
 
@@ -285,7 +286,7 @@ def test_overdue_backfill_is_preempted_at_the_reservation_time() -> None:
     """4 GPUs. r1 (2 GPUs, predicted 2 h) runs; the gang (4 GPUs) gets a reservation at
     NOW + 2 h; "short" (predicted 1 h) backfills onto a reserved GPU. It is still running
     when r1 ends at NOW + 2 h: unprotected, it is preempted there and the gang starts."""
-    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1))
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1, finish_drain_ratio=0))
     s.submit(job("r1", "b", gpus=2, limit=2 * HOUR), NOW)
     s.submit(job("gang", "a", gpus=4, at=1.0, limit=8 * HOUR), NOW)
     ds = s.cycle(NOW)
@@ -302,7 +303,7 @@ def test_overdue_backfill_is_preempted_at_the_reservation_time() -> None:
 
 
 def test_protected_backfill_is_not_preempted() -> None:
-    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1))
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1, finish_drain_ratio=0))
     s.submit(job("r1", "b", gpus=2, limit=2 * HOUR), NOW)
     s.submit(job("gang", "a", gpus=4, at=1.0, limit=8 * HOUR), NOW)
     s.cycle(NOW)
@@ -453,14 +454,17 @@ def test_only_a_gang_that_had_a_reservation_can_be_overdue() -> None:
 
 
 def _draining(ratio: float, *, r1_limit: float = 10 * HOUR, r1_min_runtime: float = 0.0,
-              a_used: float = 1.0, b_used: float = 60.0) -> tuple[Scheduler, list]:
+              a_used: float = 1.0, b_used: float = 60.0, budget: float = 0.007,
+              recent: Sequence[tuple[float, float]] = ()) -> tuple[Scheduler, list]:
     """4 GPUs. b has used 60 of 100 GPU-h, a 1, so b stands above a; the fair-share rule
     never preempts here (a margin of 1000: b would have to stand 1001 times higher). r1 (b, 1 GPU, resumable, a 10 h limit) has
     run 30 min and just saved its work: preempting it loses its 120 s reload plus the
     0.25 GPU-h toll, 0.283 GPU-h. a's gang of 4 GPUs arrives at NOW: its reservation is at
     r1's end, NOW + 9.5 h, with 3 GPUs standing idle until then: 28.5 idle GPU-hours."""
     s = Scheduler(tree(), inventory(gpus=4),
-                  Policy(max_reservations=1, finish_drain_ratio=ratio, preemption_margin=1000))
+                  Policy(max_reservations=1, finish_drain_ratio=ratio, preemption_margin=1000,
+                         finish_drain_budget=budget))
+    s.recent_losses.extend(recent)
     for wid, project, used in (("olda", "a", a_used), ("oldb", "b", b_used)):
         s.meter.add(ChargeInterval(wid, project, "x", 1000, NOW - 90 * HOUR,
                                    NOW - 90 * HOUR + used * HOUR))
@@ -484,6 +488,37 @@ def test_a_drain_is_finished_by_preempting_its_straggler_when_the_idle_time_is_w
         assert [d.workload for d in ds if isinstance(d, Start)] == ["gang"]
         assert not [d for d in ds if isinstance(d, Reserve)]
         assert "r1" not in s.running and s.reservations == {}
+
+
+def test_a_drain_waits_while_the_days_preemptions_have_spent_the_loss_budget() -> None:
+    """``finish_drain_budget`` 0.007 of 4 GPUs x 24 h: 0.672 GPU-h a day may be thrown away.
+    r1's preemption throws away its 120 s reload, 0.0333 GPU-h (the toll is a price, not a
+    loss). With 0.6 GPU-h thrown away in the last day the drain fits (0.633) and goes ahead,
+    and its Preempt says what it threw away; with 0.65 (0.683 > 0.672) it waits, r1 runs
+    on and the gang keeps its reservation; the same 0.65 thrown away more than a day ago
+    does not count; with no budget (0) nothing stops it."""
+    lost = 120 / HOUR
+    s, ds = _draining(4.0, recent=[(NOW - 3 * HOUR, 0.6)])
+    (pre,) = [d for d in ds if isinstance(d, Preempt)]
+    assert pre.lost == pytest.approx(lost)
+    assert list(s.recent_losses) == [(NOW - 3 * HOUR, 0.6), (NOW, pytest.approx(lost))]
+    assert s.recent_loss(NOW) == pytest.approx(0.6 + lost)
+    s, ds = _draining(4.0, recent=[(NOW - 3 * HOUR, 0.65)])
+    assert not [d for d in ds if isinstance(d, (Preempt, Start))]
+    assert "r1" in s.running and "gang" in s.pending and "gang" in s.reservations
+    for recent, budget in (([(NOW - 25 * HOUR, 0.65)], 0.007), ([(NOW - HOUR, 50.0)], 0.0)):
+        s, ds = _draining(4.0, recent=recent, budget=budget)
+        assert [d.workload for d in ds if isinstance(d, Start)] == ["gang"]
+
+
+def test_the_recent_losses_come_in_with_the_state() -> None:
+    """The live service rebuilds the scheduler every cycle: the day's losses it read from its
+    decision log are the budget's, oldest first, and those older than a day drop out."""
+    st = ClusterState(tree(), inventory(gpus=4),
+                      recent_losses=[(NOW - HOUR, 0.5), (NOW - 30 * HOUR, 9.0)])
+    s = Scheduler.from_state(st)
+    assert s.recent_loss(NOW) == pytest.approx(0.5)
+    assert list(s.recent_losses) == [(NOW - HOUR, 0.5)]
 
 
 @pytest.mark.parametrize("case", ["off", "not worth it", "protected", "reservation soon",

@@ -89,6 +89,15 @@ def _check_cycle(s: Scheduler, decisions, now: float, protected_before: set[str]
                     # the short lane takes only batch work that has just saved its progress
                     assert kinds[d.workload] == "batch"
                     assert s.short(s.running[d.for_workload])
+                elif d.reason.startswith("the last of a drain"):
+                    # finish_drain_ratio: a gang's straggler, of a project standing level
+                    # with the gang's or above it
+                    st_ = s._st
+                    assert st_ is not None
+                    gang = s.running[d.for_workload]
+                    assert gang.request.kind == "gpu" and gang.request.gpus >= 2
+                    mine = st_.path_standing[gang.project]
+                    assert mine <= st_.path_standing[victims[d.workload]]
                 elif backed_before.get(d.workload):
                     st_ = s._st
                     assert st_ is not None

@@ -189,13 +189,15 @@ def test_gang_prefers_one_rack():
 
 
 def test_blocked_gang_gets_reservation_and_backfill_respects_it():
-    s = Scheduler(tree(), inventory(gpus=4), policy=Policy(max_reservations=1))
+    # (drains not finished by preemption here: r1 would go, test_costs.py has those)
+    s = Scheduler(tree(), inventory(gpus=4),
+                  policy=Policy(max_reservations=1, finish_drain_ratio=0))
     s.submit(job("r1", "b", gpus=2, limit=2 * HOUR), NOW)  # ends at NOW+2h
     s.submit(job("r2", "b", gpus=1, limit=5 * HOUR, at=1), NOW)
     s.submit(job("gang", "a", gpus=3, at=2), NOW)  # needs 3, only 1 free
     s.submit(job("long", "b", gpus=1, limit=4 * HOUR, at=3), NOW)  # the free GPU is now taken?
     # "long" arrived incrementally and took the idle GPU; run a full cycle from scratch instead
-    state = ClusterState(s.accounts, s.inventory,
+    state = ClusterState(s.accounts, s.inventory, s.policy,
                          running=[s.running["r1"], s.running["r2"]],
                          pending=[job("gang", "a", gpus=3, at=2),
                                   job("long", "b", gpus=1, limit=4 * HOUR, at=3),
@@ -278,7 +280,7 @@ def test_standings_report():
 
 
 def test_reserved_gang_starts_as_soon_as_capacity_frees():
-    s = Scheduler(tree(), inventory(gpus=4))
+    s = Scheduler(tree(), inventory(gpus=4), Policy(finish_drain_ratio=0))
     s.submit(job("r1", "b", gpus=3, limit=2 * HOUR), NOW)
     s.submit(job("gang", "a", gpus=4, at=1, limit=8 * HOUR), NOW)
     ds = s.cycle(NOW)
@@ -377,7 +379,8 @@ def test_reservation_is_planned_at_the_cautious_end_of_running_work():
     past = job("past", "b", user="ben", limit=None)
     for hours in (1, 1, 1, 1, 1, 1, 2, 2, 2, 4):
         history.add_run(past, hours * HOUR)
-    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1), history)
+    s = Scheduler(tree(), inventory(gpus=4), Policy(max_reservations=1, finish_drain_ratio=0),
+                  history)
     assert starts(s.submit(job("r1", "b", user="ben", limit=None), NOW)) == ["r1"]
     assert s.predict(s.running["r1"]) == pytest.approx(2 * HOUR)
     # a full cycle from scratch (submitted one by one, "long" would take a free GPU at once)

@@ -454,3 +454,32 @@ def test_reads_from_several_threads_at_once_stay_whole(ledger):
     assert rows == fresh_rows
     assert (got.running, got.pending, got.charges) == (fresh.running, fresh.pending,
                                                       fresh.charges)
+
+
+def test_the_days_preemption_losses_are_read_back_for_the_drain_budget(ledger):
+    """``Policy.finish_drain_budget``: each preemption's intent (``preempting``, or
+    ``preempt-requested`` for a session its holder stops) carries what it threw away; the
+    state a cycle is built from holds those of the last day, oldest first. Hostile or
+    missing values (text, a boolean, a negative, none) count as nothing."""
+    from jupyter_gpubudget.core.inventory import Inventory, make_node
+    from jupyter_gpubudget.core.model import Policy
+    from jupyter_gpubudget.core.scheduler import LOSS_WINDOW
+    from jupyter_gpubudget.service.state import build_state
+
+    now = 10 * 86400.0
+    for at, kind, detail in (
+            (now - LOSS_WINDOW - 60, "preempting", {"lost_gpu_hours": 9.0}),  # a day ago
+            (now - 600, "preempting", {"lost_gpu_hours": 0.5}),
+            (now - 590, "preempt", {"lost_gpu_hours": 0.5}),  # the notice, not counted again
+            (now - 300, "preempt-requested", {"lost_gpu_hours": 0.25}),
+            (now - 200, "preempting", {"lost_gpu_hours": "lots"}),
+            (now - 150, "preempting", {"lost_gpu_hours": True}),
+            (now - 120, "preempting", {"lost_gpu_hours": -3}),
+            (now - 100, "preempting", {}),
+            (now - 90, "start", {"lost_gpu_hours": 7.0})):
+        ledger.record_decision(now=at, kind=kind, workload="w", detail=detail)
+    assert ledger.recent_losses(now - LOSS_WINDOW) == [(now - 600, 0.5), (now - 300, 0.25)]
+    tree = load_budgets(BUDGETS).accounts
+    inv = Inventory((make_node("n1", "H100-80GB", 8),))
+    state, _ = build_state(ledger, tree, inv, Policy(), now)
+    assert list(state.recent_losses) == [(now - 600, 0.5), (now - 300, 0.25)]

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from jupyter_gpubudget.ledger import Ledger, connect
 from tests.fixtures.hub import ServiceProc, http
 from tests.service.conftest import cleanup
 
@@ -80,6 +81,16 @@ def test_unbacked_job_is_preempted_requeued_and_noticed(service, tokens):
     assert w2["state"] == "pending" and w2["queue_position"] == 1
     assert w2["submitted_at"] == j2["submitted_at"]  # requeued keeps its place in time
     assert get_w(service, bob, j1["id"])["state"] == "running"  # protected, untouched
+    # what it threw away is logged with the preemption: the drain budget reads it back
+    # (it had run for seconds, so the scheduler priced its 120 s reload: 1/30 GPU-h)
+    ledger = Ledger(connect(service.db_url))
+    try:
+        (intent,) = [d for d in ledger.decisions(kind="preempting") if d.workload == j2["id"]]
+        assert intent.detail["lost_gpu_hours"] == pytest.approx(120 / 3600, rel=0.2)
+        assert ledger.recent_losses(intent.at - 1) == [(intent.at, intent.detail[
+            "lost_gpu_hours"])]
+    finally:
+        ledger.dispose()
     notices = http("GET", service.api + "/notices", bob)[1]["notices"]
     assert [n["workload"] for n in notices] == [j2["id"]] and notices[0]["requeued"]
     assert http("GET", service.api + "/notices", dave)[1]["notices"] == []

@@ -327,8 +327,9 @@ class Policy:
     # keeps its time, and backfilled work still running then is reclaimed for it. Reserved
     # GPUs no longer sit idle for lack of work short enough to fit before the gang (0: off,
     # only work predicted to end before it). Off by default: on the synthetic seeds 0-20 it
-    # cuts the goals missed from 37 to 28 (1 h), but on ITP cluster01 it more than triples
-    # the preemptions and lengthens waits by half (docs/simulator.md, "Leases")
+    # cut the goals missed from 37 to 28 (1 h, drains not finished), but on ITP cluster01
+    # it more than triples the preemptions and lengthens waits by half (docs/simulator.md,
+    # "Leases")
     backfill_lease: float = 0.0
     # a blocked gang whose reservation is at least ``FINISH_DRAIN_AFTER`` away may preempt
     # the unprotected work still running on the GPUs it reserved (its drain's stragglers)

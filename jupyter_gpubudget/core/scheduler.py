@@ -778,11 +778,13 @@ class Scheduler:
     def _within_loss_budget(self, lost: float, now: float) -> bool:
         """``Policy.finish_drain_budget``: would ``lost`` more GPU-hours thrown away keep
         the trailing day's within the budget's share of the cluster's GPU-hours?"""
-        budget = self.policy.finish_drain_budget
-        if budget <= 0:
-            return True
-        room = budget * self.inventory.gpu_count * LOSS_WINDOW / HOUR
-        return self.recent_loss(now) + lost <= room
+        room = self.loss_budget()
+        return room <= 0 or self.recent_loss(now) + lost <= room
+
+    def loss_budget(self) -> float:
+        """GPU-hours preemptions may throw away in ``LOSS_WINDOW`` before no drain is
+        finished (0: no budget)."""
+        return self.policy.finish_drain_budget * self.inventory.gpu_count * LOSS_WINDOW / HOUR
 
     def _overdue_gang(self, w: Workload, now: float) -> bool:
         """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first

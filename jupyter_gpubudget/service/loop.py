@@ -60,6 +60,10 @@ class View:
     #: and GPUs held by sessions reported idle ("idle_session")
     idle_gpu_hours: dict[str, float] = field(default_factory=dict)
     idle_held: float = 0.0  # GPU-equivalents held by sessions reported idle
+    #: GPU-hours the preemptions of the last day threw away, and the most drains may bring
+    #: it to (``Policy.finish_drain_budget``; 0: no budget)
+    lost_day_gpu_hours: float = 0.0
+    loss_budget_gpu_hours: float = 0.0
 
     def position(self, wid: str) -> int | None:
         try:
@@ -520,6 +524,8 @@ class SchedulingLoop:
             self._preemptions = (version, self.ledger.preemptions_by_project())
         v.preemptions = self._preemptions[1]
         v.quoter = Quoter(sched, fc, now)
+        v.lost_day_gpu_hours = sched.recent_loss(now)
+        v.loss_budget_gpu_hours = sched.loss_budget()
         self._node_view(v, sched, now)
         self.view = v
 

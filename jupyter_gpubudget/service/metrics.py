@@ -53,6 +53,17 @@ class LedgerCollector(Collector):
                 for k in KINDS:
                     g.add_metric([p, k], counts.get((p, k), 0))
             yield g
+        lost = GaugeMetricFamily(
+            "gpubudget_preemption_lost_day_gpu_seconds",
+            "GPU-seconds the last 24 h of preemptions threw away (drains are finished only "
+            "while this stays within gpubudget_drain_loss_budget_gpu_seconds)")
+        lost.add_metric([], v.lost_day_gpu_hours * 3600)
+        budget = GaugeMetricFamily(
+            "gpubudget_drain_loss_budget_gpu_seconds",
+            "GPU-seconds a day of preemptions may throw away before no drain is finished "
+            "(policy.finish_drain_budget x the cluster's GPU-seconds a day; 0: no budget)")
+        budget.add_metric([], v.loss_budget_gpu_hours * 3600)
+        yield from (lost, budget)
         pre = CounterMetricFamily("gpubudget_preemptions", "Preemptions (from the ledger)",
                                   labels=["project"])
         for p in sorted(set(projects) | set(v.preemptions)):  # 0 before the first: rate()

@@ -100,7 +100,9 @@ def test_dashboard_is_importable_with_a_datasource_variable():
                    "gpubudget_workloads_running", "gpubudget_workloads_pending",
                    "gpubudget_wait_seconds_bucket", "gpubudget_preemptions_total",
                    "gpubudget_gpus", "gpubudget_idle_gpu_seconds_total",
-                   "gpubudget_session_gpu_utilisation_percent", "gpubudget_cycle_seconds_bucket"):
+                   "gpubudget_session_gpu_utilisation_percent", "gpubudget_cycle_seconds_bucket",
+                   "gpubudget_preemption_lost_day_gpu_seconds",
+                   "gpubudget_drain_loss_budget_gpu_seconds"):
         assert metric in exprs, metric
 
 

@@ -18,6 +18,7 @@ submission, then the workload id.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -99,17 +100,16 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
 
     def order(name: str) -> list[Item]:
         """The subtree's items in order, each keyed by *this* account's projected standing.
-        Children's streams are each sorted by their own key, so merging them is a sort of
-        their union by (child key, submit time, id)."""
+        Children's streams are each in order of their own key, so merging them orders their
+        union by (child key, kind, submit time, id), each child's own order kept."""
         acc = tree.accounts[name]
         g = st.grant.get(name, 0.0)
         cum = st.usage.get(name, 0.0)
         if acc.children:
-            merged: list[Item] = []
-            for c in acc.children:
-                merged.extend(order(c))
-            merged.sort()
-            items = [t[4] for t in merged]
+            # a k-way merge keeps each child's own order where keys tie (a sort would put
+            # a child's later debug run ahead of its earlier gang when the gang's projected
+            # demand is 0: Scheduler.demand)
+            items = [t[4] for t in heapq.merge(*(order(c) for c in acc.children))]
         else:
             items = by_project.get(name, [])
             items.sort(key=lambda w: (kind_rank(w.kind), w.submitted_at, w.id))
@@ -119,8 +119,4 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
             cum += need[w.id]
         return out
 
-    merged: list[Item] = []
-    for r in tree.roots:
-        merged.extend(order(r))
-    merged.sort()
-    return [(t[0], t[4]) for t in merged]
+    return [(t[0], t[4]) for t in heapq.merge(*(order(r) for r in tree.roots))]

@@ -69,6 +69,23 @@ def test_projected_standing_interleaves_projects():
     assert order.index("b0") <= 1
 
 
+def test_a_gang_of_whole_nodes_does_not_push_its_projects_other_work_back():
+    """Nodes of 4 GPUs. a queued a gang first, then a one-GPU job; b queued a one-GPU job
+    last; a and b stand level. A 4-GPU gang (a whole node: it mostly waits for a drain) adds
+    nothing to a's projected standing, so a's job keeps its place ahead of b's (equal keys:
+    submission time); a 2-GPU gang projects its 20 GPU-hours, so b's job goes ahead of a's."""
+    for gang_gpus, expect in ((4, ["gang", "a1", "b1"]), (2, ["gang", "b1", "a1"])):
+        pending = [job("gang", "a", gpus=gang_gpus, at=0, limit=10 * HOUR),
+                   job("a1", "a", at=1), job("b1", "b", at=2)]
+        state = ClusterState(tree(), inventory(nodes=2, gpus=4), pending=pending)
+        assert queue_order(state, NOW) == expect, gang_gpus
+    s = Scheduler(tree(), inventory(nodes=2, gpus=4))
+    assert s.waits_for_nodes(job("g", "a", gpus=4)) and s.waits_for_nodes(job("g", gpus=8))
+    assert not s.waits_for_nodes(job("g", "a", gpus=3))
+    one = Scheduler(tree(), inventory(nodes=2, gpus=1))
+    assert not one.waits_for_nodes(job("g")) and one.waits_for_nodes(job("g", gpus=2))
+
+
 def test_equal_standing_falls_back_to_submit_time():
     state = ClusterState(tree(), inventory(gpus=1),
                          pending=[job("late", "b", at=5), job("early", "a", at=1)])

@@ -275,8 +275,9 @@ def test_arrival_keys_by_hand_after_a_cycle():
     """After a cycle (which knows the usage), a newcomer's key is (its top-level account's
     usage + the demand already queued under it) / that account's grant; a short debug run's
     is its top-level account's standing less LANE_OFFSET; an account without a grant: ∞.
-    pa has used 4 of 10 GPU-hours and has two 2-GPU jobs (2 GPU-hours each) waiting; pb has
-    used 0.2 of 0.5."""
+    pa has used 4 of 10 GPU-hours and has two one-GPU jobs (2 GPU-hours each) waiting; pb has
+    used 0.2 of 0.5. (One-GPU jobs: on this one-GPU node a gang would be of whole nodes,
+    which the projection leaves out.)"""
     from jupyter_gpubudget.core.ranking import INF, LANE_OFFSET
 
     t = tree("""
@@ -286,7 +287,7 @@ accounts:
   pz: {grant: 0, children: {z: {grant: 0}}}
 """)
     run = replace(held("run", "a", since=0.0), protected_until=NOW + 20 * HOUR)
-    pend = [job("p0", "a", gpus=2), job("p1", "a", gpus=2, at=1.0)]
+    pend = [job("p0", "a", limit=2 * HOUR), job("p1", "a", at=1.0, limit=2 * HOUR)]
     state = ClusterState(t, inventory(gpus=1), running=[run], pending=pend,
                          charges=[used("a", 4.0), used("b", 0.2)])
     s = Scheduler.from_state(state)
@@ -327,7 +328,8 @@ def test_the_queue_keeps_counts_and_drops_stale_entries():
     one, two = SliceRequest.whole(1).shape, SliceRequest.whole(2).shape
     assert s._shape_count == {one: 35, two: 35} and s.mix == {one: 35.0, two: 35.0}
     assert [seq for _, seq, _ in sorted(s._order, key=lambda e: e[1])] == list(range(70))
-    assert s.demand(s.pending["w01"]) == 2.0  # 2 GPUs × its 1-hour limit
+    assert s.demand(s.pending["w00"]) == 1.0  # 1 GPU × its 1-hour limit
+    assert s.demand(s.pending["w01"]) == 0.0  # 2 GPUs where no node has 2: of whole nodes
     for i in range(35):
         s.cancel(f"w{i:02d}", NOW)
     assert len(s._order) == 70  # 70 entries for 35 pending: not yet more than twice

@@ -156,6 +156,8 @@ class DecisionRow(Base):
     """Audit log: every decision applied and every administrative change."""
 
     __tablename__ = "decisions"
+    #: the day's preemptions and their losses, read every cycle (``Ledger.recent_losses``)
+    __table_args__ = (Index("ix_decisions_kind_at", "kind", "at"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[float] = mapped_column(Float, index=True)
     cycle: Mapped[int] = mapped_column(Integer, default=0)

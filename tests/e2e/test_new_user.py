@@ -154,8 +154,13 @@ def test_a_stopped_session_says_what_it_cost(demo, browser):
     st, running = http("GET", demo.svc + "/sessions?user=alice&state=running", demo.token)
     assert st == 200 and len(running["sessions"]) == 1, running
     sid = running["sessions"][0]["id"]
-    page.goto(demo.url + "/hub/home")
-    page.click("#stop")
+    # the stop button works once the page's scripts have bound it: a click before that does
+    # nothing (it happened once on a loaded CI machine); the hub must then be asked to stop
+    page.goto(demo.url + "/hub/home", wait_until="networkidle")
+    with page.expect_response(lambda r: r.request.method == "DELETE"
+                              and "/hub/api/users/alice/server" in r.url,
+                              timeout=60_000):
+        page.click("#stop")
     last = page.locator(f"#gpubudget-last[data-workload='{sid}']")
     last.wait_for(timeout=90_000)
     text = last.inner_text()

@@ -758,13 +758,12 @@ class Scheduler:
             if paths.get(v.project, ()) < mine:  # work of a project standing below w's
                 return False
             victims.append(v)
-        costs = {v.id: preemption_cost(v, now, self.policy) + self.policy.preemption_toll
-                 for v in victims}
+        losses = {v.id: preemption_cost(v, now, self.policy) for v in victims}
+        costs = {wid: lost + self.policy.preemption_toll for wid, lost in losses.items()}
         idle_hours = sum(1 for g in gpus if g.free) * (at - now) / HOUR
         if idle_hours < self.policy.finish_drain_ratio * sum(costs.values()):
             return False
-        if not self._within_loss_budget(
-                sum(preemption_cost(v, now, self.policy) for v in victims), now):
+        if not self._within_loss_budget(sum(losses.values()), now):
             return False
         # the reservation gives way to the start (its GPUs are w's either way)
         for g in gpus:

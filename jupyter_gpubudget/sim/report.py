@@ -111,7 +111,10 @@ def summary_table(m: dict[str, Any], title: str = "Cluster") -> Table:
     if "entitled_share_error_pts" in m:
         t.add_row("programs' share − entitled share (max)",
                   f"{m['entitled_share_error_pts']:.1f} pt (a program that asked for less "
-                  "than its grant's part is entitled to what it asked for)")
+                  "than its grant's part is entitled to what it asked for)"
+                  + ("" if "share_error_floor_pts" not in m else
+                     f"; the fair split's own error from grants: "
+                     f"{m['share_error_floor_pts']:.1f} pt"))
     t.add_row("events / cycles", f"{m['events']} / {m['cycles']}")
     return t
 

@@ -3,7 +3,8 @@ month on several synthetic seeds, with policy keys changed as a budgets file wou
 them — for telling a policy change from the luck of one seed.
 
     .venv/bin/python bench/policy_seeds.py [--seeds 0-20] [--runs 3day,month]
-                                           [--set gang_overdue_after=1h ...] [--jobs N]
+                                           [--set gang_overdue_after=1h ...] [--compare]
+                                           [--jobs N]
 
 The goals of ``bench/policy.py`` are judged here, over seeds 0-20 by default (issue 26):
 the policy's weights were tuned on seeds 1-2 (``policy.TUNING_SEEDS``; the lane's on 1-5),
@@ -20,12 +21,19 @@ Prints, per run, one row per seed with each goal of issue 14 marked, then how ma
 meet each goal, the mean and the worst; then the goals missed over every seed and run
 together (one number to compare policies by; choose on seeds other than 0, the seed
 ``bench/policy.py`` reports); last, one JSON line.
+
+With ``--compare`` the defaults run too, on the same seeds, and the ``--set`` policy is
+compared with them seed by seed: per goal's figure, the mean change with its standard
+error, on how many seeds it is better or worse and a sign test (a p of 0.05 or less: about
+one chance in twenty that a policy no better than the defaults splits the seeds so
+unevenly), then the seed x goal pairs newly met and newly missed. Twice the time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -125,6 +133,9 @@ def main() -> None:
     ap.add_argument("--runs", default="3day,month", help="3day, month or both (default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a policy key as in the budgets YAML (repeatable)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run the defaults and compare the --set policy with them, seed "
+                         "by seed (paired: the same seeds, the same traces)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="simulations run side by side (default: the CPUs)")
     args = ap.parse_args()
@@ -135,6 +146,9 @@ def main() -> None:
         bad = [r for r in runs if r not in FIGURES]
         if bad or not runs:
             raise ValueError(f"--runs: expected 3day and/or month, got {args.runs!r}")
+        if args.compare and not sets:
+            raise ValueError("--compare: give the policy to compare with the defaults by "
+                             "--set KEY=VALUE")
     except ValueError as e:
         ap.error(str(e))
     print(f"seeds {seeds}; policy changes: {sets or 'none (the defaults)'}", flush=True)
@@ -142,6 +156,8 @@ def main() -> None:
     missed = 0  # goals missed, over every seed and run: one number to compare policies by
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {(r, s): pool.submit(one, r, s, sets) for r in runs for s in seeds}
+        base = ({(r, s): pool.submit(one, r, s, {}) for r in runs for s in seeds}
+                if args.compare else {})
         for which in runs:
             figs = FIGURES[which]
             print(f"\n{which}: " + ("synthetic, load 1.4, 72 h, 10 s cycle" if which == "3day"
@@ -194,9 +210,69 @@ def main() -> None:
                 print(f"{which} {what}: mean {se['mean']:.2f} pt, worst {se['worst']:.2f} pt "
                       f"(goal: {'' if mean_max is None else f'mean <= {mean_max:g}, '}worst "
                       f"<= {worst_max:g}) "
-                      + (("within it" if ok else "over it: a program asked for less than its grant")
+                      + (("within it" if ok else
+                          "over it: a program asked for less than its grant")
                          if key == "share_error_floor_pts" else ("met" if ok else "NOT met")))
+    if base:
+        out["compare"] = compare({k: f.result() for k, f in base.items()},
+                                 {k: f.result() for k, f in futures.items()}, runs, seeds)
     print(json.dumps(out))
+
+
+def sign_test(better: int, worse: int) -> float:
+    """Two-sided sign test: how likely a split this uneven (or more) is when each seed is
+    as likely to come out better as worse (ties left out)."""
+    n, k = better + worse, min(better, worse)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def compare(base: dict[tuple[str, int], dict[str, Any]],
+            new: dict[tuple[str, int], dict[str, Any]], runs: list[str], seeds: list[int]
+            ) -> dict[str, Any]:
+    """The --set policy against the defaults, seed by seed: per figure with a goal, the mean
+    change and its standard error, on how many seeds it is better or worse, a sign test;
+    then the goals missed by each and the seed x goal pairs that changed side. Printed and
+    returned."""
+    print("\ncompared with the defaults, seed by seed (better: toward the goal's side)")
+    out: dict[str, Any] = {}
+    missed = {"defaults": 0, "policy": 0}
+    flipped = {"newly_met": 0, "newly_missed": 0}
+    for which in runs:
+        for name, key, op, goal in FIGURES[which]:
+            if not op:
+                continue
+            diffs, better, worse = [], 0, 0
+            for s in seeds:
+                a, b = base[(which, s)][key], new[(which, s)][key]
+                ma, mb = meets(a, op, goal), meets(b, op, goal)
+                missed["defaults"] += ma is False
+                missed["policy"] += mb is False
+                flipped["newly_met"] += ma is False and mb is True
+                flipped["newly_missed"] += ma is True and mb is False
+                if a is None or b is None:
+                    continue
+                d = (b - a) if op == "≥" else (a - b)  # > 0: better
+                diffs.append(b - a)
+                better += d > 1e-12
+                worse += d < -1e-12
+            if not diffs:
+                continue
+            mean = sum(diffs) / len(diffs)
+            se = (math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+                            / len(diffs)) if len(diffs) > 1 else 0.0)
+            p = sign_test(better, worse)
+            out[f"{which}.{key}"] = {"mean_change": mean, "se": se, "better": better,
+                                     "worse": worse, "sign_test_p": round(p, 4)}
+            print(f"  {which} {name}: {mean:+.4g} on average (± {se:.2g} s.e.); of "
+                  f"{len(diffs)} seeds {better} better, {worse} worse; sign test p = {p:.2g}")
+    print(f"  goals missed: {missed['defaults']} with the defaults, {missed['policy']} with "
+          f"this policy ({flipped['newly_met']} pairs newly met, {flipped['newly_missed']} "
+          f"newly missed)")
+    out["goals_missed"] = missed
+    out["pairs"] = flipped
+    return out
 
 
 if __name__ == "__main__":

@@ -103,8 +103,8 @@ def compute(res: SimResult) -> dict[str, Any]:
         # ... and the grant error that max-min fairness itself has: what no scheduler can
         # beat when a program asked for less than its grant's part (its demand is its cap)
         "share_error_floor_pts": max(
-            (100.0 * abs(e - accounts[n]["grant_share"]) for n, e in entitled.items()),
-            default=0.0),
+            (round(100.0 * abs(e - accounts[n]["grant_share"]), 9)
+             for n, e in entitled.items()), default=0.0),
         "contended_share_error_pts": max(
             (100.0 * abs(a["contended_share"] - a["grant_share"]) for a in programs),
             default=0.0),

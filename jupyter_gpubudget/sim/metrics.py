@@ -100,8 +100,9 @@ def compute(res: SimResult) -> dict[str, Any]:
         "entitled_share_error_pts": max(
             (100.0 * abs(accounts[n]["delivered_share"] - e) for n, e in entitled.items()),
             default=0.0),
-        # ... and the grant error that max-min fairness itself has: what no scheduler can
-        # beat when a program asked for less than its grant's part (its demand is its cap)
+        # ... and the grant error that max-min fairness itself has: what no scheduler that
+        # delivers as much can go below when a program asked for less than its grant's
+        # part (its demand caps its share)
         "share_error_floor_pts": max(
             (round(100.0 * abs(e - accounts[n]["grant_share"]), 9)
              for n, e in entitled.items()), default=0.0),

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from jupyter_gpubudget.core.accounts import load_budgets
+from jupyter_gpubudget.core.inventory import Inventory, make_node
+from jupyter_gpubudget.sim import metrics
+from jupyter_gpubudget.sim.engine import SimConfig, simulate
 from jupyter_gpubudget.sim.metrics import entitled_shares
+from jupyter_gpubudget.sim.traces import parse_native
 
 
 def programs(**figures: tuple[float, float]) -> dict[str, dict]:
@@ -40,12 +45,6 @@ def test_the_report_says_what_no_scheduler_can_beat_when_a_program_asks_for_litt
     """Equal grants; a asks for 4 GPU-hours, b for 1, and both get all of it: b's share is
     20 % against a 50 % grant. The grant error (30 pt) is all the fair split's own (its
     floor), none of it the scheduler's (0 pt from entitled shares)."""
-    from jupyter_gpubudget.core.accounts import load_budgets
-    from jupyter_gpubudget.core.inventory import Inventory, make_node
-    from jupyter_gpubudget.sim import metrics
-    from jupyter_gpubudget.sim.engine import SimConfig, simulate
-    from jupyter_gpubudget.sim.traces import parse_native
-
     budgets = load_budgets("accounts:\n  a: {grant: 100}\n  b: {grant: 100}\n", "b.yaml")
     trace = parse_native(
         "id,submit,duration,gpus,project,user,kind,min_runtime,resumable\n"

@@ -4,7 +4,7 @@ them — for telling a policy change from the luck of one seed.
 
     .venv/bin/python bench/policy_seeds.py [--seeds 0-20] [--runs 3day,month]
                                            [--set gang_overdue_after=1h ...] [--compare]
-                                           [--jobs N]
+                                           [--plot compare.png] [--jobs N]
 
 The goals of ``bench/policy.py`` are judged here, over seeds 0-20 by default (issue 26):
 the policy's weights were tuned on seeds 1-2 (``policy.TUNING_SEEDS``; the lane's on 1-5),
@@ -26,7 +26,8 @@ With ``--compare`` the defaults run too, on the same seeds, and the ``--set`` po
 compared with them seed by seed: per goal's figure, the mean change with its standard
 error, on how many seeds it is better or worse and a sign test (a p of 0.05 or less: about
 one chance in twenty that a policy no better than the defaults splits the seeds so
-unevenly), then the seed x goal pairs newly met and newly missed. Twice the time.
+unevenly), then the seed x goal pairs newly met and newly missed. Twice the time. ``--plot
+FILE.png`` draws it: a panel per goal, each seed's two values joined.
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="also run the defaults and compare the --set policy with them, seed "
                          "by seed (paired: the same seeds, the same traces)")
+    ap.add_argument("--plot", metavar="FILE.png",
+                    help="with --compare: a chart of each goal's figure per seed, the defaults "
+                         "beside the policy, the goal drawn in")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="simulations run side by side (default: the CPUs)")
     args = ap.parse_args()
@@ -146,6 +150,10 @@ def main() -> None:
         bad = [r for r in runs if r not in FIGURES]
         if bad or not runs:
             raise ValueError(f"--runs: expected 3day and/or month, got {args.runs!r}")
+        if args.plot and not args.compare:
+            raise ValueError("--plot: draws the comparison; add --compare and --set")
+        if args.plot and not args.plot.endswith(".png"):
+            raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
         if args.compare and not sets:
             raise ValueError("--compare: give the policy to compare with the defaults by "
                              "--set KEY=VALUE")
@@ -214,8 +222,12 @@ def main() -> None:
                           "over it: a program asked for less than its grant")
                          if key == "share_error_floor_pts" else ("met" if ok else "NOT met")))
     if base:
-        out["compare"] = compare({k: f.result() for k, f in base.items()},
-                                 {k: f.result() for k, f in futures.items()}, runs, seeds)
+        a = {k: f.result() for k, f in base.items()}
+        b = {k: f.result() for k, f in futures.items()}
+        out["compare"] = compare(a, b, runs, seeds)
+        if args.plot:
+            plot(a, b, runs, seeds, sets, args.plot)
+            print(f"chart: {args.plot}")
     print(json.dumps(out))
 
 
@@ -273,6 +285,54 @@ def compare(base: dict[tuple[str, int], dict[str, Any]],
     out["goals_missed"] = missed
     out["pairs"] = flipped
     return out
+
+
+def plot(base: dict[tuple[str, int], dict[str, Any]],
+         new: dict[tuple[str, int], dict[str, Any]], runs: list[str], seeds: list[int],
+         sets: dict[str, Any], path: str) -> None:
+    """One panel per goal's figure: per seed, the defaults' value and the policy's joined by
+    a line (green where the policy is better, red where worse), the goal dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(which, name, key, op, goal) for which in runs
+              for name, key, op, goal in FIGURES[which] if op]
+    cols = 3
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    label = ", ".join(f"{k}={v}" for k, v in sets.items())
+    for ax, (which, name, key, op, goal) in zip(axes.flat, panels, strict=False):
+        for s in seeds:
+            a, b = base[(which, s)][key], new[(which, s)][key]
+            if a is None or b is None:
+                continue
+            scale = 100.0 if key == "utilisation" else 1.0
+            good = (b >= a) if op == "≥" else (b <= a)
+            ax.plot([s, s], [a * scale, b * scale], color="tab:green" if good else "tab:red",
+                    lw=1.5, zorder=1)
+            ax.scatter([s], [a * scale], color="0.55", s=18, zorder=2,
+                       label="defaults" if s == seeds[0] else None)
+            ax.scatter([s], [b * scale], color="tab:blue", s=18, zorder=3,
+                       label=label if s == seeds[0] else None)
+        scale = 100.0 if key == "utilisation" else 1.0
+        ax.axhline(goal * scale, color="k", ls="--", lw=1, label="the goal")
+        unit = " (%)" if key == "utilisation" else ""
+        ax.set_title(f"{'3 days' if which == '3day' else 'the month'}: {name}{unit}, "
+                     f"goal {op} {goal * scale:g}", fontsize=10)
+        ax.set_xlabel("seed")
+        ax.set_xticks(seeds if len(seeds) <= 21 else seeds[:: max(1, len(seeds) // 20)])
+        ax.tick_params(labelsize=8)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower right", fontsize=9, frameon=False)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{label} against the defaults, seed by seed "
+                 "(green: toward the goal, red: away from it)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,26 @@ def test_compare_knows_which_way_is_better_and_counts_pairs(capsys) -> None:  # 
     assert out["goals_missed"] == {"defaults": 1, "policy": 1}
     assert out["pairs"] == {"newly_met": 1, "newly_missed": 1}
     assert "month utilisation: +0.005 on average" in capsys.readouterr().out
+
+
+def test_plot_draws_a_panel_per_goal(tmp_path: Path) -> None:
+    base = {("month", 0): row(0.94, 1.5), ("month", 1): row(0.97, 1.0)}
+    new = {("month", 0): row(0.96, 2.5), ("month", 1): row(0.96, 0.5)}
+    path = tmp_path / "compare.png"
+    policy_seeds.plot(base, new, ["month"], [0, 1], {"finish_drain_budget": 0.012}, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--plot", "c.png"], "--plot: draws the comparison"),
+    (["--compare", "--set", "finish_drain_budget=0.01", "--plot", "c.svg"], "expected a .png"),
+    (["--compare"], "--compare: give the policy"),
+])
+def test_bad_comparison_arguments_are_refused_before_anything_runs(
+        argv: list[str], says: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(sys, "argv", ["policy_seeds.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        policy_seeds.main()
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err

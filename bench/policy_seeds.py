@@ -279,9 +279,9 @@ def compare(base: dict[tuple[str, int], dict[str, Any]],
                                      "worse": worse, "sign_test_p": round(p, 4)}
             print(f"  {which} {name}: {mean:+.4g} on average (± {se:.2g} s.e.); of "
                   f"{len(diffs)} seeds {better} better, {worse} worse; sign test p = {p:.2g}")
+    met, lost = flipped["newly_met"], flipped["newly_missed"]
     print(f"  goals missed: {missed['defaults']} with the defaults, {missed['policy']} with "
-          f"this policy ({flipped['newly_met']} pairs newly met, {flipped['newly_missed']} "
-          f"newly missed)")
+          f"this policy (seed x goal pairs: {met} newly met, {lost} newly missed)")
     out["goals_missed"] = missed
     out["pairs"] = flipped
     return out

@@ -310,7 +310,11 @@ class Policy:
     # whole GPUs that, standing free when a cycle begins, are kept for short work until the
     # next cycle: work predicted to run past ``short_lane`` is not placed there (a gang
     # still may), so a debug run that arrives finds a GPU instead of waiting for long work
-    # to end; only once debug work has been seen (0: keep nothing back)
+    # to end; only once debug work has been seen (0: keep nothing back). When no whole GPU
+    # outside MIG mode stands free, an idle MIG-mode GPU is kept instead (a one-GPU run
+    # takes it whole, ``whole_gpu_on_mig``): it serves no gang, so the lane no longer takes
+    # the next GPU outside MIG mode that comes free from the gangs (docs/simulator.md,
+    # "The short lane on an idle MIG-mode GPU")
     short_lane_hold: int = 1
     # a blocked gang still waiting this many seconds after the start first planned for it
     # (its first reservation's time) may preempt unprotected work of accounts standing

@@ -56,7 +56,7 @@ from .model import (
     Workload,
     request_milli,
 )
-from .placement import place
+from .placement import full_profile, place
 from .preemption import (
     choose_victims,
     preemption_cost,
@@ -811,23 +811,60 @@ class Scheduler:
         lane until the next cycle: work is placed there only when predicted to end within
         ``policy.short_lane`` (as on GPUs reserved from then), and a gang is placed and
         reserved around them unless it needs them to fit at all. The GPUs on the nodes with
-        the fewest free GPUs are kept, so that free nodes stay whole for gangs. Nothing is
-        kept until debug work has been seen."""
+        the fewest free GPUs are kept, so that free nodes stay whole for gangs; with none
+        free, an idle MIG-mode GPU (:meth:`_keep_for_lane`). Nothing is kept until debug
+        work has been seen."""
         self._lane_held = []
         self._lane_on = False
         hold, lane = self.policy.short_lane_hold, self.policy.short_lane
         if hold <= 0 or lane <= 0 or not self.history.kind_version.get("debug"):
             return
         self._lane_on = True
-        free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
-                      for i in n.free_whole)
         self._lane_until = now + lane
+        kept = self._keep_for_lane(hold)
         self._lane_room = sum(1 for n in self.cluster.nodes if n.healthy
-                              for g in n.gpus if not g.mig) - min(hold, len(free))
-        for _, idx, i in free[:hold]:
-            g = self.cluster.nodes[idx].gpus[i]
+                              for g in n.gpus if not g.mig) - sum(1 for g in kept if not g.mig)
+
+    def _keep_for_lane(self, count: int) -> list[Gpu]:
+        """Keep up to ``count`` idle GPUs that no gang has reserved for the short lane:
+        whole GPUs outside MIG mode, on the nodes with the fewest free; when none stands
+        free, idle MIG-mode GPUs that a one-GPU run may take whole
+        (``Policy.whole_gpu_on_mig``). Otherwise, with every GPU outside MIG mode busy, the
+        lane would keep nothing until one came free — and it would then keep that one from
+        the gangs, although an idle MIG-mode GPU, which serves no gang, would do."""
+        free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
+                      for i in n.free_whole if n.gpus[i].reserved_at == INF)
+        kept = [self.cluster.nodes[idx].gpus[i] for _, idx, i in free[:count]]
+        if not any(n.free_whole for n in self.cluster.nodes if n.healthy):
+            kept = self._idle_mig_gpus()[:count]
+        for g in kept:
             g.reserved_at = self._lane_until
             self._lane_held.append(g)
+        return kept
+
+    def _idle_mig_gpus(self) -> list[Gpu]:
+        """MIG-mode GPUs with no instance, whose layout has the full-size one, on healthy
+        nodes, that nothing holds back — each one a whole GPU to a one-GPU request when
+        ``Policy.whole_gpu_on_mig``."""
+        if not self.policy.whole_gpu_on_mig:
+            return []
+        out = []
+        for (model, layout), by_occ in self.cluster.mig_index.items():
+            prof = full_profile(model)
+            idle = by_occ.get((0, 0))
+            if not idle or prof is None or (layout is not None
+                                             and (prof.name, 0) not in layout):
+                continue
+            for key in idle:
+                g = self.cluster.gpu(key)
+                if g.node.healthy and g.reserved_at == INF:
+                    out.append(g)
+        return sorted(out, key=lambda g: (g.node.idx, g.index))
+
+    @staticmethod
+    def _lane_idle(g: Gpu) -> bool:
+        """Nothing runs on ``g`` (a MIG-mode GPU: no instance)."""
+        return g.free or (g.mig and g.mask == 0)
 
     def _top_up_lane(self) -> None:
         """With leases (``policy.backfill_lease``) or drains finished by preemption
@@ -841,15 +878,10 @@ class Scheduler:
         if not self._lane_on or hold <= 0 or (self.policy.backfill_lease <= 0
                                                and self.policy.finish_drain_ratio <= 0):
             return
-        kept = sum(1 for g in self._lane_held if g.free and g.reserved_at == self._lane_until)
-        if kept >= hold:
-            return
-        free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
-                      for i in n.free_whole if n.gpus[i].reserved_at == INF)
-        for _, idx, i in free[:hold - kept]:
-            g = self.cluster.nodes[idx].gpus[i]
-            g.reserved_at = self._lane_until
-            self._lane_held.append(g)
+        kept = sum(1 for g in self._lane_held
+                   if self._lane_idle(g) and g.reserved_at == self._lane_until)
+        if kept < hold:
+            self._keep_for_lane(hold - kept)
 
     @contextmanager
     def _lane_lifted(self) -> Iterator[None]:
@@ -862,7 +894,7 @@ class Scheduler:
             yield
         finally:
             for g in held:
-                if g.free:
+                if self._lane_idle(g):
                     g.reserved_at = min(g.reserved_at, self._lane_until)
 
     def _lane_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],

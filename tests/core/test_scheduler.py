@@ -436,6 +436,30 @@ def test_a_free_gpu_is_kept_for_the_short_lane_until_the_next_cycle():
     assert ds[0].backfill_until is None  # kept for the lane, not borrowed from a gang
 
 
+def test_with_every_whole_gpu_busy_the_lane_keeps_an_idle_mig_mode_gpu():
+    """A 2-GPU node busy with a pair, and a MIG-mode GPU with no instance: the cycle keeps
+    the MIG-mode GPU for short work (a gang cannot use it, a one-GPU run can take it whole),
+    so a 4-hour job waits and a debug run arriving later starts at once on it — where
+    before the lane kept nothing and the long job took it."""
+    from jupyter_gpubudget.core.inventory import Inventory, make_node
+
+    inv = Inventory((make_node("n0", "H100-80GB", 2), make_node("m0", "H100-80GB", 1, mig=(0,))))
+    pair = job("pair", "a", gpus=2, limit=4 * HOUR)
+    s = Scheduler.from_state(ClusterState(tree(), inv, Policy(), history=_debug_seen(),
+                                          pending=[pair]))
+    assert starts(s.cycle(NOW)) == ["pair"]  # on the GPUs outside MIG mode, lane and all
+    assert starts(s.submit(job("one", "a", at=1, limit=4 * HOUR), NOW + 30)) == ["one"]
+    assert s.running["one"].placement.slices[0].node == "m0"
+    s.finish("one", NOW + 40)  # the MIG-mode GPU comes free: kept for the lane
+    kept = s.cluster.by_name["m0"].gpus[0]
+    assert kept.reserved_at == NOW + s.policy.short_lane
+    assert starts(s.submit(job("long", "a", at=2, limit=4 * HOUR), NOW + 50)) == []
+    assert starts(s.cycle(NOW + 60)) == []  # and at the next cycle too
+    assert kept.reserved_at == NOW + 60 + s.policy.short_lane
+    ds = s.submit(job("dbg", "b", at=6, kind="debug", limit=20 * 60), NOW + 90)
+    assert starts(ds) == ["dbg"] and ds[0].placement.slices[0].node == "m0"
+
+
 def test_nothing_is_kept_for_the_lane_without_debug_work_or_when_turned_off():
     longs = [job(f"long{i}", "a", at=i, limit=4 * HOUR) for i in range(4)]
     for history, policy in ((None, Policy()), (_debug_seen(), Policy(short_lane_hold=0))):

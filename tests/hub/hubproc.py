@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpubudget.hub.demo_setup import reachable
+from tests.fixtures.ports import free_port
 from tests.fixtures.unixusers import shared_tmp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,12 +48,6 @@ def require_hub_parts() -> None:
     require(have, "jupyterhub/jupyterlab (pip install '.[hub]')")
     require(shutil.which("configurable-http-proxy") is not None,
             "configurable-http-proxy (npm install -g configurable-http-proxy)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, token: str | None = None, body: object = None,

@@ -218,7 +218,8 @@ def test_sqlite_ledger_refuses_a_second_replica(tmp_path):
     import sys
 
     from tests.fixtures.hub import BUDGETS
-    from tests.fixtures.replicas import INVENTORY, free_port
+    from tests.fixtures.ports import free_port
+    from tests.fixtures.replicas import INVENTORY
 
     (tmp_path / "budgets.yaml").write_text(BUDGETS)
     (tmp_path / "inventory.yaml").write_text(INVENTORY)
@@ -253,7 +254,8 @@ def test_hub_and_lab_clients_try_the_next_replica(cluster):
     from jupyter_gpubudget.hub.client import ServiceClient as HubClient
     from jupyter_gpubudget.serverext.config import GpuBudgetLab
     from jupyter_gpubudget.serverext.service import ServiceClient as LabClient
-    from tests.fixtures.replicas import TOKENS, free_port
+    from tests.fixtures.ports import free_port
+    from tests.fixtures.replicas import TOKENS
 
     leader = cluster.wait_leader()
     standby = next(r for r in cluster.replicas if r is not leader)

@@ -11,8 +11,8 @@ from jupyter_gpubudget.backends.base import Launch
 from jupyter_gpubudget.backends.local import LocalBackend
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.service.leader import Lease, NotLeader
+from tests.fixtures.ports import free_port
 from tests.fixtures.postgres import postgres_server  # noqa: F401
-from tests.fixtures.replicas import free_port
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.fixtures.ports import free_port
+
 CLUSTER = "gpubudgettest"
 PARTITION = "gpubudget"
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd",
@@ -54,12 +56,6 @@ def missing_parts() -> list[str]:
 
 def _exe(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ClusterError(RuntimeError):

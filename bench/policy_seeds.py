@@ -3,8 +3,9 @@ month on several synthetic seeds, with policy keys changed as a budgets file wou
 them — for telling a policy change from the luck of one seed.
 
     .venv/bin/python bench/policy_seeds.py [--seeds 0-20] [--runs 3day,month]
-                                           [--set gang_overdue_after=1h ...] [--compare]
-                                           [--plot compare.png] [--jobs N]
+                                           [--set gang_overdue_after=1h ...]
+                                           [--compare | --baseline SAVED.json]
+                                           [--plot compare.png] [--save OUT.json] [--jobs N]
 
 The goals of ``bench/policy.py`` are judged here, over seeds 0-20 by default (issue 26):
 the policy's weights were tuned on seeds 1-2 (``policy.TUNING_SEEDS``; the lane's on 1-5),
@@ -28,6 +29,12 @@ error, on how many seeds it is better or worse and a sign test (a p of 0.05 or l
 one chance in twenty that a policy no better than the defaults splits the seeds so
 unevenly), then the seed x goal pairs newly met and newly missed. Twice the time. ``--plot
 FILE.png`` draws it: a panel per goal, each seed's two values joined.
+
+``--save FILE.json`` writes the JSON line to a file too, and ``--baseline FILE.json``
+compares with such a saved run instead of running the defaults: a change of *code* (a
+prototype, another commit) measured against the run of the commit before it, on the same
+seeds, in half the time. The file may be the JSON line or the whole printed output; a
+baseline that lacks a run or seed asked for is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -137,9 +144,14 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="also run the defaults and compare the --set policy with them, seed "
                          "by seed (paired: the same seeds, the same traces)")
+    ap.add_argument("--baseline", metavar="SAVED.json",
+                    help="compare with a run saved by --save (or its printed output) instead of "
+                         "running the defaults: a code change against the commit before it")
     ap.add_argument("--plot", metavar="FILE.png",
-                    help="with --compare: a chart of each goal's figure per seed, the defaults "
-                         "beside the policy, the goal drawn in")
+                    help="with --compare or --baseline: a chart of each goal's figure per "
+                         "seed, the two runs side by side, the goal drawn in")
+    ap.add_argument("--save", metavar="OUT.json",
+                    help="also write the JSON line to this file (a later run's --baseline)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="simulations run side by side (default: the CPUs)")
     args = ap.parse_args()
@@ -150,13 +162,22 @@ def main() -> None:
         bad = [r for r in runs if r not in FIGURES]
         if bad or not runs:
             raise ValueError(f"--runs: expected 3day and/or month, got {args.runs!r}")
-        if args.plot and not args.compare:
-            raise ValueError("--plot: draws the comparison; add --compare and --set")
+        if args.compare and args.baseline:
+            raise ValueError("--baseline: compares with a saved run instead of the defaults; "
+                             "leave out --compare")
+        if args.plot and not (args.compare or args.baseline):
+            raise ValueError("--plot: draws the comparison; add --compare and --set, or "
+                             "--baseline")
         if args.plot and not args.plot.endswith(".png"):
             raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
         if args.compare and not sets:
             raise ValueError("--compare: give the policy to compare with the defaults by "
                              "--set KEY=VALUE")
+        saved = load_baseline(args.baseline, runs, seeds) if args.baseline else None
+        if args.save:  # a file that cannot be written is refused now, not after the runs
+            parent = Path(args.save).resolve().parent
+            if not parent.is_dir() or not os.access(parent, os.W_OK):
+                raise ValueError(f"--save: cannot write a file in {str(parent)!r}")
     except ValueError as e:
         ap.error(str(e))
     print(f"seeds {seeds}; policy changes: {sets or 'none (the defaults)'}", flush=True)
@@ -221,14 +242,63 @@ def main() -> None:
                       + (("within it" if ok else
                           "over it: a program asked for less than its grant")
                          if key == "share_error_floor_pts" else ("met" if ok else "NOT met")))
-    if base:
-        a = {k: f.result() for k, f in base.items()}
+    if base or saved is not None:
+        a = saved if saved is not None else {k: f.result() for k, f in base.items()}
         b = {k: f.result() for k, f in futures.items()}
-        out["compare"] = compare(a, b, runs, seeds)
+        name = "defaults" if saved is None else "baseline"
+        if saved is not None:
+            print(f"\nthe baseline: {args.baseline}")
+        out["compare"] = compare(a, b, runs, seeds, name)
         if args.plot:
-            plot(a, b, runs, seeds, sets, args.plot)
+            plot(a, b, runs, seeds, sets, args.plot, name)
             print(f"chart: {args.plot}")
-    print(json.dumps(out))
+    line = json.dumps(out)
+    print(line)
+    if args.save:
+        Path(args.save).write_text(line + "\n")
+
+
+def load_baseline(path: str, runs: list[str], seeds: list[int]
+                  ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each (run, seed)'s figures from a run saved by ``--save`` — or from its printed
+    output, whose last line is the same JSON. Every run and seed asked for must be there,
+    with every figure, or nothing runs (ValueError saying what is missing)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"--baseline: cannot read {path!r}: {e.strerror}") from None
+    data: Any = None
+    for candidate in [text, *reversed([ln for ln in text.splitlines()
+                                       if ln.startswith("{")])]:
+        try:
+            data = json.loads(candidate)
+            break
+        except ValueError:
+            continue
+    if not isinstance(data, dict) or not isinstance(data.get("seeds"), list):
+        raise ValueError(f"--baseline: {path!r} is not the output of policy_seeds.py "
+                         "(no JSON line with its seeds)")
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for which in runs:
+        rows = data.get(which, {}).get("per_seed") if isinstance(data.get(which), dict) else None
+        if not isinstance(rows, list):
+            raise ValueError(f"--baseline: {path!r} has no {which} run (it has "
+                             f"{', '.join(r for r in FIGURES if r in data) or 'none'}); "
+                             f"add --runs to match")
+        for r in rows:
+            if isinstance(r, dict) and isinstance(r.get("seed"), int):
+                out[(which, r["seed"])] = r
+        missing = [s for s in seeds if (which, s) not in out]
+        if missing:
+            raise ValueError(f"--baseline: {path!r} lacks seeds {missing} of the {which} run "
+                             f"(it has {sorted(s for w, s in out if w == which)})")
+        keys = [key for _, key, _, _ in FIGURES[which]]
+        for s in seeds:
+            absent = [k for k in keys if k not in out[(which, s)]]
+            if absent:
+                raise ValueError(f"--baseline: {path!r} lacks {', '.join(absent)} for seed {s} "
+                                 f"of the {which} run (saved by an older policy_seeds.py?)")
+    return out
 
 
 def sign_test(better: int, worse: int) -> float:
@@ -241,15 +311,15 @@ def sign_test(better: int, worse: int) -> float:
 
 
 def compare(base: dict[tuple[str, int], dict[str, Any]],
-            new: dict[tuple[str, int], dict[str, Any]], runs: list[str], seeds: list[int]
-            ) -> dict[str, Any]:
-    """The --set policy against the defaults, seed by seed: per figure with a goal, the mean
-    change and its standard error, on how many seeds it is better or worse, a sign test;
-    then the goals missed by each and the seed x goal pairs that changed side. Printed and
-    returned."""
-    print("\ncompared with the defaults, seed by seed (better: toward the goal's side)")
+            new: dict[tuple[str, int], dict[str, Any]], runs: list[str], seeds: list[int],
+            base_name: str = "defaults") -> dict[str, Any]:
+    """The --set policy against the defaults (or a saved ``baseline``), seed by seed: per
+    figure with a goal, the mean change and its standard error, on how many seeds it is
+    better or worse, a sign test; then the goals missed by each and the seed x goal pairs
+    that changed side. Printed and returned (``goals_missed`` keyed by ``base_name``)."""
+    print(f"\ncompared with the {base_name}, seed by seed (better: toward the goal's side)")
     out: dict[str, Any] = {}
-    missed = {"defaults": 0, "policy": 0}
+    missed = {base_name: 0, "policy": 0}
     flipped = {"newly_met": 0, "newly_missed": 0}
     for which in runs:
         for name, key, op, goal in FIGURES[which]:
@@ -259,7 +329,7 @@ def compare(base: dict[tuple[str, int], dict[str, Any]],
             for s in seeds:
                 a, b = base[(which, s)][key], new[(which, s)][key]
                 ma, mb = meets(a, op, goal), meets(b, op, goal)
-                missed["defaults"] += ma is False
+                missed[base_name] += ma is False
                 missed["policy"] += mb is False
                 flipped["newly_met"] += ma is False and mb is True
                 flipped["newly_missed"] += ma is True and mb is False
@@ -280,7 +350,7 @@ def compare(base: dict[tuple[str, int], dict[str, Any]],
             print(f"  {which} {name}: {mean:+.4g} on average (± {se:.2g} s.e.); of "
                   f"{len(diffs)} seeds {better} better, {worse} worse; sign test p = {p:.2g}")
     met, lost = flipped["newly_met"], flipped["newly_missed"]
-    print(f"  goals missed: {missed['defaults']} with the defaults, {missed['policy']} with "
+    print(f"  goals missed: {missed[base_name]} with the {base_name}, {missed['policy']} with "
           f"this policy (seed x goal pairs: {met} newly met, {lost} newly missed)")
     out["goals_missed"] = missed
     out["pairs"] = flipped
@@ -289,9 +359,10 @@ def compare(base: dict[tuple[str, int], dict[str, Any]],
 
 def plot(base: dict[tuple[str, int], dict[str, Any]],
          new: dict[tuple[str, int], dict[str, Any]], runs: list[str], seeds: list[int],
-         sets: dict[str, Any], path: str) -> None:
-    """One panel per goal's figure: per seed, the defaults' value and the policy's joined by
-    a line (green where the policy is better, red where worse), the goal dashed."""
+         sets: dict[str, Any], path: str, base_name: str = "defaults") -> None:
+    """One panel per goal's figure: per seed, the defaults' (or the baseline's) value and
+    the policy's joined by a line (green where the policy is better, red where worse), the
+    goal dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -302,7 +373,7 @@ def plot(base: dict[tuple[str, int], dict[str, Any]],
     cols = 3
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
-    label = ", ".join(f"{k}={v}" for k, v in sets.items())
+    label = ", ".join(f"{k}={v}" for k, v in sets.items()) or "this checkout"
     for ax, (which, name, key, op, goal) in zip(axes.flat, panels, strict=False):
         for s in seeds:
             a, b = base[(which, s)][key], new[(which, s)][key]
@@ -313,7 +384,7 @@ def plot(base: dict[tuple[str, int], dict[str, Any]],
             ax.plot([s, s], [a * scale, b * scale], color="tab:green" if good else "tab:red",
                     lw=1.5, zorder=1)
             ax.scatter([s], [a * scale], color="0.55", s=18, zorder=2,
-                       label="defaults" if s == seeds[0] else None)
+                       label=f"the {base_name}" if s == seeds[0] else None)
             ax.scatter([s], [b * scale], color="tab:blue", s=18, zorder=3,
                        label=label if s == seeds[0] else None)
         scale = 100.0 if key == "utilisation" else 1.0
@@ -328,7 +399,7 @@ def plot(base: dict[tuple[str, int], dict[str, Any]],
     fig.legend(handles, labels, loc="lower right", fontsize=9, frameon=False)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"{label} against the defaults, seed by seed "
+    fig.suptitle(f"{label} against the {base_name}, seed by seed "
                  "(green: toward the goal, red: away from it)", fontsize=11)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)

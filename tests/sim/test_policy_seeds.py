@@ -64,3 +64,87 @@ def test_bad_comparison_arguments_are_refused_before_anything_runs(
         policy_seeds.main()
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def saved_output(seeds: list[int], runs: tuple[str, ...] = ("month",)) -> str:
+    """What policy_seeds.py prints: a table, then the JSON line."""
+    import json
+    data: dict = {"seeds": seeds, "set": {}}
+    for which in runs:
+        data[which] = {"per_seed": [{"run": which, "seed": s, **row(0.95, 1.0)}
+                                    for s in seeds]}
+    return "seeds ...\n\nmonth: the seed's month\n  seed  utilisation\n" + json.dumps(data) + "\n"
+
+
+def test_a_baseline_is_read_from_the_printed_output_or_the_json(tmp_path: Path) -> None:
+    printed = tmp_path / "out.txt"
+    printed.write_text(saved_output([0, 1, 2]))
+    got = policy_seeds.load_baseline(str(printed), ["month"], [0, 2])
+    assert set(got) == {("month", 0), ("month", 1), ("month", 2)}
+    assert got[("month", 2)]["utilisation"] == 0.95
+    bare = tmp_path / "out.json"
+    bare.write_text(saved_output([0])[saved_output([0]).index("{"):])
+    assert set(policy_seeds.load_baseline(str(bare), ["month"], [0])) == {("month", 0)}
+
+
+@pytest.mark.parametrize("content, runs, seeds, says", [
+    (None, ["month"], [0], "cannot read"),
+    ("not json\n", ["month"], [0], "is not the output of policy_seeds.py"),
+    (saved_output([0, 1]), ["month"], [0, 5], "lacks seeds [5] of the month run"),
+    (saved_output([0]), ["3day"], [0], "has no 3day run (it has month)"),
+    (saved_output([0]).replace('"utilisation": 0.95, ', ""), ["month"], [0],
+     "lacks utilisation for seed 0"),
+])
+def test_a_baseline_that_does_not_match_is_refused_saying_why(
+        tmp_path: Path, content: str | None, runs: list[str], seeds: list[int],
+        says: str) -> None:
+    path = tmp_path / "saved.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=r"--baseline: .*" + __import__("re").escape(says)):
+        policy_seeds.load_baseline(str(path), runs, seeds)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--compare", "--set", "finish_drain_budget=0.01", "--baseline", "x.json"],
+     "leave out --compare"),
+    (["--baseline", "/nonexistent/x.json"], "cannot read"),
+    (["--save", "/nonexistent/dir/x.json"], "--save: cannot write a file in"),
+])
+def test_bad_baseline_and_save_arguments_are_refused_before_anything_runs(
+        argv: list[str], says: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(sys, "argv", ["policy_seeds.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        policy_seeds.main()
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_saved_run_is_the_baseline_of_the_next(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The 3-day run of seed 0, saved, then run again against it with a policy key changed:
+    the comparison is made with the saved figures (no defaults run: a figure altered in the
+    file is what the change is measured from), and drawn."""
+    import json
+    saved, chart = tmp_path / "base.json", tmp_path / "c.png"
+    common = ["policy_seeds.py", "--seeds", "0", "--runs", "3day", "--jobs", "1"]
+    monkeypatch.setattr(sys, "argv", [*common, "--save", str(saved)])
+    policy_seeds.main()
+    base = json.loads(saved.read_text())
+    assert [r["seed"] for r in base["3day"]["per_seed"]] == [0]
+    assert base["3day"]["per_seed"][0]["preemptions_per_workload"] > 0
+    base["3day"]["per_seed"][0]["preemptions_per_workload"] = 0.5  # a baseline of its own
+    saved.write_text(json.dumps(base))
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", [*common, "--set", "preemption=false",
+                                      "--baseline", str(saved), "--plot", str(chart)])
+    policy_seeds.main()
+    out = capsys.readouterr().out
+    assert f"the baseline: {saved}" in out
+    assert "compared with the baseline, seed by seed" in out
+    result = json.loads(out.strip().splitlines()[-1])
+    now = result["3day"]["per_seed"][0]["preemptions_per_workload"]
+    assert now < 0.5
+    assert result["compare"]["3day.preemptions_per_workload"]["mean_change"] == (
+        pytest.approx(now - 0.5))
+    assert set(result["compare"]["goals_missed"]) == {"baseline", "policy"}
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

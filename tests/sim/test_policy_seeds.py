@@ -56,6 +56,10 @@ def test_plot_draws_a_panel_per_goal(tmp_path: Path) -> None:
     (["--plot", "c.png"], "--plot: draws the comparison"),
     (["--compare", "--set", "finish_drain_budget=0.01", "--plot", "c.svg"], "expected a .png"),
     (["--compare"], "--compare: give the policy"),
+    (["--compare", "--set", "finish_drain_budget=0.01", "--baseline", "x.json"],
+     "leave out --compare"),
+    (["--baseline", "/nonexistent/x.json"], "cannot read"),
+    (["--save", "/nonexistent/dir/x.json"], "--save: cannot write a file in"),
 ])
 def test_bad_comparison_arguments_are_refused_before_anything_runs(
         argv: list[str], says: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -103,21 +107,6 @@ def test_a_baseline_that_does_not_match_is_refused_saying_why(
         path.write_text(content)
     with pytest.raises(ValueError, match=r"--baseline: .*" + __import__("re").escape(says)):
         policy_seeds.load_baseline(str(path), runs, seeds)
-
-
-@pytest.mark.parametrize("argv, says", [
-    (["--compare", "--set", "finish_drain_budget=0.01", "--baseline", "x.json"],
-     "leave out --compare"),
-    (["--baseline", "/nonexistent/x.json"], "cannot read"),
-    (["--save", "/nonexistent/dir/x.json"], "--save: cannot write a file in"),
-])
-def test_bad_baseline_and_save_arguments_are_refused_before_anything_runs(
-        argv: list[str], says: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(sys, "argv", ["policy_seeds.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        policy_seeds.main()
-    assert e.value.code == 2
-    assert says in capsys.readouterr().err
 
 
 def test_a_saved_run_is_the_baseline_of_the_next(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -280,7 +280,8 @@ def load_baseline(path: str, runs: list[str], seeds: list[int]
                          "(no JSON line with its seeds)")
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for which in runs:
-        rows = data.get(which, {}).get("per_seed") if isinstance(data.get(which), dict) else None
+        run = data.get(which)
+        rows = run.get("per_seed") if isinstance(run, dict) else None
         if not isinstance(rows, list):
             raise ValueError(f"--baseline: {path!r} has no {which} run (it has "
                              f"{', '.join(r for r in FIGURES if r in data) or 'none'}); "
@@ -375,11 +376,11 @@ def plot(base: dict[tuple[str, int], dict[str, Any]],
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
     label = ", ".join(f"{k}={v}" for k, v in sets.items()) or "this checkout"
     for ax, (which, name, key, op, goal) in zip(axes.flat, panels, strict=False):
+        scale = 100.0 if key == "utilisation" else 1.0
         for s in seeds:
             a, b = base[(which, s)][key], new[(which, s)][key]
             if a is None or b is None:
                 continue
-            scale = 100.0 if key == "utilisation" else 1.0
             good = (b >= a) if op == "≥" else (b <= a)
             ax.plot([s, s], [a * scale, b * scale], color="tab:green" if good else "tab:red",
                     lw=1.5, zorder=1)
@@ -387,7 +388,6 @@ def plot(base: dict[tuple[str, int], dict[str, Any]],
                        label=f"the {base_name}" if s == seeds[0] else None)
             ax.scatter([s], [b * scale], color="tab:blue", s=18, zorder=3,
                        label=label if s == seeds[0] else None)
-        scale = 100.0 if key == "utilisation" else 1.0
         ax.axhline(goal * scale, color="k", ls="--", lw=1, label="the goal")
         unit = " (%)" if key == "utilisation" else ""
         ax.set_title(f"{'3 days' if which == '3day' else 'the month'}: {name}{unit}, "

@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0-20", help="seeds: 0-5, 0,3,7 (default 0-20)")
     ap.add_argument("--runs", default="3day",
-                    help="3day, month or both (default 3day; a month takes about half a minute per seed and CPU)")
+                    help="3day, month or both (default 3day; a month takes about half a "
+                         "minute per seed and CPU)")
     ap.add_argument("--variant", action="append", default=[], metavar="'NAME: KEY=VALUE, ...'",
                     help="a policy to run beside the defaults (repeatable; replaces the "
                          "built-in variants)")
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plot(results, runs, args.plot)
         print(f"chart: {args.plot}")
     out = {"seeds": seeds, "runs": runs,
-           "policies": {name: {"set": {k: v for k, v in sets.items()}, **results[name]}
+           "policies": {name: {"set": dict(sets), **results[name]}
                         for name, sets in policies}}
     print(json.dumps(out))
     return out

@@ -52,7 +52,7 @@ _ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", 
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
-                "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig",
+                "short_lane_hold", "stop_grace", "mig_first", "mps_on_mig", "mps_mig_first",
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
                 "backfill_lease", "finish_drain_ratio",
@@ -352,6 +352,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, mig_first=fields["mig_first"].boolean())
     if "mps_on_mig" in fields:
         policy = replace(policy, mps_on_mig=fields["mps_on_mig"].boolean())
+    if "mps_mig_first" in fields:
+        policy = replace(policy, mps_mig_first=fields["mps_mig_first"].boolean())
     if "gang_on_mig" in fields:
         policy = replace(policy, gang_on_mig=fields["gang_on_mig"].boolean())
     if "gang_on_mig_spare" in fields:

@@ -101,6 +101,7 @@ class Cluster:
         self.whole_gpu_on_mig = False  # may a one-GPU request take an idle MIG GPU (7g)?
         self.mig_first = False  # ... before the GPUs outside MIG mode?
         self.mps_on_mig = False  # may an MPS share with no room take a MIG instance?
+        self.mps_mig_first = False  # ... one on a partitioned MIG GPU before a shared GPU?
         self.gang_on_mig = False  # may a gang across nodes take idle MIG GPUs (7g)?
         self.gang_on_mig_spare = 0  # ... leaving this many of them idle on each node
         # bumped whenever an occupancy key appears in or leaves mig_index[class]

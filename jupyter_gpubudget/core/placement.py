@@ -355,7 +355,10 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
 # ---------------------------------------------------------------------- MIG
 
 
-def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+def place_mig(cluster: Cluster, req: SliceRequest, end: float,
+              partitioned_only: bool = False) -> Placement | None:
+    """A MIG instance of ``req.profile``: on an already partitioned GPU first, then on the
+    one keeping the most placement potential (``partitioned_only``: never an empty GPU)."""
     models = _models(req)
     best: tuple[tuple[int, int, int, str], Gpu, int] | None = None
     profile = req.profile or ""
@@ -384,6 +387,8 @@ def place_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
         for score, occ, start in scored:
             if best is not None and best[0] <= score:
                 break
+            if partitioned_only and not occ[0]:
+                break  # the partitioned occupancies sort first
             for key in by_occ[occ]:
                 g = cluster.gpu(key)
                 if end <= g.reserved_at and g.node.host_fits(req.cpu_milli, req.memory_mib):
@@ -431,6 +436,10 @@ def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
     if not 0 < req.milli <= MILLI:
         return None
     models = _models(req)
+    if cluster.mps_on_mig and cluster.mps_mig_first:
+        p = mps_as_mig(cluster, req, end, partitioned_only=True)
+        if p is not None:
+            return p
     fgd = frag.active(cluster)
     shares = fgd.rank_share(req) if fgd is not None else None
     if shares is not None:  # least fragmentation (the index already left out what cannot fit)
@@ -460,12 +469,14 @@ def place_mps(cluster: Cluster, req: SliceRequest, end: float) -> Placement | No
     return None
 
 
-def mps_as_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | None:
+def mps_as_mig(cluster: Cluster, req: SliceRequest, end: float,
+               partitioned_only: bool = False) -> Placement | None:
     """An MPS share as a MIG instance (``Policy.mps_on_mig``): of each MIG model, the smallest
     profile with at least the share's compute and GPU memory — a share that sets no memory
     limit would use the GPU's memory alongside others, so it needs its part of the GPU's memory
-    (its milli of it) — placed like a MIG request (partitioned GPUs first); the slice is
-    charged the share's milli, not the instance's."""
+    (its milli of it) — placed like a MIG request (partitioned GPUs first; with
+    ``partitioned_only``, only there); the slice is charged the share's milli, not the
+    instance's."""
     models = _models(req)
     best: Placement | None = None
     best_key: tuple[int, int] | None = None
@@ -484,7 +495,8 @@ def mps_as_mig(cluster: Cluster, req: SliceRequest, end: float) -> Placement | N
             continue
         got = place_mig(cluster, SliceRequest.mig(prof.name, gpu_model=model,
                                                   cpu_milli=req.cpu_milli,
-                                                  memory_mib=req.memory_mib), end)
+                                                  memory_mib=req.memory_mib), end,
+                        partitioned_only)
         if got is not None:
             best, best_key = got, key
     if best is None:

@@ -171,6 +171,7 @@ class Scheduler:
         c.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
         c.mig_first = self.policy.whole_gpu_on_mig and self.policy.mig_first
         c.mps_on_mig = self.policy.mps_on_mig
+        c.mps_mig_first = self.policy.mps_on_mig and self.policy.mps_mig_first
         c.gang_on_mig = self.policy.gang_on_mig
         c.gang_on_mig_spare = self.policy.gang_on_mig_spare
         return c

@@ -84,6 +84,8 @@ def test_policy_errors_word_for_word():
         ("short_lane_cost: -1", "policy.short_lane_cost", "must be ≥ 0, got -1"),
         ("gang_on_mig: yes please", "policy.gang_on_mig",
          "expected true or false, got str 'yes please'"),
+        ("mps_mig_first: sometimes", "policy.mps_mig_first",
+         "expected true or false, got str 'sometimes'"),
         ("gang_on_mig_spare: -1", "policy.gang_on_mig_spare", "must be ≥ 0, got -1"),
         ("gang_on_mig_spare: 0.5", "policy.gang_on_mig_spare", "expected a whole number, got 0.5"),
         ("placement: spread", "policy.placement", "placement must be 'fgd' or 'pack', got "
@@ -95,7 +97,7 @@ def test_policy_errors_word_for_word():
          "finish_drain_ratio, gang_on_mig, "
          "gang_on_mig_spare, gang_overdue_after, interconnect, max_pending_per_user, max_reservations, mig_first, "
          "min_runtime_cap, "
-         "mps_on_mig, placement, preemption, preemption_margin, preemption_toll, "
+         "mps_mig_first, mps_on_mig, placement, preemption, preemption_margin, preemption_toll, "
          "restart_overhead, short_lane, short_lane_cost, short_lane_hold, "
          "short_lane_late_cost, short_lane_patience, stop_grace, whole_gpu_on_mig)"),
         ("stop_grace: -1", "policy.stop_grace", None),

@@ -238,8 +238,40 @@ def test_mig_and_mps_requests():
     ds = schedule(ClusterState(tree(), inv, pending=pending), NOW)
     placed = {d.workload: d.placement.slices[0] for d in ds if isinstance(d, Start)}
     assert placed["m"].gpu == 1 and placed["m"].kind == "mig" and placed["m"].milli == 429
-    assert placed["s1"].gpu == placed["s2"].gpu == 0  # packed on one shared GPU
+    # project b stands lower (a's m started), so s2 comes first: its 500 milli take the
+    # partitioned MIG GPU's 4g.40gb (charged 500, not the instance's 571); s1 then finds the
+    # MIG GPU full and opens the GPU outside MIG mode as a shared one
+    assert (placed["s2"].gpu, placed["s2"].kind, placed["s2"].profile,
+            placed["s2"].milli) == (1, "mig", "4g.40gb", 500)
+    assert (placed["s1"].gpu, placed["s1"].kind) == (0, "mps")
     assert "w" not in placed  # the only non-MIG GPU is shared now
+
+
+@pytest.mark.parametrize("first, where", [(True, (1, "mig", "3g.40gb")),
+                                          (False, (0, "mps", None))])
+def test_an_mps_share_takes_a_partitioned_mig_gpu_before_a_shared_one(
+        first: bool, where: tuple[int, str, str | None]) -> None:
+    """``Policy.mps_mig_first``: the partitioned MIG GPU's leftover slices first, so that the
+    shared GPU outside MIG mode empties sooner for one-GPU work and gangs; off, the shared
+    GPU with room first."""
+    s = Scheduler(tree(), inventory(gpus=2, mig=(1,)), Policy(mps_mig_first=first))
+    s.submit(job("r", "a", req=SliceRequest.mps(300)), NOW)
+    s.submit(job("m", "a", req=SliceRequest.mig("3g.40gb"), at=1), NOW)
+    assert s.running["r"].placement.slices[0].gpu == 0
+    s.submit(job("s", "b", req=SliceRequest.mps(300), at=2), NOW)
+    got = s.running["s"].placement.slices[0]
+    assert (got.gpu, got.kind, got.profile) == where
+    assert got.milli == 300  # charged the share it asked for, not the instance
+
+
+def test_an_mps_share_never_opens_an_idle_mig_gpu_before_a_shared_one() -> None:
+    """Only partitioned MIG GPUs come first: an idle one stays whole for one-GPU work."""
+    s = Scheduler(tree(), inventory(gpus=2, mig=(1,)))
+    s.submit(job("r", "a", req=SliceRequest.mps(300)), NOW)
+    s.submit(job("s", "b", req=SliceRequest.mps(300), at=1), NOW)
+    assert [s.running[w].placement.slices[0].gpu for w in ("r", "s")] == [0, 0]
+    s.submit(job("w", "b", gpus=1, at=2), NOW)
+    assert s.running["w"].placement.slices[0].gpu == 1  # the MIG GPU, whole
 
 
 def test_drain_waits_for_protection_then_releases():

@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from policy_seeds import FIGURES, meets, one, parse_seeds, parse_sets  # noqa: E402
+from policy_seeds import FIGURES, one, over_seeds, parse_seeds, parse_sets  # noqa: E402
 
 #: the variants run by default: (name, the policy keys as a budgets YAML would give them)
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -86,13 +86,12 @@ def summarise(which: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [r[key] for r in rows if r[key] is not None]
         if not vals:
             continue
+        mean, worst, met = over_seeds(vals, key, op, goal)
         if op:
-            worst = max(vals) if op == "≤" else min(vals)
-            met = sum(1 for v in vals if meets(v, op, goal))
             missed += len(vals) - met
-            out[key] = {"mean": sum(vals) / len(vals), "worst": worst, "seeds_met": met}
+            out[key] = {"mean": mean, "worst": worst, "seeds_met": met}
         elif key == "share_error_floor_pts":
-            out[key] = {"mean": sum(vals) / len(vals), "worst": max(vals)}
+            out[key] = {"mean": mean, "worst": worst}
     out["goals_missed"] = missed
     return out
 

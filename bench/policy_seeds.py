@@ -135,6 +135,17 @@ def meets(value: float | None, op: str, goal: float) -> bool | None:
     return value <= goal if op == "≤" else value >= goal
 
 
+def over_seeds(vals: list[float], key: str, op: str, goal: float
+               ) -> tuple[float, float | None, int]:
+    """One figure over the seeds: its mean, its worst (toward the goal's wrong side; for a
+    figure with no goal, the largest of a share error in points, else None) and how many
+    seeds meet the goal."""
+    worst = ((max(vals) if op == "≤" else min(vals)) if op else
+             max(vals) if key.endswith("_pts") else None)
+    met = sum(1 for v in vals if meets(v, op, goal))
+    return sum(vals) / len(vals), worst, met
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0-20", help="seeds: 0-5, 0,3,7 (default 0-20)")
@@ -209,10 +220,7 @@ def main() -> None:
                 vals = [r[key] for r in rows if r[key] is not None]
                 if not vals:
                     continue
-                worst = ((max(vals) if op == "≤" else min(vals)) if op else
-                         max(vals) if key.endswith("_pts") else None)
-                met = sum(1 for v in vals if meets(v, op, goal))
-                mean = sum(vals) / len(vals)
+                mean, worst, met = over_seeds(vals, key, op, goal)
                 summary[key] = {"mean": round(mean, 4),
                                 "worst": None if worst is None else round(worst, 4),
                                 "seeds_met": met if op else None}

@@ -1,5 +1,5 @@
-"""`gpubudget budgets check` on the hostile budgets files of issue 8 (Low 3): wall time and
-peak memory (maximum resident set) of the whole command, for each file, against the issue's
+"""`gpubudget budgets check` on the hostile budgets files of the security review: wall time and
+peak memory (maximum resident set) of the whole command, for each file, against the review's
 bounds (2 s, 200 MB). Also a legitimate file of 20,000 projects for scale. Last line: one JSON
 object.
 

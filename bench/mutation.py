@@ -1,4 +1,4 @@
-"""Mutation score of the scheduling core (issue 16): how many small, realistic bugs in
+"""Mutation score of the scheduling core: how many small, realistic bugs in
 ``jupyter_gpubudget/core/`` — a flipped comparison, a dropped condition, ``max`` for ``min``,
 a value replaced by None, an argument left out — the core's own tests (``tests/core``) catch.
 

@@ -1,4 +1,4 @@
-"""Scheduling quality (issue 14): preemption churn and its cost, fair share, debug waits,
+"""Scheduling quality: preemption churn and its cost, fair share, debug waits,
 utilisation and where the rest goes, run-time predictions — on ITP cluster01 and the
 built-in synthetic workload.
 
@@ -46,7 +46,7 @@ from jupyter_gpubudget.sim.run import Setup, prepare  # noqa: E402
 from jupyter_gpubudget.sim.synthetic import SyntheticSpec  # noqa: E402
 
 TUNING_SEEDS = (1, 2)
-GOALS = {  # issue 14's goals, for the table
+GOALS = {  # the scheduling-quality goals, for the table
     "itp_preemptions_per_job": ("≤", 0.10), "synthetic_preemptions_per_job": ("≤", 0.10),
     "itp_lost_gpu_hours_pct": ("≤", 1.0), "synthetic_lost_gpu_hours_pct": ("≤", 1.0),
     "share_error_pts_max": ("≤", 3.0), "debug_wait_p90_s": ("≤", 60.0),

@@ -10,7 +10,7 @@ summed over the seeds as ``bench/policy_seeds.py`` sums one policy.
 
 For an admin choosing ``finish_drain_budget`` (or another key of the budgets YAML's
 ``policy:``): where each choice lands on fairness and on churn, on many seeds rather than
-one. And for telling what no key reaches: the chart draws issue 26's goals as dashed lines
+one. And for telling what no key reaches: the chart draws the policy goals as dashed lines
 and, on the worst-case panel, the share error that the max-min fair split itself has
 (``share_error_floor_pts``: a program asked for less than its grant), below which no
 scheduler that leaves no GPU idle can go.
@@ -55,7 +55,7 @@ PANELS: dict[str, list[tuple[str, str, str, str]]] = {
               ("preemptions_per_workload", "worst", "share_error_pts", "worst")],
 }
 
-#: issue 26's acceptance where it differs from the per-seed goal: (run, figure, statistic)
+#: the policy goals over seeds where they differ from the per-seed goal: (run, figure, statistic)
 ACCEPTANCE: dict[tuple[str, str, str], float] = {
     ("3day", "share_error_pts", "mean"): 2.0, ("3day", "share_error_pts", "worst"): 4.0,
     ("month", "utilisation", "mean"): 0.95, ("month", "utilisation", "worst"): 0.94,

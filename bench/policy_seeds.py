@@ -1,4 +1,4 @@
-"""Scheduling quality across seeds: issue 14's 3-day synthetic run and the seed's 64-GPU
+"""Scheduling quality across seeds: the 3-day synthetic run of bench/policy.py and the seed's 64-GPU
 month on several synthetic seeds, with policy keys changed as a budgets file would change
 them — for telling a policy change from the luck of one seed.
 
@@ -7,7 +7,7 @@ them — for telling a policy change from the luck of one seed.
                                            [--compare | --baseline SAVED.json]
                                            [--plot compare.png] [--save OUT.json] [--jobs N]
 
-The goals of ``bench/policy.py`` are judged here, over seeds 0-20 by default (issue 26):
+The goals of ``bench/policy.py`` are judged here, over seeds 0-20 by default:
 the policy's weights were tuned on seeds 1-2 (``policy.TUNING_SEEDS``; the lane's on 1-5),
 so figures to report are those of the other seeds too, never of one seed.
 
@@ -18,7 +18,7 @@ holds on most seeds. Each run is the same as ``bench/policy.py``'s (and the ``gp
 simulate`` command its docstring shows); ``--set KEY=VALUE`` changes one key of the budgets
 YAML's ``policy:`` and is read and checked by the same loader (``1h``, ``true``, ``0.5``).
 
-Prints, per run, one row per seed with each goal of issue 14 marked, then how many seeds
+Prints, per run, one row per seed with each goal of bench/policy.py marked, then how many seeds
 meet each goal, the mean and the worst; then the goals missed over every seed and run
 together (one number to compare policies by; choose on seeds other than 0, the seed
 ``bench/policy.py`` reports); last, one JSON line.
@@ -233,7 +233,7 @@ def main() -> None:
           f"({100 * missed / pairs:.1f} %)")
     out["goals_missed"] = missed
     out["goals_missed_pct"] = round(100 * missed / pairs, 2)
-    # issue 26's acceptance, over the seeds run: share error mean and worst per run
+    # the policy goals over seeds: share error mean and worst per run
     # (and, beside it, the error from the max-min entitled share: a program that asked for
     # less than its grant's part is entitled to what it asked for, not to its grant share)
     for which, mean_max, worst_max in (("3day", 2.0, 4.0), ("month", None, 2.0)):

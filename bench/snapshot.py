@@ -22,7 +22,7 @@ Data (``--data``): ``random`` (float64 noise: no codec shrinks it, every byte go
 the worst case for every method) and ``structured`` (integers stored as float64 with a little
 noise, like most arrays of counts or ids: zstd shrinks it ~9x). Each figure names its kind.
 
-The last line is JSON with the issue's keys for the first data kind and size, plus the same
+The last line is JSON with the headline keys for the first data kind and size, plus the same
 for every kind and size under ``by_data``, the load average at start and end, and the disk
 speeds measured. The machine is shared: the figures vary with its load (printed).
 """

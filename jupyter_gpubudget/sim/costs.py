@@ -1,7 +1,7 @@
 """Measured defaults of the simulator's snapshot and restore costs (no imports: the CLI reads
 them for its help text; the service uses them for a session with no snapshot history yet).
 
-From ``bench/snapshot.py`` (issue 11, phase 2): a kernel holding 1 GiB, CRIU backend end to end
+From ``bench/snapshot.py`` (its 1 GiB case): a kernel holding 1 GiB, CRIU backend end to end
 (dump + storing the images as chunks, each fdatasynced + the verified commit; chunks back into
 images + ``criu restore`` + the kernel answering), random and structured data, over four runs
 on the shared 2-core development machine: quiet (load 1.2-2.5, disk 1.7-2.7 GB/s): dump

@@ -1,4 +1,4 @@
-"""dynamic_mig (issue 15 §3): MIG instances the core carved are created for the work through
+"""dynamic_mig (carving on demand): MIG instances the core carved are created for the work through
 the privileged launcher (``mig-create`` / ``mig-destroy``, launcher/mig.py) and destroyed when
 it ends — only those: an admin's instances are never touched.
 

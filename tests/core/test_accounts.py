@@ -72,19 +72,19 @@ def test_good_file_loads_tree_policy_and_people():
     assert (b.policy.gang_on_mig, b.policy.gang_on_mig_spare) == (False, 1)
     plain = load_budgets("accounts: {a: {grant: 1}}").policy
     assert plain.gang_overdue_after == 0  # off
-    # leases of reserved GPUs (issue 26): off by default, as the budgets file says
+    # leases of reserved GPUs: off by default, as the budgets file says
     assert (b.policy.backfill_lease, plain.backfill_lease) == (30 * 60, 0)
     assert load_budgets("policy: {backfill_lease: 1h}\naccounts: {a: {grant: 1}}\n"
                         ).policy.backfill_lease == HOUR
     assert load_budgets("policy: {backfill_lease: 0}\naccounts: {a: {grant: 1}}\n"
                         ).policy.backfill_lease == 0  # off
-    # drains finished by preemption (issue 26): on by default at 4, within a loss budget
+    # drains finished by preemption: on by default at 4, within a loss budget
     # of 0.7 % of the cluster's GPU-hours a day; a ratio of 0 turns it off
     assert (b.policy.finish_drain_ratio, plain.finish_drain_ratio) == (2.0, 4.0)
     assert (b.policy.finish_drain_budget, plain.finish_drain_budget) == (0.01, 0.009)
     assert load_budgets("policy: {finish_drain_ratio: 0}\naccounts: {a: {grant: 1}}\n"
                         ).policy.finish_drain_ratio == 0  # off
-    # off by default (issue 26): only gangs that declared ``interconnect: any`` may use them
+    # off by default: only gangs that declared ``interconnect: any`` may use them
     assert (plain.gang_on_mig, plain.gang_on_mig_spare) == (False, 2)
     assert plain.interconnect == () and plain.interconnect_for("batch") is None
     assert (b.policy.max_pending_per_user, plain.max_pending_per_user) == (25, 100)
@@ -182,7 +182,7 @@ def test_bad_kinds_are_at_least_ten():
 
 
 def test_a_grant_in_the_budgets_file_is_a_sensible_number_of_gpu_hours():
-    """-0.0, a subnormal and a finer step than 0.001 are refused, naming the line (issue 28)."""
+    """-0.0, a subnormal and a finer step than 0.001 are refused, naming the line (attacks)."""
     from jupyter_gpubudget.core.accounts import grant_in_steps
 
     for bad in ("-0.0", "1.0e-320", "12.0005"):

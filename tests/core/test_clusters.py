@@ -1,4 +1,4 @@
-"""Several named clusters under one budget tree (issue 27 item 2; docs/core.md "Clusters"):
+"""Several named clusters under one budget tree (docs/core.md "Clusters"):
 a workload that names a cluster is placed, given victims and reserved for only there; one
 that names none starts wherever it fits now and is reserved where it starts soonest; a gang
 never spans clusters."""

@@ -1,5 +1,5 @@
 """Preemption costs, the pays-rule, run-time prediction, backfill's safety valve and the
-other scheduling rules of issue 14 — each on a case small enough to compute by hand."""
+other scheduling-quality rules — each on a case small enough to compute by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A gang's interconnect (issue 26; docs/core.md "Interconnect"): the core never places a
+"""A gang's interconnect (docs/core.md "Interconnect"): the core never places a
 gang on fewer links than it asked for — ``nvlink``: its ranks on a node in one NVLink domain
 and never on MIG instances, a gang that fits one domain never split; ``node``: a gang that
 fits one node never split across nodes; ``any``: also split as it comes and, with

@@ -110,7 +110,7 @@ def test_gangs_take_the_fewest_nodes_and_one_rack_when_one_suffices():
 
 def test_a_gang_puts_its_host_needs_on_a_node_that_has_room():
     """The fullest node has no CPU left: the gang still starts, its CPU on the other node
-    (before issue 16 it was refused although it fitted)."""
+    (it was once refused although it fitted)."""
     c = cluster(node("a", 4, cpu_milli=1000), node("b", 1, cpu_milli=8000))
     c.allocate("hog", Placement((SliceAlloc("a", -1, "cpu", 0, cpu_milli=1000),)))
     p = place(c, SliceRequest.whole(5, cpu_milli=2000), 0.0)

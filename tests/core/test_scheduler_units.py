@@ -249,7 +249,7 @@ def test_inconsistent_running_records_are_reported_not_fatal():
     assert (c.whole_gpu_on_mig, c.mig_first, c.mps_on_mig) == (True, False, False)
     assert (c.gang_on_mig, c.gang_on_mig_spare) == (True, 3)
     assert (s.cluster.mig_first, s.cluster.mps_on_mig, s.cluster.gang_on_mig) == (
-        True, True, False)  # gang_on_mig: off by default (issue 26)
+        True, True, False)  # gang_on_mig: off by default (the policy goals over seeds 0-20)
 
 
 def test_preempting_protected_work_is_refused_as_a_bug():

@@ -128,7 +128,7 @@ def _held_by_a_stopping_session(held: str, wants: str, debug_wants: str):
 def test_work_reserved_behind_a_stopping_session_starts_when_it_is_gone():
     """The slice freed by the stopped session goes to the session that preempted it at
     once — even though a request of the same shape ranked before it found no room (before
-    issue 16 the fill gave up there: every waiting shape had failed)."""
+    the mutation-testing fix the fill gave up there: every waiting shape had failed)."""
     s = _held_by_a_stopping_session("7g.80gb", "7g.80gb", "7g.80gb")
     ds = s.finish("sess", NOW + 10)
     assert [d.workload for d in ds] == ["want"]
@@ -138,7 +138,7 @@ def test_work_reserved_behind_a_stopping_session_starts_when_it_is_gone():
 def test_what_a_reservation_held_back_is_looked_at_again_once_it_is_used():
     """b's debug run (1g.10gb) ranks first but may not use the GPU held for a's 4g.40gb;
     once a's session starts there, the GPU is no longer held and the debug run fits beside
-    it: it starts in the same fill, not a cycle later (before issue 16: a cycle later)."""
+    it: it starts in the same fill, not a cycle later (it once started a cycle later)."""
     s = _held_by_a_stopping_session("7g.80gb", "4g.40gb", "1g.10gb")
     ds = s.finish("sess", NOW + 10)
     assert [d.workload for d in ds] == ["want", "debug"]

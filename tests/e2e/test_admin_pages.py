@@ -411,7 +411,7 @@ def test_a_plain_user_gets_a_read_only_view_of_their_own_projects(demo):
 
 
 def test_a_drain_closes_its_dialog_updates_the_node_in_place_and_a_failure_stays_in_it(demo):
-    """Issue 25 item 2: the dialog closes once the drain is accepted and the node's badge
+    """The drain dialog closes once the drain is accepted and the node's badge
     changes without a reload (as do undrain's); a refused change is shown in the dialog."""
     from playwright.sync_api import sync_playwright
 
@@ -513,7 +513,7 @@ def test_a_change_accepted_while_its_dialog_opens_still_closes_it(demo):
 
 
 def test_change_grant_says_save_waits_for_a_preview(demo):
-    """Issue 25 item 5: Save is off until the change is previewed, and the dialog says so."""
+    """A grant change: Save is off until the change is previewed, and the dialog says so."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -548,7 +548,7 @@ def csv_rows(text: str) -> list[list[str]]:
 
 
 def test_the_audit_tab_for_admins_and_managers(demo):
-    """Issue 25 item 4: an Audit tab (admins; managers: their subtree) with grant changes,
+    """An Audit tab (admins; managers: their subtree) with grant changes,
     drains, cancellations and preemptions — who, when in local time, why — filtered by
     account and time, and a formula-safe CSV download. Researchers get no tab."""
     from playwright.sync_api import sync_playwright

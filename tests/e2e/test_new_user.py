@@ -1,4 +1,4 @@
-"""What a new user trips over (issue 25), on the demo hub as `make run` starts it
+"""What a new user trips over, on the demo hub as `make run` starts it
 (`gpubudget hub`), in real Chromium at JupyterLab's default sizes:
 
 - a terminal opened through the lab's menu (File > New > Terminal) runs `gpubudget jobs` and

@@ -1,4 +1,4 @@
-"""Two clusters under one budget tree, as a researcher meets them in real Chromium (issue 27:
+"""Two clusters under one budget tree, as a researcher meets them in real Chromium (the goal:
 "the spawn form, quotes, the queue page, the sidebar ... know the cluster"): the demo hub
 (hub_config/jupyterhub_config.py) with ``GPUBUDGET_CLUSTERS`` — a workstation ``ws`` (one
 H100) and a ``lab`` node (two A100s), each a declared inventory run by the local backend — and

@@ -1,4 +1,4 @@
-"""The security suite: each test replays an attack from issue 8 against the real service
+"""The security suite: each test replays an attack from the security review against the real service
 (a real process registered with a real JupyterHub) or the real demo hub, and fails if the
 attack still works.
 

@@ -1,4 +1,4 @@
-"""The hostile budgets files of issue 8 (Low 3), written to a directory: each must get a clear
+"""The hostile budgets files of the security review, written to a directory: each must get a clear
 ``file:line`` error from ``gpubudget budgets check`` quickly and in little memory. Used by
 tests/security/test_budgets_check.py and bench/budgets_check.py (which measures them)."""
 

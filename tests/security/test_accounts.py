@@ -1,4 +1,4 @@
-"""Issue 8, High 1: jobs run as the submitting user's Unix account (the hub user is mapped as
+"""Security review (high): jobs run as the submitting user's Unix account (the hub user is mapped as
 ``LocalProcessSpawner`` does, ``LocalBackend.unix_user_template``), never as root or a system
 account. A user without a usable account is refused at submission with a 403 naming the
 account, instead of a launch failure later."""

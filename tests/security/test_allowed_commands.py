@@ -1,4 +1,4 @@
-"""Issue 8, High 2: ``LocalBackend.allowed_commands`` bypassed through the job's own ``env``:
+"""Security review (high): ``LocalBackend.allowed_commands`` bypassed through the job's own ``env``:
 ``PATH=/evil:…`` ran ``/evil/sleep``, ``PYTHONPATH`` ran a ``sitecustomize.py``, ``LD_PRELOAD``
 loaded a shared object, ``GPUBUDGET_WORKDIR`` pointed the job at the attacker's files.
 

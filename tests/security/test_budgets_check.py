@@ -1,4 +1,4 @@
-"""Issue 8, Low 3: ``gpubudget budgets check`` gave tracebacks for a non-UTF-8 file,
+"""Security review (low): ``gpubudget budgets check`` gave tracebacks for a non-UTF-8 file,
 ``grant: 1e400`` and 500-deep ``children:``, and hung on an alias bomb (1.2 GB, > 60 s), a
 10,000-long ``parent:`` chain (> 30 s) and a 10 MB file (> 300 s); a 400-digit ``window`` read
 as "inf days". Each now gets a clear ``file:line`` error (bench/budgets_check.py measures the

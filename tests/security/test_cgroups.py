@@ -1,4 +1,4 @@
-"""Containment (``jupyter_gpubudget/launcher/cgroups.py``, issue 28 item 4): its pure helpers
+"""Containment (``jupyter_gpubudget/launcher/cgroups.py``): its pure helpers
 on their own, the real cgroup v2 filesystem as root, and the launcher failing closed when no
 cgroup can be made (nothing starts, and the error says why and what to configure)."""
 

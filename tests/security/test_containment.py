@@ -1,4 +1,4 @@
-"""Issue 28, items 4 and 6, replayed against the real demo hub (as root, isolation on: the
+"""Containment attacks, replayed against the real demo hub (as root, isolation on: the
 service is its own unprivileged user and jobs run as ``demo-<user>`` through the sudo
 launcher, notebook servers as their users through the hub).
 

@@ -1,4 +1,4 @@
-"""Attacks on the privileged snapshot helper (issue 28, items 1-3), as the demo exposes it: a
+"""Attacks on the privileged snapshot helper, as the demo exposes it: a
 user's Unix account runs ``sudo -n <python> -I -m jupyter_gpubudget.snapshot.privileged VERB``
 (the sudoers line of ``demo_setup.snapshot_sudoers_line``), with the real CRIU.
 

@@ -1,4 +1,4 @@
-"""Issue 28, item 8: the demo hub's launcher config allowed no groups in particular, so the
+"""Found by attacking the demo hub: its launcher config allowed no groups in particular, so the
 service's Unix account (through its sudoers line) could start a job as *any* account with
 uid >= 1000 on the machine, not only the demo's users. The demo's config allows only the
 demo users' group (``gpubudget-users``); an account outside it is refused by the launcher.

@@ -1,4 +1,4 @@
-"""Issue 8, Medium 11: another Unix user read a job's output and a ``WANDB_API_KEY`` from
+"""Security review (medium): another Unix user read a job's output and a ``WANDB_API_KEY`` from
 ``ledger.sqlite`` / ``-wal``. The ledger (with -wal and -shm), the job folders and their logs
 are created 0600/0700 (0640/0750 for the service's group when it has one); checked by reading
 them as another Unix account."""

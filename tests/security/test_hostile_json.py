@@ -1,4 +1,4 @@
-"""Issue 8, Low 2: 100,000-deep JSON, a lone surrogate in a name, and on PostgreSQL a NUL in
+"""Security review (low): 100,000-deep JSON, a lone surrogate in a name, and on PostgreSQL a NUL in
 a name, a note or a path gave 500 (RecursionError, UnicodeEncodeError, DataError). Each is a
 400 naming the field, on SQLite and on PostgreSQL, and nothing is stored."""
 

@@ -1,4 +1,4 @@
-"""Issue 28, items 7 and 10, found by attacking the demo hub as a hostile user.
+"""Huge numbers, found by attacking the demo hub as a hostile user.
 
 7. A 400-digit integer in ``min_runtime``, ``time_limit``, ``share_pct``, ``grant_hours``, the
    grant preview, ``/usage/events`` ``at`` or ``GET /decisions?before=`` was answered 500

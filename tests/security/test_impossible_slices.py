@@ -1,4 +1,4 @@
-"""Issue 28, item 9: a spawn asking for ``choice: gpu:99`` started a CPU session instead of
+"""Attacking the demo hub: a spawn asking for ``choice: gpu:99`` started a CPU session instead of
 being refused (an option the spawner does not know was dropped, and "no slice" meant CPU),
 and a quote for an absurd ``gpus`` answered with a CPU slice's quote. A request for what this
 cluster cannot hold is refused, saying the most it offers; an unknown option is refused,

@@ -1,4 +1,4 @@
-"""Issue 8, Medium 12: a 10 MB ``command`` and a 10 MB ``env`` were accepted (the ledger grew
+"""Security review (medium): a 10 MB ``command`` and a 10 MB ``env`` were accepted (the ledger grew
 31 MB, then "Argument list too long"). The body is limited (413 beyond) and so is every field
 (400 naming it, limits in docs/service.md); nothing is stored."""
 

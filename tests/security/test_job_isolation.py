@@ -1,4 +1,4 @@
-"""Issue 8, High 1: a batch job took over the hub. It ran as the service's Unix user (root) with
+"""Security review: a batch job took over the hub. It ran as the service's Unix user (root) with
 the service's environment: it printed ``JUPYTERHUB_API_TOKEN``, read ``spawner-token`` (admin
 on gpubudget), then the cookie secret and ``jupyterhub.sqlite``, and forged an admin login.
 

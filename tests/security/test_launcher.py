@@ -1,5 +1,5 @@
 """The privileged launcher as an attacker holding the service's Unix account would use it
-(issue 8, High 1: the service runs unprivileged; only the launcher runs as root, through a
+(security review, high: the service runs unprivileged; only the launcher runs as root, through a
 sudoers line that pins its config). The launcher must not let that account become root: no
 job as root or a system account, no write outside the jobs root, the spec checked again, the
 records unforgeable by jobs, and only process groups it launched are signalled."""

@@ -1,4 +1,4 @@
-"""MPS shares of batch jobs under sudo isolation (issue 15 §3): the jobs run as their users'
+"""MPS shares of batch jobs under sudo isolation: the jobs run as their users'
 accounts, whose MPS servers only a root control daemon can start, and the service is an
 unprivileged user. So the privileged launcher runs the daemons (``mps-acquire``,
 ``mps-release``, ``mps-ensure``), with directories and program from its root-owned config;

@@ -1,4 +1,4 @@
-"""Issue 28, item 5: after another connection held a write lock on the SQLite ledger, a
+"""Attacking the demo hub: after another connection held a write lock on the SQLite ledger, a
 request that hit the lock left ``/healthz`` at 503 "ledger unavailable: database is locked"
 for 48 s and more after the lock was released — while cycles succeeded — until some API
 write happened to succeed. Health must follow the ledger: once it can be written again,

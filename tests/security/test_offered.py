@@ -1,4 +1,4 @@
-"""Issue 8, Low 1: ``/jobs`` accepted what ``/sessions`` refused (gpus 15/17/1024 on 14 GPUs, a
+"""Security review: ``/jobs`` accepted what ``/sessions`` refused (gpus 15/17/1024 on 14 GPUs, a
 9-GPU ``single_node`` job, slice ``9g.999gb``, ``1g.5gb`` on H100, an unknown ``gpu_model``,
 ``mps:250:10^24``, env keys like ``A=B`` or with NUL): all 201, then pending forever. Both
 paths now use one validator against the inventory: 400 at submission naming the field. And

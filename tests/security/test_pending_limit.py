@@ -1,4 +1,4 @@
-"""Issue 28, item 11: one user queued 600 jobs, all accepted — the queue (and every cycle's
+"""Attacking the demo hub: one user queued 600 jobs, all accepted — the queue (and every cycle's
 work) is anyone's to flood. The budgets file's ``policy: max_pending_per_user`` (default 100)
 bounds what one user may have waiting, jobs and sessions together; past it a submission is
 refused with 429, saying the limit and how many are pending, and nothing is stored."""

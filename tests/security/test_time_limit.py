@@ -1,4 +1,4 @@
-"""Issue 8, Medium 9: ``time_limit`` was not enforced, so backfill on it was a lie: a job with
+"""Security review: ``time_limit`` was not enforced, so backfill on it was a lie: a job with
 ``time_limit: 10`` backfilled into a reservation ran 90 s and delayed the reserved gang.
 
 Now the job gets SIGTERM at its limit, SIGKILL after the grace, and ends in state

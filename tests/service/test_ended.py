@@ -1,5 +1,5 @@
 """`GET /workloads/me/ended`: what my ended work cost and to which project — so a session
-that was just stopped is never shown as free (issue 25 item 3). Real service, real hub tokens,
+that was just stopped is never shown as free (a new user's view). Real service, real hub tokens,
 real ledger."""
 
 from __future__ import annotations

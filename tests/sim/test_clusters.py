@@ -1,4 +1,4 @@
-"""`gpubudget simulate` over two named clusters with one budget tree (issue 27 item 3): the
+"""`gpubudget simulate` over two named clusters with one budget tree: the
 report gives each cluster's utilisation and the programs' shares of what it delivered, and
 the global figures, which add up over the clusters."""
 

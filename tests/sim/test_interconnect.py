@@ -1,4 +1,4 @@
-"""The simulator's interconnect model (issue 26; sim/interconnect.py): a gang on poorer
+"""The simulator's interconnect model (sim/interconnect.py): a gang on poorer
 links than the best for its size progresses more slowly, its run lasts longer, and only the
 held GPU-hours times its rate are useful."""
 

@@ -1,4 +1,4 @@
-"""Two clusters under one budgets file (issue 27 item 2, acceptance): one gpubudget service
+"""Two clusters under one budgets file (acceptance of the two-cluster work): one gpubudget service
 schedules a local workstation (the local backend, one declared GPU) and the real test Slurm
 cluster (SlurmBackend, two nodes of two GPUs) with one account tree:
 

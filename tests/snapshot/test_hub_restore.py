@@ -56,7 +56,7 @@ nodes:
   - {name: b, model: H100-80GB, gpus: 1}
 """
 
-# the one 1 GiB case of the suite is CRIU's (the issue's size); the namespace case uses less
+# the one 1 GiB case of the suite is CRIU's (bench/snapshot.py's size); the namespace case uses less
 SIZES = {"criu": int(os.environ.get("GPUBUDGET_TEST_CRIU_MIB", "1024")),
          "namespace": int(os.environ.get("GPUBUDGET_TEST_NS_MIB", "256"))}
 

@@ -14,12 +14,21 @@ cookie — then only with JupyterHub's XSRF check for state changes). Authority 
 - a **relation in the budgets file**: project membership (who may charge what) and account
   managers.
 
-Every refusal is a 403 with the reason.
+Every refusal is a 403 with the reason; a token that lacks a scope is told which.
+
+Each verb declares the scope it needs with :func:`needs_scope` (JupyterHub's ``@needs_scope``
+habit): reads need ``read``; every change to a user's work — submitting, cancelling, ending
+a session, reporting it idle, its heartbeats, asking for a snapshot or a restore, what its
+server reports about them — needs ``submit`` (and then it must be the caller's own, or the
+caller an admin).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jupyter_gpubudget.core.accounts import AccountTree
 
@@ -37,6 +46,31 @@ CUSTOM_SCOPES = {
     SCOPE_ADMIN: {"description": "Administer GPU budgets: every account, grant and workload.",
                   "subscopes": [SCOPE_READ, SCOPE_SUBMIT, SCOPE_MANAGE]},
 }
+
+
+def needs_scope(scope: str) -> Callable[[Callable[..., Awaitable[None]]],
+                                        Callable[..., Awaitable[None]]]:
+    """Declare the scope a handler's verb needs: the caller's token is checked before
+    anything else (a 403 naming the scope; nothing is looked up or changed)::
+
+        @needs_scope(SCOPE_SUBMIT)
+        async def delete(self, wid): ...
+
+    The handler then gets the same :class:`Caller` from ``await self.caller()``."""
+    if scope not in CUSTOM_SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def wrap(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        @functools.wraps(method)
+        async def checked(self: Any, *args: Any, **kw: Any) -> None:
+            c = await self.caller()
+            c.require_scope(scope)
+            await method(self, *args, **kw)
+
+        checked.__needs_scope__ = scope  # type: ignore[attr-defined]
+        return checked
+
+    return wrap
 
 
 class Denied(Exception):
@@ -71,6 +105,14 @@ class Caller:
             f"access:services!service={self.service_name}" in self.scopes)
 
     # ------------------------------------------------------------------ checks
+    def require_scope(self, scope: str) -> None:
+        """The token carries ``scope`` (or one that implies it)."""
+        if scope == SCOPE_READ:
+            self.require_read()
+        elif not self._has(scope):
+            raise Denied(f"token lacks scope {scope}"
+                         + (f" ({SCOPE_READ} only reads)" if self.can_read else ""))
+
     def require_read(self) -> None:
         if not self.can_read:
             raise Denied(f"token lacks scope {SCOPE_READ}")
@@ -140,3 +182,10 @@ class Caller:
         self.require_read()
         if owner != self.name and not self.is_admin:
             raise Denied("this workload belongs to another user")
+
+    def require_change_workload(self, owner: str) -> None:
+        """May change ``owner``'s workload or session (end it, report it idle, beat its
+        heart, ask for or report its snapshots): the submit scope, and the caller's own (or
+        an admin). Seeing it is not enough."""
+        self.require_see_workload(owner)
+        self.require_scope(SCOPE_SUBMIT)

@@ -11,8 +11,10 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote_to_bytes
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -74,10 +76,13 @@ class BaseHandler(web.RequestHandler):
         self.hub_auth = svc.hub_auth
         self._chunks: list[bytes] = []
         self._size = 0
+        self._caller: Caller | None = None
 
     def prepare(self) -> None:
-        """A standby replica refuses writes before reading their bodies (503 not_leader,
-        naming the leader); the ledger's fence refuses any write that slips past."""
+        """A path with a malformed %-escape is a 400 before anything else; a standby replica
+        refuses writes before reading their bodies (503 not_leader, naming the leader); the
+        ledger's fence refuses any write that slips past."""
+        check_path_escapes(self.request.path)
         if self.request.method not in READ_METHODS and not self.svc.is_leader:
             raise not_leader_error(self.svc.not_leader())
 
@@ -154,6 +159,12 @@ class BaseHandler(web.RequestHandler):
 
     # ---------------------------------------------------------------- helpers
     async def caller(self) -> Caller:
+        """Who is calling (asked once per request: ``needs_scope`` and the handler share it)."""
+        if self._caller is None:
+            self._caller = await self._identify()
+        return self._caller
+
+    async def _identify(self) -> Caller:
         if self.svc.local_tokens is not None:  # no JupyterHub: the tokens file decides
             return self.local_caller()
         try:
@@ -230,6 +241,25 @@ class BaseHandler(web.RequestHandler):
         return states
 
 
+_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def check_path_escapes(path: str) -> None:
+    """A request path whose %-escapes are malformed (``%zz``, a cut ``%E0%A4%A``) or do not
+    decode to UTF-8 (``%C0%AF``) is a 400 naming the path, on every route (the 404 route
+    too), before identity or routing look at it."""
+    bad = _ESCAPE.search(path)
+    if bad is None:
+        try:
+            unquote_to_bytes(path).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "path: its %-escapes do not decode to UTF-8", "path") from None
+        return
+    raise ApiError(400, f"path: malformed %-escape {path[bad.start():bad.start() + 3]!r} "
+                        "(a % must be followed by two hex digits)", "path")
+
+
 class NotFoundHandler(BaseHandler):
     def prepare(self) -> None:
+        check_path_escapes(self.request.path)
         raise ApiError(404, f"no such endpoint {self.request.path}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..auth import SCOPE_SUBMIT, Denied
+from ..auth import SCOPE_SUBMIT, needs_scope
 from ..base import ApiError, BaseHandler
 from ..state import request_to_dict
 from ..validate import check_offered, parse_job
@@ -21,10 +21,9 @@ class JobsHandler(BaseHandler):
         now, view = self.svc.clock(), self.svc.loop.view
         self.send({"jobs": [workload_json(r, view, now) for r in rows]})
 
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self) -> None:
         c = await self.caller()
-        if not (SCOPE_SUBMIT in c.scopes or c.is_admin):
-            raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
         job = parse_job(self.body())
         tree = self.tree
         if job["project"] not in tree:
@@ -69,14 +68,13 @@ class JobsHandler(BaseHandler):
 
 
 class JobHandler(BaseHandler):
+    @needs_scope(SCOPE_SUBMIT)
     async def delete(self, wid: str) -> None:
         c = await self.caller()
         row = await self.db(self.svc.ledger.get, wid)
         if row is None:
             raise ApiError(404, f"no workload {wid!r}")
-        c.require_see_workload(row.user)
-        if not (SCOPE_SUBMIT in c.scopes or c.is_admin):
-            raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
+        c.require_change_workload(row.user)
         if row.backend == "external":
             raise ApiError(409, "this workload is run by an external backend; stop it there")
         row = await self.db(self.svc.loop.cancel, wid, c.name)

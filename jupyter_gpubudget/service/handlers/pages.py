@@ -32,7 +32,7 @@ from ..audit import (
     parse_filters,
 )
 from ..auth import Caller
-from ..base import ApiError, BaseHandler
+from ..base import ApiError, BaseHandler, check_path_escapes
 from ..operator import (
     KIND_WORDS,
     accounts_overview,
@@ -102,6 +102,7 @@ class PageHandler(HubOAuthenticated, BaseHandler):
     async def prepare(self) -> None:
         """Identify the caller without blocking the event loop (the mixin's own
         ``get_current_user`` would ask the hub synchronously on a cache miss)."""
+        check_path_escapes(self.request.path)
         if not hasattr(self, "_hub_auth_user_cache"):
             try:
                 model = await self.svc.hub_auth.get_user(self, sync=False)

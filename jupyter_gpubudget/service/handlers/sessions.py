@@ -14,7 +14,7 @@ from jupyter_gpubudget.core.offer import request_for, slice_choices
 from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
 
-from ..auth import SCOPE_SUBMIT, Caller, Denied
+from ..auth import SCOPE_READ, SCOPE_SUBMIT, Caller, Denied, needs_scope
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
 from ..resume import (
@@ -217,6 +217,7 @@ class SessionsHandler(_SessionBase):
 
         self.send({"sessions": await self.db(read)})
 
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self) -> None:
         c = await self.caller()
         body = self.body()
@@ -226,8 +227,6 @@ class SessionsHandler(_SessionBase):
         user, project = sess["user"], sess["project"]
         if user != c.name and not c.is_admin:
             raise Denied(f"only gpubudget admins may start a session for another user ({user!r})")
-        if not (SCOPE_SUBMIT in c.scopes or c.is_admin):
-            raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
         tree = self.tree
         if project not in tree:
             raise ApiError(400, f"project: no project {project!r}", "project")
@@ -268,6 +267,7 @@ class SessionsHandler(_SessionBase):
 
 
 class SessionHandler(_SessionBase):
+    @needs_scope(SCOPE_READ)
     async def get(self, wid: str) -> None:
         """``?wait=S``: long-poll, answer as soon as the state changes (at most S seconds,
         S <= 30), so a spawn starts within one cycle of being granted."""
@@ -289,10 +289,13 @@ class SessionHandler(_SessionBase):
                 row = await self.session_or_404(wid)
         self.send(await self.db(self.session_json, row))
 
+    @needs_scope(SCOPE_SUBMIT)
     async def delete(self, wid: str) -> None:
+        """End the session (its server is stopped by the hub): its own user with the submit
+        scope, or an admin (the spawner's token); a read-only token gets a 403."""
         c = await self.caller()
         row = await self.session_or_404(wid)
-        c.require_see_workload(row.user)
+        c.require_change_workload(row.user)
         reason = self.get_query_argument("reason", "stop")
         if reason not in END_REASONS:
             raise ApiError(400, f"reason: one of {', '.join(sorted(END_REASONS))}", "reason")
@@ -347,10 +350,11 @@ class SessionHandler(_SessionBase):
 
 
 class HeartbeatHandler(_SessionBase):
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str) -> None:
         c = await self.caller()
         row = await self.session_or_404(wid)
-        c.require_see_workload(row.user)
+        c.require_change_workload(row.user)
         body = self.body() or {}
         if not isinstance(body, dict):
             raise ApiError(400, "body: expected a JSON object", "body")
@@ -370,10 +374,11 @@ class HeartbeatHandler(_SessionBase):
 
 
 class IdleHandler(_SessionBase):
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str) -> None:
         c = await self.caller()
         row = await self.session_or_404(wid)
-        c.require_see_workload(row.user)
+        c.require_change_workload(row.user)
         body = self.body() or {}
         if not isinstance(body, dict):
             raise ApiError(400, "body: expected a JSON object", "body")

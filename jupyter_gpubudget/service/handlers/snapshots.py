@@ -28,7 +28,7 @@ from jupyter_gpubudget.ledger import LedgerError
 from jupyter_gpubudget.ledger import snapshots as snapledger
 from jupyter_gpubudget.ledger.models import SnapshotRow
 
-from ..auth import SCOPE_SUBMIT, Caller, Denied
+from ..auth import SCOPE_SUBMIT, Caller, Denied, needs_scope
 from ..base import ApiError, BaseHandler
 from ..reaper import SESSION_BACKEND
 from ..validate import MAX_DB_INT
@@ -82,9 +82,10 @@ class _Base(BaseHandler):
         """The session, seen (404 before 403) and, for a change, the caller's own with the
         submit scope (or an admin)."""
         row = await self.session_or_404(wid)
-        c.require_see_workload(row.user)
-        if write and not (c.is_admin or SCOPE_SUBMIT in c.scopes):
-            raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
+        if write:
+            c.require_change_workload(row.user)
+        else:
+            c.require_see_workload(row.user)
         return row
 
     async def set_or_404(self, c: Caller, set_id: str) -> tuple[SnapshotRow, Any]:
@@ -126,6 +127,7 @@ class SnapshotHandler(_Base):
         self.send({**snapledger.set_json(row), "user": w.user, "server": w.name,
                    "session_state": w.state})
 
+    @needs_scope(SCOPE_SUBMIT)
     async def put(self, set_id: str) -> None:
         """A user's server records a snapshot set it took."""
         c = await self.caller()
@@ -172,11 +174,11 @@ class SnapshotHandler(_Base):
 
 
 class SnapshotBadHandler(_Base):
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, set_id: str) -> None:
         c = await self.caller()
         row, w = await self.set_or_404(c, set_id)
-        if not (c.is_admin or SCOPE_SUBMIT in c.scopes):
-            raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
+        c.require_change_workload(w.user)
         problem = _str(self.obj(), "problem", 2000, required=True)
 
         def mark() -> dict:
@@ -201,13 +203,13 @@ def _request(svc: Any, wid: str, actor: str, action: str, snapshot: str | None) 
 
 
 class SnapshotRestoreHandler(_Base):
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, set_id: str) -> None:
         """Ask for a restore: into the server of its session when that runs (or of the
         session resuming it), else by starting the user's server again from it."""
         c = await self.caller()
         row, w = await self.set_or_404(c, set_id)
-        if not (c.is_admin or SCOPE_SUBMIT in c.scopes):
-            raise Denied(f"token lacks scope {SCOPE_SUBMIT}")
+        c.require_change_workload(w.user)
         if row.status != "ok":
             raise ApiError(409, f"snapshot {set_id} is {row.status}"
                                 + (f": {row.problem}" if row.problem else ""))
@@ -275,6 +277,7 @@ class SessionSnapshotsHandler(_Base):
 
         self.send(await self.db(read))
 
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str) -> None:
         """Ask the running server for a snapshot now (delivered by BudgetSpawner)."""
         c = await self.caller()
@@ -298,6 +301,7 @@ class SessionRequestHandler(_Base):
             self.send({"request": rid, "state": "failed" if out["kind"].endswith("failed")
                        else "done", **out})
 
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str, rid: str) -> None:
         """A server or spawner could not carry a request out: say why."""
         c = await self.caller()
@@ -310,6 +314,7 @@ class SessionRequestHandler(_Base):
 
 
 class SessionRestoredHandler(_Base):
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str) -> None:
         c = await self.caller()
         await self.own_session(c, wid, write=True)
@@ -342,6 +347,7 @@ class SessionRestoredHandler(_Base):
 
 
 class SessionLostHandler(_Base):
+    @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str) -> None:
         c = await self.caller()
         w = await self.own_session(c, wid, write=True)

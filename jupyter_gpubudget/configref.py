@@ -131,6 +131,11 @@ def render_traits(classes: Iterable[type[Configurable]]) -> list[str]:
         doc = _class_doc(cls)
         if doc:
             out += [doc, ""]
+        aliases = vars(cls).get("aliases") or {}
+        if aliases:
+            out += ["Command-line options: " + ", ".join(
+                f"`--{flag}` (`{target if isinstance(target, str) else target[0]}`)"
+                for flag, target in sorted(aliases.items())) + ".", ""]
         for name, trait in sorted(cls.class_own_traits(config=True).items()):
             default = f"`{_stable(trait.default_value_repr())}`"
             if _computed(cls, name):

@@ -112,6 +112,26 @@ class ChargeRow(Base):
     closed_by: Mapped[str] = mapped_column(String(20), default="")
 
 
+class DeviceClaimRow(Base):
+    """A device a charge interval holds: GPU ``gpu`` of ``node`` (the MIG instance at
+    ``mig_start``, or ``milli`` of it for an MPS share) from ``start`` to ``end`` (NULL
+    while open; closed with its interval). :meth:`Ledger.start` refuses an interval whose
+    devices another interval holds at its start beyond the GPU's size — whether still open
+    or closed later than that start — so no GPU is charged twice."""
+
+    __tablename__ = "device_claims"
+    __table_args__ = (Index("ix_device_claims_device", "node", "gpu", "end"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    charge: Mapped[int] = mapped_column(ForeignKey("charge_intervals.id"), index=True)
+    workload: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(String(200))
+    gpu: Mapped[int] = mapped_column(Integer)
+    mig_start: Mapped[int] = mapped_column(Integer, default=-1)
+    milli: Mapped[int] = mapped_column(Integer)
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class UsageRollupRow(Base):
     """GPU time charged per project per clock hour, added in the transaction that closes each
     interval: a scheduling cycle reads O(projects × hours in the window) rows, however long
@@ -199,6 +219,11 @@ class LeaderRow(Base):
     token: Mapped[int] = mapped_column(BigInteger)
     acquired_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
+    #: the budgets file the replicas agree on (``service/budgets_copy.py``): its SHA-256,
+    #: which file on which replica wrote it, and its text (what a standby authorises from)
+    budgets_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    budgets_source: Mapped[str | None] = mapped_column(Text, nullable=True)
+    budgets_text: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class NodeHealthRow(Base):

@@ -28,12 +28,26 @@ from .models import (
     AccountRow,
     ChargeRow,
     DecisionRow,
+    DeviceClaimRow,
     GrantRow,
     IdempotencyRow,
     ServiceStateRow,
     UsageRollupRow,
     WorkloadRow,
 )
+
+
+def _claims_of(placement: list[dict]) -> list[tuple[str, int, int, int]]:
+    """The GPUs a placement holds: (node, gpu, MIG instance's first slot or -1, milli)."""
+    out = []
+    for sl in placement or []:
+        gpu = sl.get("gpu", -1) if isinstance(sl, dict) else -1
+        if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0:
+            ms = sl.get("mig_start", -1)
+            out.append((str(sl.get("node")), gpu, ms if isinstance(ms, int) else -1,
+                        int(sl.get("milli", 1000))))
+    return out
+
 
 TERMINAL = ("done", "failed", "cancelled", "preempted", "timeout")
 STATES = ("pending", "running", *TERMINAL)
@@ -440,14 +454,28 @@ class Ledger:
     def start(self, workload_id: str, *, placement: list[dict], milli: int, backed: bool,
               protected_until: float | None, now: float, actor: str = "scheduler",
               reason: str = "", backfill_until: float | None = None,
-              cluster: str | None = None, s: Session | None = None) -> ChargeRow:
-        """Mark a pending workload running and open its charge interval (one transaction)."""
+              cluster: str | None = None, after_release: bool = False,
+              s: Session | None = None) -> ChargeRow:
+        """Mark a pending workload running and open its charge interval (one transaction).
+
+        The interval claims the placement's GPUs (``device_claims``). It is refused (409,
+        nothing written) when another interval holds one of them at ``now`` beyond the GPU's
+        size: still open, or closed after ``now`` (a victim stopped after the cycle that
+        preempted it). ``after_release``: the interval opens when the last of those closed
+        intervals ended instead (the scheduling loop's successors: a GPU is never charged
+        to its victim and its successor at once); ``protected_until`` moves with it. An open
+        one is refused either way."""
         with self.tx(s) as s:
             w = s.get(WorkloadRow, workload_id, with_for_update=True)
             if w is None:
                 raise LedgerError(404, f"no workload {workload_id!r}")
             if w.state != "pending":
                 raise LedgerError(409, f"workload {workload_id} is {w.state}, not pending")
+            claims = _claims_of(placement)
+            opens = self._free_from(s, workload_id, claims, now, after_release)
+            if opens > now and protected_until is not None:
+                protected_until += opens - now
+            now = opens
             seq = (s.scalar(select(func.max(ChargeRow.seq))
                             .where(ChargeRow.workload == workload_id)) or 0) + 1
             w.state, w.started_at, w.placement = "running", now, placement
@@ -463,7 +491,47 @@ class Ledger:
                               reason=reason, detail={"placement": placement, "backed": backed,
                                                      "protected_until": protected_until}))
             s.flush()
+            for node, gpu, mig_start, m in claims:
+                s.add(DeviceClaimRow(charge=charge.id, workload=workload_id, node=node,
+                                     gpu=gpu, mig_start=mig_start, milli=m, start=now,
+                                     end=None))
+            s.flush()
             return charge
+
+    def _free_from(self, s: Session, workload_id: str,
+                   claims: list[tuple[str, int, int, int]], now: float,
+                   after_release: bool) -> float:
+        """When ``claims`` may open (``now``, or later with ``after_release``), or
+        LedgerError 409 naming the device and who holds it. Held: an interval's claim on
+        the GPU that is open or ends after the new one's start; too much: the same MIG
+        instance or a whole GPU twice, or shares beyond the GPU's size (a rounding milli
+        per share allowed)."""
+        opens = now
+        by_gpu: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for node, gpu, mig_start, m in claims:
+            by_gpu.setdefault((node, gpu), []).append((mig_start, m))
+        for (node, gpu), mine in sorted(by_gpu.items()):
+            d = DeviceClaimRow
+            held = s.execute(select(d.workload, d.mig_start, d.milli, d.start, d.end).where(
+                d.node == node, d.gpu == gpu, d.workload != workload_id,
+                (d.end.is_(None)) | (d.end > now))).all()
+            if not held:
+                continue
+            total = sum(m for _, m in mine) + sum(h.milli for h in held)
+            same = {ms for ms, _ in mine if ms >= 0} & {h.mig_start for h in held}
+            if total <= 1000 + len(mine) + len(held) and not same:
+                continue
+            still = [h for h in held if h.end is None]
+            if still or not after_release:
+                h = (still or held)[0]
+                raise LedgerError(
+                    409, f"GPU {gpu} of node {node} is held by workload {h.workload}'s "
+                         + ("open charge interval" if h.end is None else
+                            f"charge interval until {h.end:.3f}")
+                         + f" (from {h.start:.3f}): a second interval on it from "
+                         f"{now:.3f} would charge it twice", "placement")
+            opens = max(opens, *(h.end for h in held))
+        return opens
 
     def set_backend_ref(self, workload_id: str, ref: str) -> None:
         with self.tx() as s:
@@ -518,6 +586,9 @@ class Ledger:
                                      closed_by=closed_by)).rowcount
             if done:  # closed here, exactly once: its usage joins the hourly rollups
                 rollups.add(s, c.project, c.milli, c.start, max(end, c.start))
+                s.execute(update(DeviceClaimRow).where(DeviceClaimRow.charge == c.id,
+                                                       DeviceClaimRow.end.is_(None))
+                          .values(end=max(end, c.start)))
                 s.info[_W_USAGE] = True
                 closed += 1
         return closed

@@ -370,10 +370,16 @@ class SchedulingLoop:
         elif isinstance(d, Start):
             row = by_id[d.workload]
             placement = placement_to_list(d.placement)
+            # the charge opens when the intervals on its GPUs closed (its victims', stopped
+            # after this cycle began), never before: one GPU is never charged twice
             charge = self.ledger.start(row.id, placement=placement, milli=d.placement.milli,
                                        backed=d.backed, protected_until=d.protected_until,
                                        now=now, backfill_until=d.backfill_until,
-                                       cluster=self.cluster_of(d.placement.nodes))
+                                       cluster=self.cluster_of(d.placement.nodes),
+                                       after_release=True)
+            if charge.start > now:
+                d = replace(d, protected_until=None if d.protected_until is None
+                            else d.protected_until + charge.start - now)
             if row.backend != self.backend.name:
                 # another part launches it (the hub spawner, for sessions): the ledger has
                 # recorded the start and opened the charge; there is nothing to run here

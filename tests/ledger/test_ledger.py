@@ -327,6 +327,7 @@ def test_the_service_rereads_only_what_changed_and_sees_every_change(ledger, scr
 
     live = LiveWorkloads()
     ids = [_submit(ledger, now=float(i), user=f"u{i}").id for i in range(3)]
+    node = f"n-{uuid.uuid4().hex[:8]}"
     t = 10.0
     # what the service rereads only when these versions move
     seen = (ledger.usage_version, ledger.usage_for_window(0.0),
@@ -338,8 +339,9 @@ def test_the_service_rereads_only_what_changed_and_sees_every_change(ledger, scr
         if op == "submit":
             ids.append(_submit(ledger, now=t, kind=["batch", "interactive"][i % 2]).id)
         elif op == "start" and state == "pending":
-            ledger.start(wid, placement=[{"node": "n1", "gpu": i, "milli": 1000}], milli=1000,
-                         backed=True, protected_until=t + 60, now=t)
+            # (a GPU of its own: the ledger outlives one example, and refuses a GPU held)
+            ledger.start(wid, placement=[{"node": node, "gpu": ids.index(wid), "milli": 1000}],
+                         milli=1000, backed=True, protected_until=t + 60, now=t)
         elif op in ("stop", "requeue", "preempt") and state == "running":
             ledger.stop(wid, now=t, state="done" if op == "stop" else "pending",
                         closed_by="exit" if op == "stop" else op)
@@ -439,7 +441,8 @@ def test_reads_from_several_threads_at_once_stay_whole(ledger):
         for k in range(60):
             t += 10
             wid = ids[k]
-            ledger.start(wid, placement=[{"node": "n1", "gpu": k % 8, "milli": 1000}],
+            ledger.start(wid, placement=[{"node": f"n{k // 8 + 1}", "gpu": k % 8,
+                                          "milli": 1000}],
                          milli=1000, backed=True, protected_until=t + 60, now=t)
             if k % 3 == 0:
                 ledger.stop(wid, now=t + 5, state="done", closed_by="exit")

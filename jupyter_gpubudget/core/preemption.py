@@ -27,10 +27,15 @@ from typing import Any
 
 from . import mig as migtab
 from .capacity import Cluster, Gpu
-from .model import HOUR, MILLI, Policy, SliceRequest, Workload
-from .placement import cluster_choices, full_profile, gang_links, idle_mig_for_gangs
+from .model import HOUR, MILLI, Decision, Placement, Policy, SliceRequest, Workload
+from .placement import cluster_choices, full_profile, gang_links, idle_mig_for_gangs, place
 
 SetCost = tuple[int, float, int, int, float]
+#: the scheduler's way of acting on a choice: ``take(w, victims, end, now, out, pool,
+#: reason)`` preempts ``victims`` for ``w`` (each for ``reason(victim)``), drops them from
+#: ``pool`` and starts ``w`` on what they free — or reserves it there until they have stopped
+Take = Callable[[Workload, list[Workload], float, float, list[Decision],
+                 dict[str, Workload] | None, Callable[[Workload], str]], None]
 INF = float("inf")
 
 
@@ -112,6 +117,24 @@ def set_cost(vs: list[Workload], standing: Callable[[Workload], float],
     return (1 if any(v.backed for v in vs) else 0, round(sum(cost(v) for v in vs), 9), len(vs),
             sum(1 for v in vs if not v.resumable),
             -sum(min(standing(v), 1e9) for v in vs))
+
+
+def place_without(cluster: Cluster, victims: list[Workload], req: SliceRequest, end: float
+                  ) -> Placement | None:
+    """Where ``req`` would go once ``victims`` are gone: their capacity is freed
+    tentatively and given back."""
+    saved = [(v, cluster.release(v.id)) for v in victims]
+    p = place(cluster, req, end)
+    for v, placement in saved:
+        if placement is not None:
+            cluster.allocate(v.id, placement)
+    return p
+
+
+def fits_without(cluster: Cluster, victims: list[Workload], req: SliceRequest, end: float
+                 ) -> bool:
+    """Would ``req`` fit once ``victims`` are gone? Nothing changes."""
+    return place_without(cluster, victims, req, end) is not None
 
 
 def _full_instance_ok(g: Gpu) -> bool:

@@ -30,16 +30,10 @@ from dataclasses import dataclass, field, replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import (
-    BACKFILL_QUANTILE,
-    PREDICT_QUANTILE,
-    RESERVE_QUANTILE,
-    plan_reservation,
-    predict_runtime,
-    predicted_end,
-)
+from .backfill import plan_reservation
 from .capacity import CapacityError, Cluster, Gpu
 from .inventory import Inventory
+from .lane import ShortLane, lane_preempt
 from .model import (
     HOUR,
     MILLI,
@@ -56,9 +50,12 @@ from .model import (
     Workload,
     request_milli,
 )
-from .placement import idle_full_mig, place
+from .placement import place
+from .predict import Predictor, RunningEnds, next_free
 from .preemption import (
     choose_victims,
+    fits_without,
+    place_without,
     preemption_cost,
     preemption_gain,
     preemption_pays,
@@ -125,7 +122,10 @@ class Scheduler:
         self.drained: set[str] = set()
         self.mix: dict[tuple[object, ...], float] = {}  # decayed histogram of request shapes
         self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
-        self._node_gpus = max((len(n.gpus) for n in inventory.nodes), default=0)
+        self.predictor = Predictor(self.history, self.policy,
+                                   max((len(n.gpus) for n in inventory.nodes), default=0))
+        # within one cycle: predicted ends of running work (sorted again when it changes)
+        self.ends = RunningEnds(self.predictor, self.policy)
         if self.policy.placement == "fgd":  # score placements against the shapes seen so far
             fragmentation.index_for(self.cluster, fragmentation.MixView(self.mix))
         self._grants: dict[str, float] | None = None
@@ -136,33 +136,23 @@ class Scheduler:
         self._next_seq = 0
         self._shape_count: dict[tuple[object, ...], int] = {}
         self._root_demand: dict[str, float] | None = {}
-        self._predicted: dict[str, float] = {}
-        self._by_features: dict[tuple[object, ...], tuple[int, float]] = {}
-        self._predicted_long: dict[str, float] = {}
-        self._by_features_long: dict[tuple[object, ...], tuple[int, float]] = {}
-        self._demand: dict[str, float] = {}
         self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
         #: running workloads left out of the state because their placement is impossible
         #: (no placement, or a slice already held): (id, why), for the caller to report
         self.inconsistent: list[tuple[str, str]] = []
-        # within one cycle: predicted ends of running work (None: to be sorted again), and
-        # per gang constraints the smallest gang that found no reservation
-        self._ends: list[tuple[float, str]] | None = None
-        self._ends_at = float("nan")
-        # the same ends at RESERVE_QUANTILE, for the list of _running_ends they were made from
-        self._reserve_ends: tuple[list[tuple[float, str]], list[tuple[float, str]]] | None = None
-        self._by_features_reserve: dict[tuple[object, ...], tuple[int, float]] = {}
-        # GPUs kept for the short lane in this cycle (Policy.short_lane_hold), and until when
-        self._lane_held: list[Gpu] = []
-        self._lane_until = INF
-        self._lane_room = 0  # healthy whole GPUs outside MIG mode that are not kept
-        self._lane_on = False  # is the lane keeping GPUs in this cycle?
+        # within one cycle: per gang constraints the smallest gang that found no reservation
+        self.lane = ShortLane()  # GPUs kept for the short lane (Policy.short_lane_hold)
         self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
         # (time, GPU-hours thrown away) of the preemptions in the trailing LOSS_WINDOW,
         # oldest first (Policy.finish_drain_budget)
         self.recent_losses: deque[tuple[float, float]] = deque()
+
+    @property
+    def _lane_held(self) -> list[Gpu]:
+        """The GPUs kept for the short lane in this cycle."""
+        return self.lane.held
 
     # ================================================================= building
     def new_cluster(self) -> Cluster:
@@ -232,64 +222,33 @@ class Scheduler:
         return st
 
     def predict(self, w: Workload) -> float:
-        """Predicted run time of ``w`` (seconds); workloads alike in every feature the
-        predictor reads share one prediction until a run is learnt."""
-        p = self._predicted.get(w.id)
-        if p is None:
-            sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
-            hit = self._by_features.get(sig)
-            if hit is not None and hit[0] == self.history.kind_version.get(w.kind, 0):
-                p = hit[1]
-            else:
-                p = predict_runtime(w, self.history, self.policy)
-                self._by_features[sig] = (self.history.kind_version.get(w.kind, 0), p)
-            self._predicted[w.id] = p
-        return p
+        """Predicted run time of ``w`` (seconds; :meth:`Predictor.predict`)."""
+        return self.predictor.predict(w)
 
     def predict_long(self, w: Workload) -> float:
-        """A cautious prediction (``BACKFILL_QUANTILE`` of past runs): what placement checks
-        against reservations, so that work backfilled before a gang's reservation rarely
-        runs into it."""
-        p = self._predicted_long.get(w.id)
-        if p is None and BACKFILL_QUANTILE == PREDICT_QUANTILE:
-            p = self._predicted_long[w.id] = self.predict(w)  # the same prediction: once
-        if p is None:
-            sig = (w.user, w.project, w.kind, w.request.shape, w.command, w.time_limit)
-            hit = self._by_features_long.get(sig)
-            if hit is not None and hit[0] == self.history.kind_version.get(w.kind, 0):
-                p = hit[1]
-            else:
-                p = predict_runtime(w, self.history, self.policy, BACKFILL_QUANTILE)
-                self._by_features_long[sig] = (self.history.kind_version.get(w.kind, 0), p)
-            self._predicted_long[w.id] = p
-        return p
+        """A cautious prediction of ``w``'s run time (:meth:`Predictor.predict_long`)."""
+        return self.predictor.predict_long(w)
 
     def short(self, w: Workload) -> bool:
-        """Does ``w`` go in the short lane (``Policy.short_lane``): debug work predicted to
-        run no longer than the lane allows?"""
-        lane = self.policy.short_lane
-        return lane > 0 and w.kind == "debug" and self.predict(w) <= lane
+        """Does ``w`` go in the short lane (:meth:`Predictor.short`)?"""
+        return self.predictor.short(w)
 
     def demand(self, w: Workload) -> float:
-        """Expected GPU-hours of a pending workload, for the projected standing: 0 for a gang
-        of whole nodes (:meth:`waits_for_nodes`), which mostly waits for a drain instead of
-        starting in this cycle. Projecting its hours would rank its project's work behind it
-        after other projects' while they, not it, use the GPUs: a project whose queue holds
-        such gangs fell short of its share (month seed 2: 46.6 % delivered of a 50 % grant,
-        docs/simulator.md, "Gangs of whole nodes in the projected standing")."""
-        d = self._demand.get(w.id)
-        if d is None:
-            d = 0.0 if self.waits_for_nodes(w) else (
-                request_milli(w.request) / MILLI * min(self.predict(w), self.policy.window)
-                / HOUR)
-            self._demand[w.id] = d
-        return d
+        """Expected GPU-hours of pending ``w`` (:meth:`Predictor.demand`)."""
+        return self.predictor.demand(w)
 
     def waits_for_nodes(self, w: Workload) -> bool:
-        """Does ``w`` ask for at least as many GPUs as the largest node has (a gang of whole
-        nodes)? One GPU is never that, even on a one-GPU node."""
-        return (w.request.kind == "gpu" and w.request.gpus >= 2
-                and w.request.gpus >= self._node_gpus)
+        """Is ``w`` a gang of whole nodes (:meth:`Predictor.waits_for_nodes`)?"""
+        return self.predictor.waits_for_nodes(w)
+
+    def gain_horizon(self, w: Workload) -> float:
+        """Seconds of the run a preemption buys ``w`` (:meth:`Predictor.gain_horizon`)."""
+        return self.predictor.gain_horizon(w)
+
+    def next_free(self, req: SliceRequest, now: float) -> float:
+        """Seconds until running work is predicted to free capacity ``req`` needs
+        (:func:`predict.next_free`)."""
+        return next_free(self.cluster, req, now, lambda: self.ends.running(self.running, now))
 
     def is_backed(self, w: Workload, now: float) -> bool:
         """Does the project's grant (and every ancestor's) cover its window usage, the protected
@@ -410,23 +369,9 @@ class Scheduler:
             # at least the lease, and never due before its protection ends (semantics 2)
             due = now + max(self.policy.backfill_lease, self.policy.effective_min_runtime(w))
             if end > due:
-                with self._lane_closed(now):
+                with self.lane.closed(now):
                     p = self._place_plain(w, due)
         return p
-
-    @contextmanager
-    def _lane_closed(self, now: float) -> Iterator[None]:
-        """The GPUs kept for the short lane closed to everything for a while (a lease is
-        never taken on them)."""
-        held = [g for g in self._lane_held if g.reserved_at == self._lane_until]
-        for g in held:
-            g.reserved_at = now
-        try:
-            yield
-        finally:
-            for g in held:
-                if g.reserved_at == now:
-                    g.reserved_at = self._lane_until
 
     def _place_plain(self, w: Workload, end: float) -> Placement | None:
         own = self.reservations.get(w.id)
@@ -450,7 +395,7 @@ class Scheduler:
         # (not those only kept for the short lane: short work is not reclaimed from them)
         until = min((g.reserved_at for g in (self.cluster.by_name[sl.node].gpus[sl.gpu]
                                              for sl in placement.slices if sl.gpu >= 0)
-                     if g.reserved_at != self._lane_until or g not in self._lane_held),
+                     if not self.lane.keeps(g)),
                     default=INF)
         backfill_until = until if until < INF else None
         self.cluster.allocate(w.id, placement)
@@ -460,7 +405,7 @@ class Scheduler:
                           protected_until=protected, idle=False, stopping=False,
                           backfill_until=backfill_until)
         self.running[w.id] = started
-        self._ends = None
+        self.ends.changed()
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None and w.project in self.accounts:
             promised = placement.fraction * (protected - now) / HOUR
@@ -470,12 +415,10 @@ class Scheduler:
 
     def _stop(self, wid: str, now: float) -> Workload:
         w = self.running.pop(wid)
-        self._ends = None
+        self.ends.changed()
         self.cluster.release(wid)
         self.meter.close(wid, now)
-        self._predicted.pop(wid, None)
-        self._predicted_long.pop(wid, None)
-        self._demand.pop(wid, None)
+        self.predictor.forget(wid)
         if w.backed and w.protected_until and w.protected_until > now and w.placement:
             left = w.placement.fraction * (w.protected_until - now) / HOUR
             for a in self.accounts.path(w.project) if w.project in self.accounts else ():
@@ -531,7 +474,7 @@ class Scheduler:
 
     def _fill(self, now: float) -> list[Decision]:
         out: list[Decision] = []
-        self._top_up_lane()
+        self.lane.top_up(self.cluster, self.policy)
         while self._fill_pass(now, out):
             pass  # a start on GPUs reserved for it freed the rest of them: look again
         return out
@@ -544,7 +487,7 @@ class Scheduler:
         # held back to (reservations, the short lane): work ending before one may fit where
         # longer work of the same shape did not
         res_times = sorted({at for at, _ in self.reservations.values()}
-                           | ({self._lane_until} if self._lane_held else set()))
+                           | ({self.lane.until} if self.lane.held else set()))
         failed: set[tuple[object, ...]] = set()
         for _, seq, wid in list(self._order):
             if not res_times and len(failed) >= len(self._shape_count):
@@ -599,14 +542,12 @@ class Scheduler:
 
     def _cycle(self, now: float) -> list[Decision]:
         out: list[Decision] = []
-        self._predicted.clear()
-        self._predicted_long.clear()
-        self._demand.clear()
+        self.predictor.new_cycle()
         st = self._standings(now)
         self.cluster.clear_reservations()
-        self._hold_for_lane(now)
+        self.lane.hold(self.cluster, self.policy, self.history, now)
         self.reservations.clear()
-        self._ends = None
+        self.ends.changed()
         self._no_plan = {}
         self._overdue = None
         self._drain(now, out)
@@ -645,8 +586,8 @@ class Scheduler:
             if not self.is_backed(w, now):
                 later.append((w, -1))
                 continue
-            if self._lane_held and req.kind == "gpu" and req.gpus > self._lane_room:
-                with self._lane_lifted():  # a gang that needs the kept GPUs to fit at all
+            if self.lane.held and req.kind == "gpu" and req.gpus > self.lane.room:
+                with self.lane.lifted():  # a gang that needs the kept GPUs to fit at all
                     self._consider(w, True, now, res_times, failed, preempt_failed,
                                    eligible_pool, out)
             else:
@@ -704,7 +645,8 @@ class Scheduler:
                     return
                 preempt_failed[shape] = mine if worst is None else min(worst, mine)
             if (self.policy.short_lane_cost > 0 and self.short(w)
-                    and self._lane_preempt(w, end, now, pool, out)):
+                    and lane_preempt(w, end, now, pool, self.running, self.cluster,
+                                     self.policy, self._st, self._take, out)):
                 failed.clear()
                 self._memo_gen += 1
                 return
@@ -715,7 +657,7 @@ class Scheduler:
                        req.interconnect)
             if self._no_plan.get(no_plan, INF) <= req.gpus:
                 return  # a gang this large or smaller found no reservation in this cycle
-            plan = plan_reservation(self.cluster, req, now, self._reservation_ends(now))
+            plan = plan_reservation(self.cluster, req, now, self.ends.reserving(self.running, now))
             if plan is None:
                 self._no_plan[no_plan] = min(self._no_plan.get(no_plan, INF), req.gpus)
             if plan is not None:
@@ -770,7 +712,7 @@ class Scheduler:
         for g in gpus:
             if g.reserved_at == at:
                 g.reserved_at = INF
-        if not self._fits_without(victims, w, end):
+        if not fits_without(self.cluster, victims, w.request, end):
             self.cluster.reserve(placement, at)
             return False
         del self.reservations[w.id]
@@ -807,124 +749,6 @@ class Scheduler:
         first = self.first_planned.get(w.id)
         return after > 0 and first is not None and now >= first + after
 
-    def _hold_for_lane(self, now: float) -> None:
-        """Keep up to ``policy.short_lane_hold`` whole GPUs that stand free for the short
-        lane until the next cycle: work is placed there only when predicted to end within
-        ``policy.short_lane`` (as on GPUs reserved from then), and a gang is placed and
-        reserved around them unless it needs them to fit at all. The GPUs on the nodes with
-        the fewest free GPUs are kept, so that free nodes stay whole for gangs; with none
-        free, an idle MIG-mode GPU (:meth:`_keep_for_lane`). Nothing is kept until debug
-        work has been seen."""
-        self._lane_held = []
-        self._lane_on = False
-        hold, lane = self.policy.short_lane_hold, self.policy.short_lane
-        if hold <= 0 or lane <= 0 or not self.history.kind_version.get("debug"):
-            return
-        self._lane_on = True
-        self._lane_until = now + lane
-        kept = self._keep_for_lane(hold)
-        self._lane_room = sum(1 for n in self.cluster.nodes if n.healthy
-                              for g in n.gpus if not g.mig) - sum(1 for g in kept if not g.mig)
-
-    def _keep_for_lane(self, count: int) -> list[Gpu]:
-        """Keep up to ``count`` idle GPUs that no gang has reserved for the short lane:
-        whole GPUs outside MIG mode, on the nodes with the fewest free; when none stands
-        free, idle MIG-mode GPUs that a one-GPU run may take whole
-        (``Policy.whole_gpu_on_mig``). Otherwise, with every GPU outside MIG mode busy, the
-        lane would keep nothing until one came free — and it would then keep that one from
-        the gangs, although an idle MIG-mode GPU, which serves no gang, would do."""
-        if any(n.free_whole for n in self.cluster.nodes if n.healthy):
-            free = sorted((len(n.free_whole), n.idx, i) for n in self.cluster.nodes
-                          if n.healthy for i in n.free_whole if n.gpus[i].reserved_at == INF)
-            kept = [self.cluster.nodes[idx].gpus[i] for _, idx, i in free[:count]]
-        else:
-            kept = self._idle_mig_gpus()[:count]
-        for g in kept:
-            g.reserved_at = self._lane_until
-            self._lane_held.append(g)
-        return kept
-
-    def _idle_mig_gpus(self) -> list[Gpu]:
-        """MIG-mode GPUs with no instance, whose layout has the full-size one, on healthy
-        nodes, that nothing holds back — each one a whole GPU to a one-GPU request when
-        ``Policy.whole_gpu_on_mig``."""
-        if not self.policy.whole_gpu_on_mig:
-            return []
-        out = [g for g, _ in idle_full_mig(self.cluster)
-               if g.node.healthy and g.reserved_at == INF]
-        return sorted(out, key=lambda g: (g.node.idx, g.index))
-
-    @staticmethod
-    def _lane_idle(g: Gpu) -> bool:
-        """Nothing runs on ``g`` (a MIG-mode GPU: no instance)."""
-        return g.free or (g.mig and g.mask == 0)
-
-    def _top_up_lane(self) -> None:
-        """With leases (``policy.backfill_lease``) or drains finished by preemption
-        (``policy.finish_drain_ratio``), between cycles a GPU that comes free is kept for the
-        short lane first when fewer than ``policy.short_lane_hold`` of the kept GPUs still
-        stand free (short work used them): otherwise, with every GPU busy or leased when the
-        cycle began — and no reserved GPU standing idle for short work to use — the lane
-        would keep nothing until a cycle finds a GPU free. Only GPUs no gang has reserved;
-        the same choice as :meth:`_hold_for_lane`."""
-        hold = self.policy.short_lane_hold
-        if not self._lane_on or hold <= 0 or (self.policy.backfill_lease <= 0
-                                               and self.policy.finish_drain_ratio <= 0):
-            return
-        kept = sum(1 for g in self._lane_held
-                   if self._lane_idle(g) and g.reserved_at == self._lane_until)
-        if kept < hold:
-            self._keep_for_lane(hold - kept)
-
-    @contextmanager
-    def _lane_lifted(self) -> Iterator[None]:
-        """The lane's hold lifted for a while (a gang may use the kept GPUs, to start or to
-        reserve them); kept again afterwards where still free."""
-        held = [g for g in self._lane_held if g.reserved_at == self._lane_until]
-        for g in held:
-            g.reserved_at = INF
-        try:
-            yield
-        finally:
-            for g in held:
-                if self._lane_idle(g):
-                    g.reserved_at = min(g.reserved_at, self._lane_until)
-
-    def _lane_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
-                      out: list[Decision]) -> bool:
-        """A short-lane run (backed debug work predicted short) that finds no room may take
-        the GPU of unprotected batch work whose preemption costs almost nothing right now —
-        it saved its progress moments ago: at most ``policy.short_lane_cost`` GPU-hours lost,
-        reload and toll included; once the run has waited ``policy.short_lane_patience``, up
-        to ``policy.short_lane_late_cost``. Sessions are never taken for it."""
-        pol = self.policy
-        cap = pol.short_lane_cost
-        if pol.short_lane_patience > 0 and now - w.submitted_at >= pol.short_lane_patience:
-            cap = max(cap, pol.short_lane_late_cost)
-        toll = self.policy.preemption_toll
-        costs: dict[str, float] = {}
-        eligible: dict[str, Workload] = {}
-        for wid, v in pool.items():
-            if wid not in self.running or v.kind != "batch" or v.stopping:
-                continue
-            c = preemption_cost(v, now, self.policy) + toll
-            if c <= cap:
-                costs[wid] = c
-                eligible[wid] = v
-        if not eligible:
-            return False
-        st = self._st
-        victims = choose_victims(self.cluster, w.request, end, eligible,
-                                 lambda v: st.standing.get(v.project, INF) if st else INF,
-                                 lambda v: costs[v.id], whole_on_mig=True)
-        if not victims or sum(costs[v.id] for v in victims) > cap:
-            return False
-        if not self._fits_without(victims, w, end):
-            return False
-        self._take(w, victims, end, now, out, pool,
-                   lambda v: f"a short debug run takes it (loses {costs[v.id] - toll:.2f} GPU-h)")
-        return True
-
     def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
                           ) -> bool:
         """docs/core.md semantics 5, when a prediction was wrong: work backfilled onto reserved
@@ -945,7 +769,7 @@ class Scheduler:
                                  lambda v: costs[v.id])
         if not victims:
             return False
-        if not self._fits_without(victims, w, end):
+        if not fits_without(self.cluster, victims, w.request, end):
             return False
         self._take(w, victims, end, now, out, None,
                    lambda v: f"backfilled until {v.backfill_until:.0f}, still running "
@@ -971,130 +795,18 @@ class Scheduler:
             assert p is not None
             self._start(w, p, True, now, out)
             return
-        p = self._place_without(holders, w, end)
+        p = place_without(self.cluster, holders, w.request, end)
         assert p is not None
         at = now + self.policy.stop_grace
         self.cluster.reserve(p, at)
         self.reservations[w.id] = (at, p)
         out.append(Reserve(w.id, at, p))
 
-    def _fits_without(self, victims: list[Workload], w: Workload, end: float) -> bool:
-        """Would ``w`` fit once ``victims`` are gone? Nothing changes."""
-        return self._place_without(victims, w, end) is not None
-
-    def _place_without(self, victims: list[Workload], w: Workload, end: float
-                       ) -> Placement | None:
-        """Where ``w`` would go once ``victims`` are gone: their capacity is freed
-        tentatively and given back."""
-        saved = [(v, self.cluster.release(v.id)) for v in victims]
-        p = place(self.cluster, w.request, end)
-        for v, placement in saved:
-            if placement is not None:
-                self.cluster.allocate(v.id, placement)
-        return p
-
     def _victim_pool(self, now: float) -> dict[str, Workload]:
         """Running work whose slice may be freed for others: unprotected, or already
         stopping."""
         return {wid: w for wid, w in self.running.items()
                 if w.stopping or not w.is_protected(now)}
-
-    def _running_ends(self, now: float) -> list[tuple[float, str]]:
-        """(predicted end, id) of running work, ascending; kept until running work changes."""
-        if self._ends is None or self._ends_at != now:
-            self._ends = sorted((self._end_of(wr, now, self.predict(wr)), wid)
-                                for wid, wr in self.running.items())
-            self._ends_at = now
-        return self._ends
-
-    def _end_of(self, w: Workload, now: float, predicted: float) -> float:
-        """When running ``w`` is expected to free its GPUs: its predicted end; with leases
-        (``Policy.backfill_lease``), work on borrowed GPUs gives them back when they are
-        due at the latest (it is preempted for the gang then)."""
-        end = predicted_end(w, now, predicted)
-        if self.policy.backfill_lease > 0 and w.backfill_until is not None:
-            end = min(end, max(w.backfill_until, now))
-        return end
-
-    def _reservation_ends(self, now: float) -> list[tuple[float, str]]:
-        """(cautious predicted end, id) of running work, ascending: when a blocked gang can
-        count on their GPUs (``RESERVE_QUANTILE`` of past runs); kept as long as
-        :meth:`_running_ends` is."""
-        ends = self._running_ends(now)
-        if self._reserve_ends is None or self._reserve_ends[0] is not ends:
-            version = self.history.kind_version
-            cautious = []
-            for _, wid in ends:
-                wr = self.running[wid]
-                sig = (wr.user, wr.project, wr.kind, wr.request.shape, wr.command,
-                       wr.time_limit)
-                hit = self._by_features_reserve.get(sig)
-                if hit is not None and hit[0] == version.get(wr.kind, 0):
-                    p = hit[1]
-                else:
-                    p = predict_runtime(wr, self.history, self.policy, RESERVE_QUANTILE)
-                    self._by_features_reserve[sig] = (version.get(wr.kind, 0), p)
-                cautious.append((self._end_of(wr, now, p), wid))
-            cautious.sort()
-            self._reserve_ends = (ends, cautious)
-        return self._reserve_ends[1]
-
-    def next_free(self, req: SliceRequest, now: float) -> float:
-        """Seconds until running work is predicted to free capacity of the kind ``req`` needs
-        (enough whole GPUs — a GPU shared by MPS work once its last share has ended; a GPU
-        outside MIG mode for a share; a MIG GPU for an instance),
-        ignoring the queue ahead and node boundaries: how much sooner a preemption can start
-        it at most. Work already past its predicted end is expected to run half again as
-        long as it has so far (``backfill.predicted_end``); 0 when enough is free already;
-        ∞ when nothing would ever free enough."""
-        c = self.cluster
-        models = frozenset(req.gpu_model.split("|")) if req.gpu_model else None
-        inf = float("inf")
-
-        def usable(node: str, gpu: int) -> bool:
-            n = c.by_name[node]
-            return gpu >= 0 and n.healthy and (models is None or n.gpus[gpu].model in models)
-
-        have = 0
-        holders: dict[tuple[str, int], int] = {}  # a GPU is whole again when all have ended
-        if req.kind == "gpu":
-            have = sum(1 for n in c.nodes if n.healthy for i in n.free_whole
-                       if n.gpus[i].reserved_at == inf
-                       and (models is None or n.gpus[i].model in models))
-            if have >= req.gpus:
-                return 0.0
-        for end, wid in self._running_ends(now):
-            p = c.allocations.get(wid)
-            if p is None:
-                continue
-            if req.kind == "gpu":
-                for sl in p.slices:
-                    if sl.kind in ("gpu", "mps") and usable(sl.node, sl.gpu):
-                        key = (sl.node, sl.gpu)
-                        left = holders.get(key, len(c.by_name[sl.node].gpus[sl.gpu].tenants)) - 1
-                        holders[key] = left
-                        if left == 0:
-                            have += 1
-                if have >= req.gpus:
-                    return max(0.0, end - now)
-            elif req.kind == "mps":
-                if any(sl.kind in ("gpu", "mps") and usable(sl.node, sl.gpu) for sl in p.slices):
-                    return max(0.0, end - now)
-            elif req.kind == "mig":
-                if any(sl.kind == "mig" and usable(sl.node, sl.gpu) for sl in p.slices):
-                    return max(0.0, end - now)
-            else:
-                return max(0.0, end - now)
-        return inf
-
-    def gain_horizon(self, w: Workload) -> float:
-        """Seconds of the run a preemption buys the requester: its protected run, or when it
-        asks for no protection, its predicted run capped like a protection would be."""
-        protected = self.policy.effective_min_runtime(w)
-        if protected > 0:
-            return protected
-        cap = self.policy.cap_for(w.kind)
-        return min(self.predict(w), cap) if cap > 0 else self.predict(w)
 
     def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
                      st: Standings, out: list[Decision], overdue: bool) -> bool:
@@ -1182,7 +894,7 @@ class Scheduler:
                                                                 min(gap_of(v) for v in fresh))):
             return False
         # tentatively free their capacity; keep the choice only if the request then fits
-        if not self._fits_without(victims, w, end):
+        if not fits_without(self.cluster, victims, w.request, end):
             return False
 
         def reason(v: Workload) -> str:

@@ -101,9 +101,12 @@ def private_sqlite(url: str) -> None:
 
 def sqlite_single_process(url: str):  # noqa: ANN201 - an open file, or None
     """An SQLite ledger has one service process: a second one is refused (OSError saying
-    so) instead of both scheduling the same GPUs. The lock (``flock`` of ``<ledger>.lock``)
-    goes with the process, whatever ends it. None for PostgreSQL (replicas share it through
-    the leader lease, ``service/leader.py``)."""
+    so) instead of both scheduling the same GPUs. The lock is a ``flock`` of the ledger file
+    itself — its inode, reached through ``os.path.realpath`` — so every spelling of it (a
+    symlink, a hard link, ``x/../``) meets the same lock (SQLite's own locks are POSIX
+    record locks, which ``flock`` does not touch). It goes with the process, whatever ends
+    it: the file stays open for the process's lifetime. None for PostgreSQL (replicas share
+    it through the leader lease, ``service/leader.py``)."""
     from sqlalchemy.engine import make_url
 
     from jupyter_gpubudget.ledger.db import normalise_url
@@ -113,16 +116,21 @@ def sqlite_single_process(url: str):  # noqa: ANN201 - an open file, or None
         return None
     if not u.database or u.database == ":memory:":
         return False
-    path = u.database + ".lock"
-    f = open(path, "a+")  # noqa: SIM115 - held for the process's lifetime
+    real = os.path.realpath(u.database)
+    fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    f = os.fdopen(fd, "rb+", buffering=0)
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        st = os.fstat(fd)
         f.close()
-        raise OSError(f"{u.database}: another gpubudget service process uses this SQLite "
-                      "ledger (it holds " + path + "). An SQLite ledger has one service "
-                      "process; to run replicas (one leads, the others stand by) use "
-                      "PostgreSQL — docs/service.md, 'Replicas'") from None
+        named = u.database if real == u.database else f"{u.database} (the file {real})"
+        raise OSError(f"{named}: another gpubudget service process uses this SQLite ledger "
+                      f"(it holds a lock on the file, inode {st.st_ino} of device "
+                      f"{st.st_dev}, under this or another name: a symlink or a hard link is "
+                      "the same ledger). An SQLite ledger has one service process; to run "
+                      "replicas (one leads, the others stand by) use PostgreSQL — "
+                      "docs/service.md, 'Replicas'") from None
     return f
 
 

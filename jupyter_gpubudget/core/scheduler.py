@@ -52,15 +52,8 @@ from .model import (
 )
 from .placement import place
 from .predict import Predictor, RunningEnds, next_free
-from .preemption import (
-    choose_victims,
-    fits_without,
-    place_without,
-    preemption_cost,
-    preemption_gain,
-    preemption_pays,
-    standing_gap,
-)
+from .preemption import fits_without, place_without, preemption_cost
+from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
 from .ranking import INF, LANE_OFFSET, Standings, compute_standings, rank
 from .usage import UsageMeter
 
@@ -639,7 +632,13 @@ class Scheduler:
             worst = preempt_failed.get(shape)
             overdue = self._overdue_gang(w, now)
             if overdue or worst is None or mine < worst:
-                if self._try_preempt(w, end, now, pool, st, out, overdue):
+                if try_preempt(
+                        w, end, now, pool, st, out, overdue,
+                        gain_horizon=min(self.gain_horizon(w), self.next_free(w.request, now)),
+                        running=self.running, cluster=self.cluster, policy=self.policy,
+                        accounts=self.accounts, grants=self.grants(),
+                        committed=self._committed, first_planned=self.first_planned,
+                        take=self._take):
                     failed.clear()
                     self._memo_gen += 1
                     return
@@ -751,30 +750,12 @@ class Scheduler:
 
     def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
                           ) -> bool:
-        """docs/core.md semantics 5, when a prediction was wrong: work backfilled onto reserved
-        GPUs that is still running at the reservation's time, unprotected, is preempted for
-        a blocked gang that those GPUs (with what is free) would start now. The cheapest such
-        set goes; True if ``w`` started."""
+        """Preempt backfill that outstayed a reservation for gang ``w``
+        (:func:`preemption_search.reclaim_backfill`); True if ``w`` started."""
         if self._overdue is None or self._overdue[0] != now:  # once per cycle
-            self._overdue = (now, {wid: v for wid, v in self.running.items()
-                                   if v.backfill_until is not None and v.backfill_until <= now
-                                   and not v.is_protected(now) and not v.stopping})
-        overdue = {wid: v for wid, v in self._overdue[1].items() if self.running.get(wid) is v}
-        if not overdue:
-            return False
-        costs = {wid: preemption_cost(v, now, self.policy) for wid, v in overdue.items()}
-        st = self._st
-        victims = choose_victims(self.cluster, w.request, end, overdue,
-                                 lambda v: st.standing.get(v.project, INF) if st else INF,
-                                 lambda v: costs[v.id])
-        if not victims:
-            return False
-        if not fits_without(self.cluster, victims, w.request, end):
-            return False
-        self._take(w, victims, end, now, out, None,
-                   lambda v: f"backfilled until {v.backfill_until:.0f}, still running "
-                             f"(loses {costs[v.id]:.2f} GPU-h)")
-        return True
+            self._overdue = (now, overdue_backfill(self.running, now))
+        return reclaim_backfill(w, end, now, self._overdue[1], self.running, self.cluster,
+                                self.policy, self._st, self._take, out)
 
     def _take(self, w: Workload, victims: list[Workload], end: float, now: float,
               out: list[Decision], pool: dict[str, Workload] | None,
@@ -807,107 +788,6 @@ class Scheduler:
         stopping."""
         return {wid: w for wid, w in self.running.items()
                 if w.stopping or not w.is_protected(now)}
-
-    def _try_preempt(self, w: Workload, end: float, now: float, pool: dict[str, Workload],
-                     st: Standings, out: list[Decision], overdue: bool) -> bool:
-        """Preempt eligible running work so that ``w`` starts now, if that pays; for an
-        overdue gang (``policy.gang_overdue_after``) whatever it costs, but still only work
-        of accounts standing above its own."""
-        margin = self.policy.preemption_margin
-        frac = request_milli(w.request) / MILLI
-        need = frac * self.policy.effective_min_runtime(w) / HOUR
-        # what preempting buys: the protected run, but at most as much of it as it moves
-        # earlier — capacity frees up anyway when running work ends
-        gain_hours = frac * min(self.gain_horizon(w), self.next_free(w.request, now)) / HOUR
-        mine = self.accounts.path(w.project)
-        grants = self.grants()
-        gaps: dict[tuple[str, bool], float] = {}
-
-        committed = self._committed
-
-        def promised(acc: str, extra: float = 0.0) -> float:
-            """Where an account will stand once the protected runs promised to it (and
-            ``extra`` GPU-hours) are used: (usage + promised + extra) / grant."""
-            g = grants.get(acc, 0.0)
-            return (st.usage[acc] + committed.get(acc, 0.0) + extra) / g if g > 0 else INF
-
-        def gap_to(project: str, backed: bool) -> float:
-            """At the first level where the paths differ: how far the victim's account
-            stands above the requester's — charged for this workload's protected time —
-            relative to the victim's (0: not above by the margin; no flip-back, no thrash).
-            For unbacked victims both count the protected runs promised to them, as backing
-            does (a project whose grant is promised to protected work is unbacked before it
-            has used much)."""
-            if (project, backed) not in gaps:
-                gap = 0.0
-                for mine_acc, theirs in zip(mine, self.accounts.path(project), strict=False):
-                    if mine_acc != theirs:
-                        if backed:
-                            g = grants.get(mine_acc, 0.0)
-                            after = (st.usage[mine_acc] + need) / g if g > 0 else INF
-                            gap = standing_gap(after * (1.0 + margin), st.standing[theirs])
-                        else:
-                            gap = standing_gap(promised(mine_acc, need) * (1.0 + margin),
-                                               promised(theirs))
-                        break
-                gaps[(project, backed)] = gap
-            return gaps[(project, backed)]
-
-        def gap_of(v: Workload) -> float:
-            """An idle session yields to any backed work; anyone else only to an account
-            that stands clearly below its own (unbacked work too: its project is over its
-            grant, but a project that is only a little over does not take turns with one a
-            little under)."""
-            if v.idle:
-                return 1.0
-            if v.project not in st.path_standing:
-                return 1.0
-            return gap_to(v.project, v.backed)
-
-        costs: dict[str, float] = {}
-        eligible: dict[str, Workload] = {}
-        for wid, v in pool.items():
-            if wid not in self.running:
-                continue
-            v = self.running[wid]
-            if v.stopping:  # already asked to stop: its slice is free to wait for
-                costs[wid] = 0.0
-                eligible[wid] = v
-                continue
-            gap = gap_of(v)
-            if gap <= 0:
-                continue
-            c = preemption_cost(v, now, self.policy) + self.policy.preemption_toll
-            if overdue or preemption_pays(c, preemption_gain(gain_hours, gap)):
-                costs[wid] = c
-                eligible[wid] = v
-        if not eligible:
-            return False
-        victims = choose_victims(self.cluster, w.request, end, eligible,
-                                 lambda v: st.standing.get(v.project, INF),
-                                 lambda v: costs[v.id])
-        if not victims:
-            return False
-        total = sum(costs[v.id] for v in victims)
-        fresh = [v for v in victims if not v.stopping]
-        if fresh and not overdue and not preemption_pays(total, preemption_gain(gain_hours,
-                                                                min(gap_of(v) for v in fresh))):
-            return False
-        # tentatively free their capacity; keep the choice only if the request then fits
-        if not fits_without(self.cluster, victims, w.request, end):
-            return False
-
-        def reason(v: Workload) -> str:
-            why = ("unbacked work yields to backed work" if not v.backed else
-                   "an idle session yields to waiting work" if v.idle else
-                   f"project {v.project} stands above {w.project}")
-            if overdue:
-                late = (now - self.first_planned[w.id]) / HOUR
-                why += f"; gang {w.id} is {late:.1f} h past the start first planned for it"
-            return f"{why} (loses {costs[v.id]:.2f} GPU-h)"
-
-        self._take(w, victims, end, now, out, pool, reason)
-        return True
 
     def _drain(self, now: float, out: list[Decision]) -> None:
         for node in sorted(self.unhealthy):

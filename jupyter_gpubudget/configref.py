@@ -17,6 +17,7 @@ import importlib
 import inspect
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -107,7 +108,14 @@ def _type_name(trait: TraitType) -> str:
 
 
 def _help(text: str) -> str:
-    return inspect.cleandoc(text).strip() or "(no help written)"
+    """The help text as Markdown that shows it as written: ``<profile>`` stays visible (not
+    taken for an HTML tag), and a line that starts with ``#`` or ``>`` is no heading or
+    quote."""
+    text = inspect.cleandoc(text).strip() or "(no help written)"
+    parts = re.split(r"(`[^`\n]*`)", text)  # code spans are shown as they are
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "&lt;")
+    return re.sub(r"^([#>])", r"\\\1", "".join(parts), flags=re.M)
 
 
 def _class_doc(cls: type) -> str:

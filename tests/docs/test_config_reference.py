@@ -73,3 +73,11 @@ def test_defaults_do_not_name_this_machine():
     text = configref.render()
     assert sys.executable not in text
     assert "`LocalBackend.launcher_python`" in text and "`sys.executable`" in text
+
+
+def test_help_text_shows_as_written():
+    """A help string's ``<profile>`` would be taken for an HTML tag and vanish from the page;
+    a line starting with ``#`` would become a heading."""
+    assert configref._help("nvidia.com/mig-<profile>, `<kept in code>`") == \
+        "nvidia.com/mig-&lt;profile>, `<kept in code>`"
+    assert configref._help("one\n# two") == "one\n\\# two"

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .model import HOUR, MILLI, Preempt, Reserve, SliceRequest, Start
+from .model import HOUR, MILLI, Preempt, Reserve, SliceRequest, Start, request_milli
 from .placement import gang_links, place
-from .scheduler import ClusterState, Scheduler, request_milli
+from .scheduler import ClusterState, Scheduler
 
 REASONS = ("unknown-project", "starts", "reserved", "interconnect", "reservation", "unbacked",
            "draining", "capacity")

@@ -18,11 +18,11 @@ from typing import Any
 from .backfill import predicted_end
 from .inventory import GpuSpec, Inventory, NodeSpec
 from .mig import profiles_for
-from .model import Decision, SliceRequest, Start, Workload
+from .model import Decision, SliceRequest, Start, Workload, request_milli
 from .placement import gang_links, place
 from .preemption import choose_victims
 from .ranking import INF
-from .scheduler import ClusterState, Scheduler, request_milli
+from .scheduler import ClusterState, Scheduler
 
 MPS_SHARES = (250, 500)
 QUOTE_ID = "quote:would-be-session"

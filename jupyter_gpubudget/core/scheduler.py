@@ -32,6 +32,8 @@ from . import fragmentation
 from .accounts import AccountTree
 from .backfill import plan_reservation
 from .capacity import CapacityError, Cluster, Gpu
+from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
+from .drains import LossBudget, drain_nodes, finish_drain
 from .inventory import Inventory
 from .lane import ShortLane, lane_preempt
 from .model import (
@@ -39,7 +41,6 @@ from .model import (
     MILLI,
     ChargeInterval,
     Decision,
-    Drain,
     Placement,
     Policy,
     Preempt,
@@ -52,16 +53,10 @@ from .model import (
 )
 from .placement import place
 from .predict import Predictor, RunningEnds, next_free
-from .preemption import fits_without, place_without, preemption_cost
+from .preemption import place_without, preemption_cost
 from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
 from .ranking import INF, LANE_OFFSET, Standings, compute_standings, rank
 from .usage import UsageMeter
-
-#: ``Policy.finish_drain_ratio`` looks only at reservations at least this far away (seconds):
-#: nearer ones cost little idle time, and their stragglers are about to end anyway
-FINISH_DRAIN_AFTER = 3600.0
-#: ``Policy.finish_drain_budget`` sums what preemptions threw away over this trailing window
-LOSS_WINDOW = 24 * 3600.0
 
 
 @dataclass(slots=True)
@@ -138,9 +133,23 @@ class Scheduler:
         self.lane = ShortLane()  # GPUs kept for the short lane (Policy.short_lane_hold)
         self._overdue: tuple[float, dict[str, Workload]] | None = None
         self._no_plan: dict[tuple[object, ...], float] = {}
-        # (time, GPU-hours thrown away) of the preemptions in the trailing LOSS_WINDOW,
-        # oldest first (Policy.finish_drain_budget)
-        self.recent_losses: deque[tuple[float, float]] = deque()
+        # what preemptions threw away in the trailing day (Policy.finish_drain_budget)
+        self.loss = LossBudget(self.policy, inventory.gpu_count)
+
+    @property
+    def recent_losses(self) -> deque[tuple[float, float]]:
+        """(time, GPU-hours thrown away) of the preemptions in the trailing ``LOSS_WINDOW``,
+        oldest first."""
+        return self.loss.losses
+
+    def recent_loss(self, now: float) -> float:
+        """GPU-hours preemptions threw away in the trailing ``LOSS_WINDOW``."""
+        return self.loss.recent(now)
+
+    def loss_budget(self) -> float:
+        """GPU-hours preemptions may throw away in ``LOSS_WINDOW`` before no drain is
+        finished (0: no budget)."""
+        return self.loss.budget()
 
     @property
     def _lane_held(self) -> list[Gpu]:
@@ -188,7 +197,7 @@ class Scheduler:
         for w in state.pending:
             s._enqueue(w, key=INF, bulk=True)
         s._order.sort()
-        s.recent_losses.extend(sorted(state.recent_losses))
+        s.loss.losses.extend(sorted(state.recent_losses))
         return s
 
     # ================================================================= figures
@@ -430,7 +439,7 @@ class Scheduler:
             self._stop(v.id, now)
         else:
             self.running[v.id] = replace(v, stopping=True)
-        self.recent_losses.append((now, lost))
+        self.loss.add(now, lost)
         out.append(Preempt(v.id, reason, for_wid, lost))
 
     # ================================================================= incremental path
@@ -543,7 +552,8 @@ class Scheduler:
         self.ends.changed()
         self._no_plan = {}
         self._overdue = None
-        self._drain(now, out)
+        drain_nodes(now, out, self.unhealthy, self.drained, self.cluster, self.running,
+                    self._preempt)
 
         ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
         seq = self._seq
@@ -669,77 +679,12 @@ class Scheduler:
                 self._memo_gen += 1
                 out.append(Reserve(w.id, at, placement))
                 if (self.policy.finish_drain_ratio > 0 and pool
-                        and self._finish_drain(w, at, placement, end, now, pool, res_times,
-                                               out)):
+                        and finish_drain(w, at, placement, end, now, pool, res_times, out,
+                                         cluster=self.cluster, policy=self.policy, st=self._st,
+                                         reservations=self.reservations, losses=self.loss,
+                                         take=self._take)):
                     failed.clear()
                     self._memo_gen += 1
-
-    def _finish_drain(self, w: Workload, at: float, placement: Placement, end: float,
-                      now: float, pool: dict[str, Workload], res_times: list[float],
-                      out: list[Decision]) -> bool:
-        """``Policy.finish_drain_ratio``: gang ``w`` has just reserved ``placement`` from
-        ``at``; if that is at least ``FINISH_DRAIN_AFTER`` away and every workload still
-        running on those GPUs may be preempted (unprotected, stops at once, of a project
-        standing level with ``w``'s or above it), preempt them and start ``w`` now when the
-        idle GPU-hours saved (the reserved GPUs free now × the time to ``at``) are at least
-        the ratio × what they lose, tolls included. True if ``w`` started; otherwise nothing
-        has changed."""
-        if at - now < FINISH_DRAIN_AFTER:
-            return False
-        gpus = [self.cluster.by_name[sl.node].gpus[sl.gpu] for sl in placement.slices]
-        stragglers = {t for g in gpus for t in g.tenants}
-        st = self._st
-        if not stragglers or st is None or w.project not in st.path_standing:
-            return False
-        paths, mine = st.path_standing, st.path_standing[w.project]
-        victims = []
-        for wid in sorted(stragglers):
-            v = pool.get(wid)
-            if v is None or v.stopping or not v.stops_at_once or v.is_protected(now):
-                return False
-            if paths.get(v.project, ()) < mine:  # work of a project standing below w's
-                return False
-            victims.append(v)
-        losses = {v.id: preemption_cost(v, now, self.policy) for v in victims}
-        costs = {wid: lost + self.policy.preemption_toll for wid, lost in losses.items()}
-        idle_hours = sum(1 for g in gpus if g.free) * (at - now) / HOUR
-        if idle_hours < self.policy.finish_drain_ratio * sum(costs.values()):
-            return False
-        if not self._within_loss_budget(sum(losses.values()), now):
-            return False
-        # the reservation gives way to the start (its GPUs are w's either way)
-        for g in gpus:
-            if g.reserved_at == at:
-                g.reserved_at = INF
-        if not fits_without(self.cluster, victims, w.request, end):
-            self.cluster.reserve(placement, at)
-            return False
-        del self.reservations[w.id]
-        res_times.remove(at)
-        out[:] = [d for d in out if not (isinstance(d, Reserve) and d.workload == w.id)]
-        self._take(w, victims, end, now, out, pool,
-                   lambda v: f"the last of a drain for gang {w.id}, which would hold "
-                             f"{idle_hours:.1f} idle GPU-hours (loses {costs[v.id]:.2f} "
-                             f"GPU-h)")
-        return True
-
-    def recent_loss(self, now: float) -> float:
-        """GPU-hours preemptions threw away in the trailing ``LOSS_WINDOW``."""
-        losses = self.recent_losses
-        while losses and losses[0][0] < now - LOSS_WINDOW:
-            losses.popleft()
-        return sum(x for _, x in losses)
-
-    def _within_loss_budget(self, lost: float, now: float) -> bool:
-        """``Policy.finish_drain_budget``: would ``lost`` more GPU-hours thrown away keep
-        the trailing day's within the budget's share of the cluster's GPU-hours?"""
-        room = self.loss_budget()
-        return room <= 0 or self.recent_loss(now) + lost <= room
-
-    def loss_budget(self) -> float:
-        """GPU-hours preemptions may throw away in ``LOSS_WINDOW`` before no drain is
-        finished (0: no budget)."""
-        return self.policy.finish_drain_budget * self.inventory.gpu_count * LOSS_WINDOW / HOUR
 
     def _overdue_gang(self, w: Workload, now: float) -> bool:
         """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first
@@ -789,19 +734,6 @@ class Scheduler:
         return {wid: w for wid, w in self.running.items()
                 if w.stopping or not w.is_protected(now)}
 
-    def _drain(self, now: float, out: list[Decision]) -> None:
-        for node in sorted(self.unhealthy):
-            if node in self.drained or node not in self.cluster.by_name:
-                continue
-            on_node = [w for w in self.running.values()
-                       if w.placement and node in w.placement.nodes]
-            for w in on_node:  # unprotected work leaves at once; protected work keeps its time
-                if not w.stopping and not w.is_protected(now):
-                    self._preempt(w, now, f"node {node} is draining", None, out)
-            if any(w.is_protected(now) and not w.stopping for w in on_node):
-                continue
-            self.drained.add(node)
-            out.append(Drain(node))
 
 
 # ===================================================================== pure functions

@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: "issue" with a number after it, any case, "issues" too
-ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+#: (across a line break too, and a comment's ``#`` at the start of the next line)
+ISSUE = re.compile(r"\bissues?\s+(?:#\s*)?#?\d+", re.IGNORECASE)
 #: tracker-style, a hash and a number: after a word that points at a tracker, or alone in parentheses
 HASH = re.compile(r"(\b(issues?|pr|pull( request)?|fix(es|ed)?|close[sd]?|see|refs?|"
                   r"ticket|bug)\s*#\d+)|\(#\d+\)|\bgh-\d+\b", re.IGNORECASE)
@@ -32,18 +33,23 @@ def tracked_files() -> list[Path]:
 
 
 def tracker_references(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every reference, one that a line break splits included."""
+    rest = UPSTREAM.sub(lambda m: re.sub(r"\S", "x", m.group()), text)  # same offsets
+    lines = text.splitlines()
     found = []
-    for no, line in enumerate(text.splitlines(), 1):
-        rest = UPSTREAM.sub("", line)
-        if ISSUE.search(rest) or HASH.search(rest):
-            found.append((no, line.strip()))
-    return found
+    for m in (*ISSUE.finditer(rest), *HASH.finditer(rest)):
+        no = text.count("\n", 0, m.start()) + 1
+        found.append((no, lines[no - 1].strip()))
+    return sorted(set(found))
 
 
 def test_the_patterns_catch_what_they_should():
     issue, n = "issue", " 14"  # split, so that this file has no reference of its own
     assert tracker_references(f"the goals of {issue}{n}, and {issue}{n}'s worst")
     assert tracker_references(f'"""{issue.title()}{n}, item 9: a spawn ..."""')
+    assert tracker_references(f"the goals of {issue}\n{n.strip()} over seeds") == [
+        (1, f"the goals of {issue}")]
+    assert tracker_references(f"    # see {issue}\n    #{n} for the goals")
     assert tracker_references(f"fixes #{n.strip()}")
     assert tracker_references(f"as measured (#{n.strip()})")
     assert not tracker_references(f"upstream: checkpoint-restore/criu {issue} 2705")

@@ -56,7 +56,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
                 "backfill_lease", "finish_drain_ratio",
-                "finish_drain_budget"}
+                "finish_drain_budget", "managers_fund_own_projects"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -135,12 +135,41 @@ class AccountTree:
             walk(r, cluster_gpu_hours)
         return out
 
+    def charges_as_member(self, user: str, account: str) -> bool:
+        """Whether ``user`` may charge a project at or below ``account`` through membership
+        (``members:`` of that project or of an account above it) — managing alone does not
+        count: a manager's own work is what a grant change must not fund unchecked."""
+        return any(account in self._paths[p]
+                   and any(user in self.accounts[a].members for a in self._paths[p])
+                   for p in self.projects())
+
     def with_grant(self, name: str, grant_hours: float | None,
                    share_pct: float | None = None) -> AccountTree:
         """A copy with one account's grant changed (what-if, admin edits)."""
         accounts = dict(self.accounts)
         accounts[name] = replace(accounts[name], grant_hours=grant_hours, share_pct=share_pct)
         return AccountTree(accounts, self.roots)
+
+
+def self_funded(before: AccountTree, after: AccountTree, user: str,
+                cluster_gpu_hours: float) -> tuple[str, ...]:
+    """The accounts whose grant a change from ``before`` to ``after`` raises and that ``user``
+    charges through membership (:meth:`AccountTree.charges_as_member`), sorted: a change
+    that funds its own maker. Empty when it funds nobody the user is a member of."""
+    g0 = before.effective_grants(cluster_gpu_hours)
+    g1 = after.effective_grants(cluster_gpu_hours)
+    return tuple(sorted(a for a in after.accounts if g1[a] > g0.get(a, 0.0) + 1e-6
+                        and after.charges_as_member(user, a)))
+
+
+def grant_approvers(tree: AccountTree, account: str, admins: frozenset[str],
+                    funded: tuple[str, ...]) -> tuple[str, ...]:
+    """Who may make (and so approve) a change to ``account``'s grant that funds ``funded``:
+    the budgets file's admins, and the managers of an account above ``account`` who are
+    members of none of ``funded``, sorted."""
+    managers = {m for a in tree.path(account)[:-1] for m in tree.get(a).managers}
+    ok = {m for m in managers if not any(tree.charges_as_member(m, f) for f in funded)}
+    return tuple(sorted(ok | set(admins)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +407,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     if "finish_drain_budget" in fields:
         policy = replace(policy, finish_drain_budget=fields["finish_drain_budget"].number(
             minimum=0, maximum=1))
+    if "managers_fund_own_projects" in fields:
+        policy = replace(policy, managers_fund_own_projects=fields[
+            "managers_fund_own_projects"].boolean())
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
     if "placement" in fields:
@@ -388,4 +420,5 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     return policy
 
 
-__all__ = ["Account", "AccountTree", "Budgets", "BudgetError", "load_budgets", "DAY"]
+__all__ = ["Account", "AccountTree", "Budgets", "BudgetError", "load_budgets", "DAY",
+           "grant_approvers", "self_funded"]

@@ -367,6 +367,11 @@ class Policy:
     #: in the queue; a submission past it is refused, saying so (0: no limit). Not the
     #: core's to apply — the service does, at submission — but an admin sets it here
     max_pending_per_user: int = 100
+    #: whether a manager may raise the grant of an account they are a member of (charge
+    #: through ``members:``); off: such a change needs an admin or another manager of its
+    #: parent who is not a member. Not the core's to apply — the service does — but an
+    #: admin sets it here
+    managers_fund_own_projects: bool = False
     #: a gang's interconnect when it declares none, per kind (``INTERCONNECTS``); a kind
     #: not listed: ``nvlink`` where the inventory has NVLink domains, else ``node``
     interconnect: tuple[tuple[str, str], ...] = ()

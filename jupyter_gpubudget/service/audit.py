@@ -177,6 +177,8 @@ def who_text(actor: str) -> str:
         return f"the {actor[7:]} health check"
     if actor.startswith("file:"):
         return f"the budgets file ({actor[5:]})"
+    if actor.startswith("policy:"):
+        return f"the budgets file's policy {actor[7:]}"
     return actor
 
 
@@ -196,6 +198,9 @@ def _entry(d: DecisionRow, w: WorkloadRow | None, now: float, tz: tzinfo | None
             change = f"grant set to {float(det['share_pct']):g} % of its parent"
         else:
             change = "grant removed"
+        if det.get("approved_by"):  # a change that needed a second person (or the policy)
+            asked = f"asked by {det['requested_by']}, " if det.get("requested_by") else ""
+            change += f" ({asked}approved by {who_text(str(det['approved_by']))})"
     elif d.kind == "preempt" and det.get("requeued"):
         change = "requeued to run again"
     elif d.kind in NODE_KINDS:
@@ -211,7 +216,8 @@ def _entry(d: DecisionRow, w: WorkloadRow | None, now: float, tz: tzinfo | None
          "who": d.actor, "who_text": who_text(d.actor), "account": account,
          "workload": d.workload, "workload_name": (w.name or None) if w else None,
          "user": w.user if w else None, "node": det.get("node"), "why": why,
-         "change": change, "detail": det}
+         "change": change, "approved_by": det.get("approved_by"),
+         "requested_by": det.get("requested_by"), "detail": det}
     return companions(e, ("at",), now, tz)
 
 

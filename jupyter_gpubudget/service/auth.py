@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpubudget.core.accounts import AccountTree
+from jupyter_gpubudget.core.accounts import AccountTree, grant_approvers, self_funded
 
 SCOPE_READ = "custom:gpubudget:read"
 SCOPE_SUBMIT = "custom:gpubudget:submit"
@@ -159,6 +159,35 @@ class Caller:
             raise Denied(f"the accounts below {parent!r} would be granted {new:g} GPU-hours, "
                          f"more than {parent!r}'s own grant of {cap:g}; a manager "
                          f"redistributes within it (an admin can raise {parent!r}'s grant)")
+
+    def grant_approval(self, before: AccountTree, after: AccountTree, account: str,
+                       cluster_gpu_hours: float, admins: frozenset[str], allow_own: bool,
+                       requested_by: str | None = None) -> dict:
+        """Who approved a grant change, for the audit entry (``{}``: nobody needed to).
+
+        A change that raises the grant of an account its maker charges as a member (a
+        manager funding their own project) is refused unless the maker is an admin or the
+        policy ``managers_fund_own_projects`` allows it: an admin or another manager of the
+        parent who is not a member makes it for them (``requested_by``), and so approves it."""
+        funded = self_funded(before, after, self.name, cluster_gpu_hours)
+        out: dict = {}
+        if requested_by is not None and requested_by != self.name:
+            out = {"requested_by": requested_by, "approved_by": self.name}
+        if not funded:
+            return out
+        if self.is_admin:
+            return {**out, "funds": list(funded), "approved_by": self.name}
+        if allow_own:
+            return {**out, "funds": list(funded),
+                    "approved_by": "policy:managers_fund_own_projects"}
+        parent = before.get(account).parent
+        who = [a for a in grant_approvers(before, account, admins, funded) if a != self.name]
+        raise Denied(
+            f"user {self.name!r} is a member of {', '.join(repr(f) for f in funded)}: a change "
+            f"that raises its grant needs an admin or another manager of {parent!r} who is not "
+            f"a member ({', '.join(who) or 'none named in the budgets file'}) to make it for "
+            f"them, with \"requested_by\": {self.name!r} (the budgets file's policy "
+            f"managers_fund_own_projects: true lets managers fund their own projects)")
 
     def visible_accounts(self, tree: AccountTree) -> set[str]:
         """Accounts whose figures the caller may see: admins all; others the accounts on the

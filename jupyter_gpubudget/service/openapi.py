@@ -78,7 +78,10 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
 GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
     "grant_hours": {"type": "number", "minimum": 0, "maximum": 1e9},
     "share_pct": {"type": "number", "minimum": 0, "maximum": 100},
-    "note": {"type": "string", "maxLength": 2000}}}
+    "note": {"type": "string", "maxLength": 2000},
+    "requested_by": {"type": "string", "maxLength": 200,
+                     "description": "the manager who asked for this change, when an admin or "
+                     "another manager of the parent makes (approves) it for them"}}}
 
 EVENT = {"type": "object", "required": ["workload", "event", "at"], "additionalProperties": False,
          "properties": {

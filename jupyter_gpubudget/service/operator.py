@@ -170,9 +170,11 @@ def preview(svc: GpuBudgetService, c: Caller, account: str, g: dict, now: float
     out = grant_preview(state, now, account, g["grant_hours"], g["share_pct"])
     before = tree_with_ledger_grants(svc.tree(), svc.ledger)
     after = before.with_grant(account, g["grant_hours"], g["share_pct"])
+    hours = svc.inventory.gpu_count * svc.budgets.policy.window / 3600
     try:
-        c.require_within_parent(before, after, account,
-                                svc.inventory.gpu_count * svc.budgets.policy.window / 3600)
+        c.require_within_parent(before, after, account, hours)
+        c.grant_approval(before, after, account, hours, svc.budgets.admins,
+                         svc.budgets.policy.managers_fund_own_projects, g.get("requested_by"))
         out["refused"] = None
     except Denied as e:
         out["refused"] = e.reason

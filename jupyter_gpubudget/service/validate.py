@@ -41,7 +41,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
               "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval",
               "interconnect", "cluster"}
-GRANT_FIELDS = {"grant_hours", "share_pct", "note"}
+GRANT_FIELDS = {"grant_hours", "share_pct", "note", "requested_by"}
 EVENT_FIELDS = {"workload", "event", "at", "project", "user", "milli", "kind", "placement"}
 
 
@@ -280,7 +280,9 @@ def parse_grant(body: Any) -> dict:
     if hours is None and share is None:
         raise Invalid("grant_hours", "give 'grant_hours' or 'share_pct'")
     note = _text(body, "note", MAX_NOTE_CHARS)
-    return {"grant_hours": hours, "share_pct": share, "note": note}
+    # who asked for a change that an admin or another manager makes for them (approves)
+    asked = _str(body, "requested_by", pattern=_NAME)
+    return {"grant_hours": hours, "share_pct": share, "note": note, "requested_by": asked}
 
 
 def parse_event(body: Any) -> dict:

@@ -218,7 +218,7 @@ def test_a_read_only_token_changes_nothing_of_a_running_session(service, creds):
                                   "/sessions/%E0%A4%A/heartbeat", "/accounts/%zz",
                                   "/sessions/%C0%AF"])
 @pytest.mark.parametrize("method", ["GET", "DELETE", "POST"])
-def test_malformed_percent_encoding_is_a_400_from_the_service(service, creds, path, method):
+def test_malformed_percent_encoding_is_a_400_from_the_service(hub, service, creds, path, method):
     """What configurable-http-proxy answers 500 for (a bad %-escape in the path) reaches the
     service straight: a 400 naming the path, whoever asks, and nothing changes."""
     before = snapshot(service, creds)
@@ -227,6 +227,11 @@ def test_malformed_percent_encoding_is_a_400_from_the_service(service, creds, pa
                            {} if method == "POST" else None)
         assert status == 400, (who, status, out)
         assert isinstance(out, dict) and "path" in out["message"], out
+    # through the public proxy (configurable-http-proxy, third-party): its own error, which
+    # reaches nothing behind it
+    status, _ = http(method, hub.url + "/services/gpubudget/api/v1" + path, creds["admin"],
+                     {} if method == "POST" else None)
+    assert status in (400, 500), status
     assert snapshot(service, creds) == before
 
 

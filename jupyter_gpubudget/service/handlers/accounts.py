@@ -6,9 +6,12 @@ import re
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from jupyter_gpubudget.core.model import ChargeInterval
 from jupyter_gpubudget.core.usage import usage_by_span
-from jupyter_gpubudget.ledger.models import GrantRow
+from jupyter_gpubudget.ledger.models import DecisionRow, GrantRow
 
 from ..base import ApiError, BaseHandler
 from ..state import tree_with_ledger_grants
@@ -55,14 +58,34 @@ class GrantHandler(BaseHandler):
         def apply() -> GrantRow:
             before = tree_with_ledger_grants(self.tree, svc.ledger)
             after = before.with_grant(name, g["grant_hours"], g["share_pct"])
-            c.require_within_parent(before, after, name, svc.inventory.gpu_count
-                                    * svc.budgets.policy.window / 3600)
-            return svc.ledger.set_grant(name, g["grant_hours"], g["share_pct"], by=c.name,
-                                        now=svc.clock(), note=g["note"])
+            hours = svc.inventory.gpu_count * svc.budgets.policy.window / 3600
+            c.require_within_parent(before, after, name, hours)
+            approval = c.grant_approval(before, after, name, hours, svc.budgets.admins,
+                                        svc.budgets.policy.managers_fund_own_projects,
+                                        g["requested_by"])
+            now = svc.clock()
+            with svc.ledger.tx() as s:
+                row = svc.ledger.set_grant(name, g["grant_hours"], g["share_pct"], by=c.name,
+                                           now=now, note=g["note"], s=s)
+                if approval:  # the audit entry says who asked and who approved
+                    note_approval(s, row, c.name, now, approval)
+            return row
 
         row = await self.db(apply)
         self.svc.kick()
         self.send({"account": name, "grant": grant_json(row)})
+
+
+def note_approval(s: Session, row: GrantRow, actor: str, now: float, approval: dict) -> None:
+    """Add who asked for and who approved a grant change to its audit entry (the decision the
+    ledger recorded with it, in the same transaction)."""
+    for d in s.scalars(select(DecisionRow).where(
+            DecisionRow.kind == "grant", DecisionRow.actor == actor, DecisionRow.at == now)
+            .order_by(DecisionRow.id.desc()).limit(20)):
+        det = d.detail or {}
+        if det.get("account") == row.account and det.get("version") == row.version:
+            d.detail = {**det, **approval}
+            return
 
 
 class UsageHandler(BaseHandler):

@@ -55,8 +55,9 @@ from .placement import place
 from .predict import Predictor, RunningEnds, next_free
 from .preemption import place_without, preemption_cost
 from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
-from .ranking import INF, LANE_OFFSET, Standings, compute_standings, rank
+from .ranking import INF, Standings, compute_standings, rank
 from .usage import UsageMeter
+from .workqueue import WorkQueue
 
 
 @dataclass(slots=True)
@@ -101,14 +102,13 @@ class Scheduler:
         self.unhealthy: set[str] = set(unhealthy)
         self.cluster = self.new_cluster()
         self.meter = UsageMeter(self.policy)
-        self.pending: dict[str, Workload] = {}
+        self.waiting = WorkQueue()  # pending work and its order
         self.running: dict[str, Workload] = {}
         self.reservations: dict[str, tuple[float, Placement]] = {}
         # per waiting gang, the time its first reservation planned it to start
         # (Policy.gang_overdue_after)
         self.first_planned: dict[str, float] = {}
         self.drained: set[str] = set()
-        self.mix: dict[tuple[object, ...], float] = {}  # decayed histogram of request shapes
         self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
         self.predictor = Predictor(self.history, self.policy,
                                    max((len(n.gpus) for n in inventory.nodes), default=0))
@@ -119,11 +119,6 @@ class Scheduler:
         self._grants: dict[str, float] | None = None
         self._st: Standings | None = None
         self._committed: dict[str, float] = {}
-        self._order: list[tuple[float, int, str]] = []  # (rank key, seq, id), ascending
-        self._seq: dict[str, int] = {}
-        self._next_seq = 0
-        self._shape_count: dict[tuple[object, ...], int] = {}
-        self._root_demand: dict[str, float] | None = {}
         self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
         #: running workloads left out of the state because their placement is impossible
@@ -135,6 +130,24 @@ class Scheduler:
         self._no_plan: dict[tuple[object, ...], float] = {}
         # what preemptions threw away in the trailing day (Policy.finish_drain_budget)
         self.loss = LossBudget(self.policy, inventory.gpu_count)
+
+    @property
+    def pending(self) -> dict[str, Workload]:
+        """Pending workloads by id."""
+        return self.waiting.pending
+
+    @property
+    def mix(self) -> dict[tuple[object, ...], float]:
+        """Decayed histogram of request shapes."""
+        return self.waiting.mix
+
+    @property
+    def _order(self) -> list[tuple[float, int, str]]:
+        return self.waiting.order
+
+    @property
+    def _shape_count(self) -> dict[tuple[object, ...], int]:
+        return self.waiting.shape_count
 
     @property
     def recent_losses(self) -> deque[tuple[float, float]]:
@@ -196,7 +209,7 @@ class Scheduler:
                     s.inconsistent.append((wid, str(e)))
         for w in state.pending:
             s._enqueue(w, key=INF, bulk=True)
-        s._order.sort()
+        s.waiting.order.sort()
         s.loss.losses.extend(sorted(state.recent_losses))
         return s
 
@@ -272,8 +285,7 @@ class Scheduler:
 
     def queue(self) -> list[str]:
         """Pending workload ids in the order they will be considered."""
-        return [wid for _, seq, wid in self._order
-                if wid in self.pending and self._seq.get(wid) == seq]
+        return self.waiting.ids()
 
     # ================================================================= queue
     def _with_interconnect(self, w: Workload) -> Workload:
@@ -291,61 +303,20 @@ class Scheduler:
         if w.id in self.pending or w.id in self.running:
             raise ValueError(f"workload {w.id} is already known")
         w = self._with_interconnect(w)
-        self.pending[w.id] = w
-        shape = w.request.shape
-        self._shape_count[shape] = self._shape_count.get(shape, 0) + 1
-        self.mix[shape] = self.mix.get(shape, 0.0) + 1.0
-        seq = self._next_seq
-        self._next_seq += 1
-        self._seq[w.id] = seq
+        self.waiting.add(w)
         if key is None:
-            key = self._arrival_key(w)
-        if bulk:  # the caller sorts once
-            self._order.append((key, seq, w.id))
-        else:
-            bisect.insort(self._order, (key, seq, w.id))
+            key = self.waiting.arrival_key(w, self.accounts, self.grants(), self._st,
+                                           self.short, self.demand)
+        self.waiting.put(w.id, key, bulk)
         return w
 
-    def _arrival_key(self, w: Workload) -> float:
-        """Where a new arrival stands until the next full cycle ranks it exactly: behind the
-        pending demand already queued under its top-level account."""
-        if not self.accounts.is_project(w.project):
-            return INF
-        if self.short(w):  # the short lane: ahead of all other waiting work
-            root = self.accounts.path(w.project)[0]
-            g = self.grants().get(root, 0.0)
-            st = self._st
-            used = st.usage.get(root, 0.0) if st else 0.0
-            return (used / g if g > 0 else INF) - LANE_OFFSET
-        if self._root_demand is None:
-            self._root_demand = {}
-            for p in self.pending.values():
-                if p.id != w.id and self.accounts.is_project(p.project):
-                    r = self.accounts.path(p.project)[0]
-                    self._root_demand[r] = self._root_demand.get(r, 0.0) + self.demand(p)
-        root = self.accounts.path(w.project)[0]
-        g = self.grants().get(root, 0.0)
-        st = self._st
-        used = (st.usage.get(root, 0.0) if st else 0.0) + self._root_demand.get(root, 0.0)
-        self._root_demand[root] = self._root_demand.get(root, 0.0) + self.demand(w)
-        return used / g if g > 0 else INF
-
     def _dequeue(self, wid: str) -> Workload:
-        w = self.pending.pop(wid)
-        shape = w.request.shape
-        n = self._shape_count[shape] - 1
-        if n:
-            self._shape_count[shape] = n
-        else:
-            del self._shape_count[shape]
-        self._seq.pop(wid, None)
+        w = self.waiting.remove(wid)
         self.first_planned.pop(wid, None)
         own = self.reservations.pop(wid, None)
         if own is not None:  # its reserved GPUs are no longer held back
             for sl in own[1].slices:
                 self.cluster.by_name[sl.node].gpus[sl.gpu].reserved_at = float("inf")
-        if len(self._order) > 64 and len(self._order) > 2 * len(self.pending):
-            self._order = [e for e in self._order if self._seq.get(e[2]) == e[1]]
         return w
 
     def leasable(self, w: Workload) -> bool:
@@ -491,11 +462,12 @@ class Scheduler:
         res_times = sorted({at for at, _ in self.reservations.values()}
                            | ({self.lane.until} if self.lane.held else set()))
         failed: set[tuple[object, ...]] = set()
-        for _, seq, wid in list(self._order):
-            if not res_times and len(failed) >= len(self._shape_count):
+        q = self.waiting
+        for _, seq, wid in list(q.order):
+            if not res_times and len(failed) >= len(q.shape_count):
                 break  # no shape fits any more
-            w = self.pending.get(wid)
-            if w is None or self._seq.get(wid) != seq:
+            w = q.current(wid, seq)
+            if w is None:
                 continue
             end = now + self.predict_long(w)
             memo = self._memo(w, end, res_times)
@@ -556,13 +528,8 @@ class Scheduler:
                     self._preempt)
 
         ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
-        seq = self._seq
-        self._order = [(key, seq[w.id], w.id) for key, w in ranked]
-        self._order.sort()
-        self._root_demand = None  # summed on the next arrival, if any
         unranked = [w for w in self.pending.values() if not self.accounts.is_project(w.project)]
-        for w in unranked:  # unknown project: stays queued, never started
-            self._order.append((INF, self._seq[w.id], w.id))
+        self.waiting.rerank(ranked, unranked)
 
         eligible_pool = self._victim_pool(now) if self.policy.preemption else {}
         res_times: list[float] = []

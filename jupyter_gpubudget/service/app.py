@@ -309,6 +309,11 @@ class GpuBudgetService(Application):
     follow_interval = Float(1.0, help="A standby replica reads the ledger again this often "
                             "(seconds): what its read endpoints answer lags the leader by at "
                             "most this much.").tag(config=True)
+    max_clock_offset = Float(1.0, help="PostgreSQL ledger: the most seconds this replica's "
+                             "clock may differ from the database's. Charges and protection "
+                             "are timed by the leader's clock, the lease by the database's: "
+                             "a replica further off (measured at every lease renewal) does "
+                             "not lead, and says why in its log and /healthz.").tag(config=True)
 
     classes = [LocalBackend, NvmlHealthSource, CommandHealthSource]
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
@@ -397,7 +402,8 @@ class GpuBudgetService(Application):
                                holder=self.replica_id or f"{socket.gethostname()}:{self.port}",
                                ttl=self.lease_seconds,
                                renew_interval=self.lease_renew_interval, log=self.log,
-                               on_change=self._lease_changed)
+                               on_change=self._lease_changed, clock=self.clock,
+                               max_clock_offset=self.max_clock_offset)
             self.ledger.fence = self.lease.check
             self.lease.tick()  # the first replica up leads from the start
         if self.lease is None or self.lease.is_leader:
@@ -602,6 +608,8 @@ class GpuBudgetService(Application):
             reasons.append(f"no successful scheduling cycle for {since}")
         if self._ledger_error is not None:
             reasons.append(f"ledger unavailable: {self._ledger_error[1]}")
+        if self.lease is not None and self.lease.clock_problem is not None:
+            reasons.append(self.lease.clock_problem)
         return not reasons, reasons
 
     # ------------------------------------------------------------------ changes

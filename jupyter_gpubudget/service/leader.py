@@ -15,6 +15,12 @@ is one row of the ledger (``service_leader``, id 1):
   The leader renews it every ``renew_interval`` seconds; one that cannot reach the database
   steps down when its lease ends by its own monotonic clock (started before the renewal
   was sent, so it never outlives the database's view of the lease).
+- One clock: charges, protection and decisions are timed by the replica's own clock, the
+  lease by the database's. Each tick measures the replica's offset from the database's
+  clock (half the round trip allowed); a replica more than ``max_clock_offset`` seconds
+  off does not take the lease, and a leader that drifts that far gives it up at once —
+  saying why in its log and ``/healthz`` — so no replica charges by a clock the others
+  do not share.
 - Fencing: every write transaction of the leader first reads the lease row ``FOR SHARE`` and
   checks the token is still its own (:meth:`Lease.check`). A takeover's update of that row
   waits for such a transaction to end, and every transaction after it sees the new token:
@@ -56,6 +62,8 @@ WHERE id = 1 AND holder = :holder AND token = :mine
 """)
 
 _READ = text(f"SELECT holder, url, token, expires_at - {_NOW} FROM service_leader WHERE id = 1")
+#: the database's clock now (not at the transaction's start), for the replica's offset
+_CLOCK = text("SELECT extract(epoch from clock_timestamp())")
 _FENCE = text("SELECT token FROM service_leader WHERE id = 1 FOR SHARE")
 
 
@@ -87,7 +95,9 @@ class Lease:
     def __init__(self, engine: Engine, url: str = "", ttl: float = 8.0,
                  renew_interval: float = 2.0, holder: str | None = None,
                  on_change: Callable[[int | None], None] | None = None,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None,
+                 clock: Callable[[], float] = time.time,
+                 max_clock_offset: float = 1.0) -> None:
         if not 0 < renew_interval < ttl:
             raise ValueError(f"renew_interval ({renew_interval}) must be below the lease "
                              f"time ({ttl})")
@@ -102,6 +112,13 @@ class Lease:
         self.valid_until = 0.0  # time.monotonic() when our lease ends at the latest
         self.leader: Holder | None = None  # who leads, as last read
         self.last_ok: float | None = None  # time.monotonic() of the last tick that got through
+        #: the replica's clock (what it charges by) and how far it may be from the database's
+        self.clock = clock
+        self.max_clock_offset = float(max_clock_offset)
+        #: seconds the replica's clock is ahead of the database's (negative: behind), as
+        #: last measured; and why it may not lead (None: it may)
+        self.clock_offset: float | None = None
+        self.clock_problem: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,11 +152,17 @@ class Lease:
         A database error keeps the lease until its local end (then steps down)."""
         sent = time.monotonic()
         mine = self.token if self.token is not None else -1
+        skewed = None
         try:
             with self.engine.begin() as c:
                 c.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
-                got = c.execute(_TAKE, {"holder": self.holder, "url": self.url,
-                                        "ttl": self.ttl, "mine": mine}).scalar()
+                skewed = self._measure_clock(c)
+                got = None
+                if skewed is None:
+                    got = c.execute(_TAKE, {"holder": self.holder, "url": self.url,
+                                            "ttl": self.ttl, "mine": mine}).scalar()
+                elif self.token is not None:  # give it up now: a standby takes over at once
+                    c.execute(_RELEASE, {"holder": self.holder, "mine": self.token})
                 row = c.execute(_READ).first()
         except Exception as e:  # noqa: BLE001 - unreachable, locked: decide by the clock
             if self.token is not None and time.monotonic() >= self.valid_until:
@@ -150,6 +173,9 @@ class Lease:
         self.last_ok = time.monotonic()
         if row is not None:
             self.leader = Holder(row[0], row[1], int(row[2]), float(row[3]))
+        if skewed is not None:
+            self._set(None, skewed)
+            return None
         if got is None:
             self._set(None, f"{self.leader.holder if self.leader else 'another replica'} "
                             "holds the lease")
@@ -158,6 +184,30 @@ class Lease:
             self.valid_until = sent + self.ttl - 0.5
         self._set(int(got), "took the lease" if mine != int(got) else "renewed")
         return int(got)
+
+    def _measure_clock(self, c) -> str | None:  # noqa: ANN001 - a connection
+        """Measure this replica's clock against the database's; why it may not lead when it
+        is more than ``max_clock_offset`` s off (logged when that changes), else None."""
+        before = self.clock()
+        db = float(c.execute(_CLOCK).scalar())
+        after = self.clock()
+        offset = (before + after) / 2 - db
+        self.clock_offset = offset
+        if abs(offset) - abs(after - before) / 2 <= self.max_clock_offset:
+            if self.clock_problem is not None:
+                self.log.warning("clock back within %g s of the database's (%+.3f s): this "
+                                 "replica may lead again", self.max_clock_offset, offset)
+            self.clock_problem = None
+            return None
+        problem = (f"this replica's clock is {abs(offset):.1f} s "
+                   f"{'ahead of' if offset > 0 else 'behind'} the ledger database's (more "
+                   f"than max_clock_offset, {self.max_clock_offset:g} s): it does not lead, "
+                   "since charges and protection are timed by its clock; fix its time "
+                   "synchronisation (NTP)")
+        if self.clock_problem is None:
+            self.log.error("%s", problem)
+        self.clock_problem = problem
+        return problem
 
     def release(self) -> None:
         """Give the lease up at once (a clean shutdown): a standby takes over at its next

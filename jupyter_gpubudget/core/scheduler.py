@@ -22,16 +22,14 @@ Decisions are applied to the Scheduler's own model as they are made.
 from __future__ import annotations
 
 import bisect
-import gc
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from . import fragmentation
 from .accounts import AccountTree
 from .backfill import plan_reservation
-from .capacity import CapacityError, Cluster, Gpu
+from .capacity import Cluster, Gpu
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
 from .drains import LossBudget, drain_nodes, finish_drain
 from .inventory import Inventory
@@ -39,7 +37,6 @@ from .lane import ShortLane, lane_preempt
 from .model import (
     HOUR,
     MILLI,
-    ChargeInterval,
     Decision,
     Placement,
     Policy,
@@ -56,40 +53,10 @@ from .predict import Predictor, RunningEnds, next_free
 from .preemption import place_without, preemption_cost
 from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
 from .ranking import INF, Standings, compute_standings, rank
+from .state import ClusterState as ClusterState
+from .state import load_running, new_cluster, paused_gc
 from .usage import UsageMeter
 from .workqueue import WorkQueue
-
-
-@dataclass(slots=True)
-class ClusterState:
-    """Everything one cycle needs, as plain data (what the service reads from its ledger)."""
-
-    accounts: AccountTree
-    inventory: Inventory
-    policy: Policy = field(default_factory=Policy)
-    running: Sequence[Workload] = ()
-    pending: Sequence[Workload] = ()
-    charges: Sequence[ChargeInterval] = ()
-    history: RuntimeHistory | None = None
-    unhealthy: frozenset[str] = frozenset()
-    #: (time, GPU-hours thrown away) of each preemption in the last ``LOSS_WINDOW``
-    #: (``Policy.finish_drain_budget``; the service reads them from its decision log)
-    recent_losses: Sequence[tuple[float, float]] = ()
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for one cycle. A cycle allocates ~10^5
-    short-lived objects over a large live state, which triggers full collections that cost
-    as much as the cycle itself; reference counting frees nearly everything anyway, and the
-    collector runs as usual once the cycle is over."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class Scheduler:
@@ -100,9 +67,9 @@ class Scheduler:
         self.policy = policy or Policy()
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
-        self.cluster = self.new_cluster()
-        self.meter = UsageMeter(self.policy)
         self.waiting = WorkQueue()  # pending work and its order
+        self.cluster = self._fresh_cluster()
+        self.meter = UsageMeter(self.policy)
         self.running: dict[str, Workload] = {}
         self.reservations: dict[str, tuple[float, Placement]] = {}
         # per waiting gang, the time its first reservation planned it to start
@@ -114,8 +81,6 @@ class Scheduler:
                                    max((len(n.gpus) for n in inventory.nodes), default=0))
         # within one cycle: predicted ends of running work (sorted again when it changes)
         self.ends = RunningEnds(self.predictor, self.policy)
-        if self.policy.placement == "fgd":  # score placements against the shapes seen so far
-            fragmentation.index_for(self.cluster, fragmentation.MixView(self.mix))
         self._grants: dict[str, float] | None = None
         self._st: Standings | None = None
         self._committed: dict[str, float] = {}
@@ -172,13 +137,14 @@ class Scheduler:
     # ================================================================= building
     def new_cluster(self) -> Cluster:
         """An empty capacity model of the inventory, with the policy's placement rules."""
-        c = Cluster(self.inventory, self.unhealthy)
-        c.whole_gpu_on_mig = self.policy.whole_gpu_on_mig
-        c.mig_first = self.policy.whole_gpu_on_mig and self.policy.mig_first
-        c.mps_on_mig = self.policy.mps_on_mig
-        c.mps_mig_first = self.policy.mps_on_mig and self.policy.mps_mig_first
-        c.gang_on_mig = self.policy.gang_on_mig
-        c.gang_on_mig_spare = self.policy.gang_on_mig_spare
+        return new_cluster(self.inventory, self.unhealthy, self.policy)
+
+    def _fresh_cluster(self) -> Cluster:
+        """:meth:`new_cluster`, with FGD's index over the shapes seen so far when the
+        policy places by fragmentation."""
+        c = self.new_cluster()
+        if self.policy.placement == "fgd":
+            fragmentation.index_for(c, fragmentation.MixView(self.mix))
         return c
 
     @classmethod
@@ -191,22 +157,7 @@ class Scheduler:
                 s.inconsistent.append((w.id, "running without a placement"))
                 continue
             s.running[w.id] = w
-        try:
-            s.cluster.load((wid, w.placement) for wid, w in s.running.items()
-                           if w.placement is not None)
-        except CapacityError:
-            # one inconsistent record must not stop scheduling for everyone: load them one by
-            # one, leave out (and report) each that does not fit beside those before it
-            s.cluster = s.new_cluster()
-            if s.policy.placement == "fgd":
-                fragmentation.index_for(s.cluster, fragmentation.MixView(s.mix))
-            for wid, w in list(s.running.items()):
-                assert w.placement is not None
-                try:
-                    s.cluster.allocate(wid, w.placement)
-                except CapacityError as e:
-                    del s.running[wid]
-                    s.inconsistent.append((wid, str(e)))
+        s.cluster = load_running(s.cluster, s.running, s.inconsistent, s._fresh_cluster)
         for w in state.pending:
             s._enqueue(w, key=INF, bulk=True)
         s.waiting.order.sort()

@@ -13,10 +13,13 @@ by the page from the hub (``handlers.QuoteHandler``), one quote per request.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tornado import web
 
 from jupyter_gpubudget.service.validate import Invalid, duration
 
@@ -28,6 +31,42 @@ if TYPE_CHECKING:
 
 TEMPLATES = Path(__file__).parent / "templates"
 DEFAULT_TEMPLATE = "gpubudget_form.html"
+
+class ChoiceRefused(web.HTTPError):
+    """A spawn-form choice the spawner refuses (400, or 403 for another's project): the form
+    comes back with ``message`` and the hub's log gets one line (:class:`OneLineRefusals`).
+    The message is never a %-format (a user's text in it is passed as an argument)."""
+
+    def __init__(self, status: int, message: str, user: str = "") -> None:
+        super().__init__(status, "%s", message)
+        self.message, self.user = message, user
+
+
+class OneLineRefusals(logging.Filter):
+    """JupyterHub logs whatever ``options_from_form`` raises as an error with its traceback
+    (``SpawnHandler._post``: "Failed to spawn single-user server with form", ``exc_info``),
+    so a user posting bad choices could fill the hub's log. For a :class:`ChoiceRefused`
+    this filter makes that record one warning line saying who was refused and why (line
+    breaks in the user's text escaped); every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ChoiceRefused):
+            text = f"{record.getMessage()}: {exc.status_code} for {exc.user or 'a user'}: " \
+                   f"{exc.message}"
+            record.msg, record.args = "%s", (text.replace("\r", "\\r").replace("\n", "\\n"),)
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def refuse_in_one_line(log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Put :class:`OneLineRefusals` on ``log`` (the hub's own logger, which its handlers
+    share with the spawner) once."""
+    logger = log.logger if isinstance(log, logging.LoggerAdapter) else log
+    if not any(isinstance(f, OneLineRefusals) for f in logger.filters):
+        logger.addFilter(OneLineRefusals())
+
 
 #: slice groups in the order the form shows them: kind -> (title, what it means)
 GROUPS = (

@@ -42,7 +42,7 @@ from jupyter_gpubudget.service.validate import Invalid, duration
 from . import mig, mps, queue, restore, watch
 from .child import ClusterSpawnerError, check_cluster_spawners, configure_child, construct_child
 from .client import ServiceClient, ServiceError
-from .form import render_form
+from .form import ChoiceRefused, refuse_in_one_line, render_form
 from .handlers import QUOTE_ROUTE
 from .placement import describe, placement_env
 
@@ -332,6 +332,8 @@ class BudgetSpawner(Spawner):
         return dict(self._form_choices or self.user_options or {})
 
     def options_from_form(self, formdata: dict) -> dict:
+        refuse_in_one_line(self.log)  # a refused choice: one line in the hub's log
+
         def one(k: str, d: str = "") -> str:
             return (formdata.get(k) or [d])[0].strip()
 
@@ -343,27 +345,28 @@ class BudgetSpawner(Spawner):
             opts["cluster"] = one("cluster")
         self._form_choices = opts  # the form comes back with these after an error
         if not opts["slice"]:  # never read as CPU only: that is a choice of its own
-            raise web.HTTPError(400, "Slice: no slice chosen; pick one of the slices the form "
-                                     "offers (CPU only is one of them).")
+            raise ChoiceRefused(400, "Slice: no slice chosen; pick one of the slices the form "
+                                      "offers (CPU only is one of them).", self.user.name)
         try:
             duration(runtime, "min_runtime")
         except Invalid as e:
-            raise web.HTTPError(400, f"Minimum runtime: {e.message}") from None
+            raise ChoiceRefused(400, f"Minimum runtime: {e.message}", self.user.name) from None
         offer = self._offer
         if offer is not None and opts["project"] not in offer.get("projects", []):
-            raise web.HTTPError(
+            raise ChoiceRefused(
                 403, f"You are not a member of project {opts['project']!r}; your projects: "
-                     f"{', '.join(offer.get('projects') or []) or 'none'}.")
+                     f"{', '.join(offer.get('projects') or []) or 'none'}.", self.user.name)
         keys = [c.get("key") for c in (offer or {}).get("choices") or []]
         if keys and opts["slice"] not in keys:
-            raise web.HTTPError(
+            raise ChoiceRefused(
                 400, f"Slice: {opts['slice'][:40]!r} is not offered here; "
-                     f"{largest_offered(offer or {})}.")
+                     f"{largest_offered(offer or {})}.", self.user.name)
         names = [c.get("name") for c in (offer or {}).get("clusters") or []]
         if "cluster" in opts and names and opts["cluster"] not in names:
-            raise web.HTTPError(
+            raise ChoiceRefused(
                 400, f"Cluster: there is no cluster {opts['cluster'][:40]!r}; pick one of "
-                     f"{', '.join(str(n) for n in names)}, or 'wherever it starts soonest'.")
+                     f"{', '.join(str(n) for n in names)}, or 'wherever it starts soonest'.",
+                self.user.name)
         return opts
 
     # ------------------------------------------------------------------ spawning

@@ -133,8 +133,18 @@ class Backend(LoggingConfigurable):
         return None
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
-        """Attempts still alive that the ledger does not consider running."""
+        """Attempts still alive that the ledger does not consider running, found in the
+        engine itself by what every attempt carries (the local launcher's attempt
+        directory, the Slurm job name ``<prefix>.<workload>.<attempt>``, the Kubernetes
+        labels ``gpubudget/workload`` and ``gpubudget/attempt``), never in this process's
+        memory: the replica that launched it may be another one."""
         return []
+
+    def stop_orphan(self, workload: str, attempt: int) -> None:
+        """Stop an orphan (see :meth:`orphans`). It is swept every scheduling cycle, so an
+        engine that stops asynchronously only asks here and does not wait; by default the
+        same as :meth:`stop`."""
+        self.stop(workload, attempt)
 
     # ------------------------------------------------------------------ the engine's own view
     # Engines that know their nodes (Slurm, Kubernetes) report them here; the local backend

@@ -94,6 +94,13 @@ class ClusterBackends(Backend):
     def status(self, workload: str, attempt: int) -> BackendStatus:
         return self._for(workload, attempt).status(workload, attempt)
 
+    def stop_orphan(self, workload: str, attempt: int) -> None:
+        """Every cluster whose engine lists the attempt as an orphan stops it (a replica
+        that no longer led may have launched it anywhere)."""
+        for b in self.parts.values():
+            if (workload, attempt) in b.orphans(set()):
+                b.stop_orphan(workload, attempt)
+
     def read_log(self, workload: str, attempt: int, offset: int, limit: int) -> LogChunk | None:
         return self._for(workload, attempt).read_log(workload, attempt, offset, limit)
 

@@ -369,6 +369,17 @@ class SlurmBackend(Backend):
             st = self.status(workload, attempt)
         return st if not st.alive else BackendStatus(False, None, gone_at)
 
+    def stop_orphan(self, workload: str, attempt: int) -> None:
+        """scancel the attempt's jobs (found by name in squeue) without waiting for them to
+        leave: the next cycle's sweep asks again while one is still listed alive."""
+        name = job_name(self.job_name_prefix, workload, attempt)
+        for j in self._alive_jobs(name, fresh=True):
+            if j.state == "COMPLETING":
+                continue  # (already ending)
+            self._run(["scancel", j.job_id], user=j.user or None)
+        with self._lock:
+            self._queue = None
+
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         out = []
         for j in self.queue(fresh=True):

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from sqlalchemy import update
+
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
 from jupyter_gpubudget.core.accounts import AccountTree
 from jupyter_gpubudget.core.model import Drain, Policy, Preempt, Reserve, Start
@@ -27,8 +29,9 @@ from jupyter_gpubudget.core.offer import (
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, paused_gc
 from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger import nodes as ledger_nodes
-from jupyter_gpubudget.ledger.models import NodeHealthRow, WorkloadRow
+from jupyter_gpubudget.ledger.models import ChargeRow, NodeHealthRow, WorkloadRow
 
+from .leader import NotLeader
 from .state import LiveWorkloads, build_state, placement_to_list
 
 
@@ -124,6 +127,7 @@ class SchedulingLoop:
         self._lost_told: set[tuple[str, int]] = set()  # attempts whose lost monitor was told
         #: False on a standby replica (:meth:`follow`): the view is computed, nothing written
         self.applying = True
+        self._orphans_told: set[tuple[str, int]] = set()  # orphans recorded (once each)
 
     def cluster_of(self, nodes: tuple[str, ...]) -> str | None:
         """The named cluster of a placement's nodes (one: a gang never spans clusters)."""
@@ -143,10 +147,50 @@ class SchedulingLoop:
                     # a preemption or cancel was under way when the service died: finish it
                     st = self.backend.stop(row.id, open_iv[row.id].seq)
                     self._settle(row, BackendStatus(False, st.exit_code, self.clock()))
+            self._sweep_orphans(self.clock(), fresh=True)
+
+    def _sweep_orphans(self, now: float, fresh: bool = False) -> list[tuple[str, int]]:
+        """Stop every attempt the engine runs that has no open charge interval (an orphan:
+        launched by a replica that had lost the lease, or left by a crash) and record each
+        as an ``orphan`` decision. Run at takeover and in every cycle: an orphan holds GPUs
+        nobody is charged for, so it is stopped within one cycle of appearing.
+
+        The ledger is read before the engine is listed; an attempt cannot be opened in
+        between (this replica opens them under the same lock, and a replica that lost the
+        lease cannot write), so one launched since is already in the read."""
+        if fresh:
             running = {(w, c.seq) for w, c in self.ledger.open_intervals().items()}
-            for wid, attempt in self.backend.orphans(running):
-                self.log.warning("stopping orphan %s attempt %d", wid, attempt)
-                self.backend.stop(wid, attempt)
+        else:
+            with self._live.lock:
+                running = {(c.workload, c.seq)
+                           for c in self._live.open_charges(self.ledger)[0]}
+        try:
+            engine = self.backend.orphans(running)
+        except Exception:  # noqa: BLE001 - the engine may be away: next cycle
+            self.log.exception("listing the %s engine's jobs failed", self.backend.name)
+            return []
+        stopped = []
+        for wid, attempt in engine:
+            if (wid, attempt) in running:
+                continue
+            try:
+                self.backend.stop_orphan(wid, attempt)
+            except Exception:  # noqa: BLE001 - tried again next cycle
+                self.log.exception("stopping orphan %s attempt %d failed", wid, attempt)
+                continue
+            stopped.append((wid, attempt))
+            if (wid, attempt) in self._orphans_told:
+                continue  # (still ending: asked again, recorded once)
+            self._orphans_told.add((wid, attempt))
+            self.log.warning("stopping orphan %s attempt %d: the %s engine runs it and no "
+                             "charge interval is open for it", wid, attempt, self.backend.name)
+            self.ledger.record_decision(
+                now=now, kind="orphan", workload=wid[:64], actor="reconcile",
+                reason=f"the {self.backend.name} engine ran attempt {attempt} with no open "
+                       "charge interval (launched by a replica that no longer led, or left "
+                       "by a crash): stopped",
+                detail={"attempt": attempt, "backend": self.backend.name})
+        return stopped
 
     def _intent(self, row: WorkloadRow) -> str | None:
         """'preempting', 'cancelling' or 'requeueing' when a stop was under way when the
@@ -173,6 +217,14 @@ class SchedulingLoop:
         elif st.exit_code is not None:
             state = "done" if st.exit_code == 0 else "failed"
             reason, by = f"exit code {st.exit_code}", "exit"
+        elif not st.launched and (opened := self._never_launched(row)) is not None:
+            # the decision was committed and the launch never happened (the service died or
+            # lost the lease in between): it never ran, so nothing is charged and it waits
+            # for its next start, resumable or not
+            state, by = "pending", "reconcile"
+            reason = ("never launched: the service stopped between deciding and launching "
+                      "it; requeued")
+            st = replace(st, ended_at=opened)
         elif st.unsupervised:  # its monitor was killed: the cgroup said when it ended
             state = "pending" if row.resumable else "failed"
             reason, by = ("exit code unknown: its launcher's monitor was killed; it ended when "
@@ -202,6 +254,15 @@ class SchedulingLoop:
         except LedgerError as e:
             self.log.info("settle %s: %s", row.id, e.message)
 
+    def _never_launched(self, row: WorkloadRow) -> float | None:
+        """When its open attempt was opened, if no launch of it ever returned (its backend
+        reference was never set); else None."""
+        full = self.ledger.get(row.id)
+        if full is None or full.backend_ref:
+            return None
+        iv = self.ledger.open_interval(row.id)
+        return iv.start if iv is not None else None
+
     def _reap(self, now: float) -> list[str]:
         """Settle ended local workloads; return the ids still alive."""
         alive: list[str] = []
@@ -222,6 +283,12 @@ class SchedulingLoop:
                                             reason=f"time limit {row.time_limit:g} s")
                 st = self.backend.stop(row.id, iv.seq)
                 st = BackendStatus(False, st.exit_code, st.ended_at or now, timed_out=True)
+            if not st.alive and not st.launched and now - iv.start < self.start_grace:
+                # opened moments ago, perhaps by a replica that led before this one and was
+                # paused in its launch: the engine may list it any moment (it is looked up
+                # there by name, not in this process's memory) — starting, not lost
+                alive.append(row.id)
+                continue
             if st.alive:
                 alive.append(row.id)
                 if st.unsupervised:
@@ -229,6 +296,12 @@ class SchedulingLoop:
             else:
                 self._settle(row, st)
         return alive
+
+    @property
+    def start_grace(self) -> float:
+        """Seconds after its interval opened during which an attempt the engine does not
+        list yet counts as starting (the backend's ``start_grace``; 30 s by default)."""
+        return float(getattr(self.backend, "start_grace", 30.0))
 
     def _monitor_lost(self, wid: str, attempt: int, now: float) -> None:
         """Record, once per attempt, that a running job's monitor is gone: it is still charged
@@ -315,8 +388,11 @@ class SchedulingLoop:
             for d in decisions:
                 try:
                     self._apply(d, by_id, now)
+                except NotLeader:  # the replica that leads now decides: apply nothing more
+                    raise
                 except Exception:  # one failed decision must not stop the others
                     self.log.exception("applying %r failed", d)
+            self._sweep_orphans(now)
             self._check_usage(now)
             self._refresh_view(now, state, sched)
             self.view.inconsistent = inconsistent
@@ -389,20 +465,28 @@ class SchedulingLoop:
                     self.on_start(row, now)
                 return
             full = self.ledger.get(row.id)  # command and env: read only for what launches
+            # fenced: the lease (and its token) is checked again right before the engine is
+            # called — a replica paused since it committed the start launches nothing; the
+            # attempt stays open and the replica that leads now looks it up in the engine
+            self._still_leading()
+            launched_at = max(self.clock(), charge.start)
+            shift = launched_at - charge.start
+            protected = None if d.protected_until is None else d.protected_until + shift
             try:
                 ref = self.backend.launch(Launch(
                     workload=row.id, attempt=charge.seq, user=row.user, project=row.project,
                     command=list(full.command or []) if full else [], placement=placement,
                     env=dict(full.env or {}) if full else {}, kind=row.kind,
                     min_runtime=row.min_runtime,
-                    protected_until=d.protected_until, backed=d.backed,
+                    protected_until=protected, backed=d.backed,
                     resumable=row.resumable, time_limit=row.time_limit,
                     due_at=d.backfill_until))
             except Exception as e:  # noqa: BLE001
                 self.ledger.stop(row.id, now=self.clock(), state="failed", closed_by="exit",
                                  reason=f"launch failed: {e}")
                 raise
-            self.ledger.set_backend_ref(row.id, ref)
+            self._launched(row.id, charge.id, ref, launched_at, protected if shift > 0
+                           else None)
             self._reserved.pop(row.id, None)
             if self.on_start:
                 self.on_start(row, now)
@@ -420,6 +504,35 @@ class SchedulingLoop:
                 self.log.warning("node %s drained (%s): nothing protected left on it", d.node,
                                  why)
                 self.backend.drain_node(d.node, why)  # the engine keeps it out too
+
+    def _still_leading(self) -> None:
+        """Raise :class:`NotLeader` unless this replica still leads: its lease is unexpired
+        by its own clock and the ledger's lease row still carries its token (the same check
+        as every write's, ``Lease.check``). Nothing to check with one service (SQLite)."""
+        fence = self.ledger.fence
+        if fence is None:
+            return
+        with self.ledger.ro() as s:
+            fence(s)
+
+    def _launched(self, wid: str, charge_id: int, ref: str, at: float,
+                  protected_until: float | None) -> None:
+        """Record the launch: its backend reference and, when it came later than the start
+        was committed (a slow engine, a paused service), the real start — the charge
+        interval starts when the engine was called, and protection counts from then."""
+        values: dict = {"backend_ref": ref}
+        with self.ledger.tx() as s:
+            moved = s.execute(
+                update(ChargeRow).where(ChargeRow.id == charge_id, ChargeRow.end.is_(None),
+                                        ChargeRow.start < at)
+                .values(start=at, checkpoint=at)).rowcount
+            if moved:
+                values["started_at"] = at
+                if protected_until is not None:
+                    values["protected_until"] = protected_until
+            s.execute(update(WorkloadRow).where(WorkloadRow.id == wid,
+                                                WorkloadRow.state == "running")
+                      .values(**values).execution_options(changed_workloads=(wid,)))
 
     def _record_engine_health(self, now: float) -> None:
         """The engine's view into the ledger (audited): a report that appears or changes marks

@@ -333,6 +333,7 @@ class BudgetSpawner(Spawner):
 
     def options_from_form(self, formdata: dict) -> dict:
         refuse_in_one_line(self.log)  # a refused choice: one line in the hub's log
+        who = getattr(getattr(self, "user", None), "name", "")
 
         def one(k: str, d: str = "") -> str:
             return (formdata.get(k) or [d])[0].strip()
@@ -346,27 +347,27 @@ class BudgetSpawner(Spawner):
         self._form_choices = opts  # the form comes back with these after an error
         if not opts["slice"]:  # never read as CPU only: that is a choice of its own
             raise ChoiceRefused(400, "Slice: no slice chosen; pick one of the slices the form "
-                                      "offers (CPU only is one of them).", self.user.name)
+                                      "offers (CPU only is one of them).", who)
         try:
             duration(runtime, "min_runtime")
         except Invalid as e:
-            raise ChoiceRefused(400, f"Minimum runtime: {e.message}", self.user.name) from None
+            raise ChoiceRefused(400, f"Minimum runtime: {e.message}", who) from None
         offer = self._offer
         if offer is not None and opts["project"] not in offer.get("projects", []):
             raise ChoiceRefused(
                 403, f"You are not a member of project {opts['project']!r}; your projects: "
-                     f"{', '.join(offer.get('projects') or []) or 'none'}.", self.user.name)
+                     f"{', '.join(offer.get('projects') or []) or 'none'}.", who)
         keys = [c.get("key") for c in (offer or {}).get("choices") or []]
         if keys and opts["slice"] not in keys:
             raise ChoiceRefused(
                 400, f"Slice: {opts['slice'][:40]!r} is not offered here; "
-                     f"{largest_offered(offer or {})}.", self.user.name)
+                     f"{largest_offered(offer or {})}.", who)
         names = [c.get("name") for c in (offer or {}).get("clusters") or []]
         if "cluster" in opts and names and opts["cluster"] not in names:
             raise ChoiceRefused(
                 400, f"Cluster: there is no cluster {opts['cluster'][:40]!r}; pick one of "
                      f"{', '.join(str(n) for n in names)}, or 'wherever it starts soonest'.",
-                self.user.name)
+                who)
         return opts
 
     # ------------------------------------------------------------------ spawning

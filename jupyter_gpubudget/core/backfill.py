@@ -8,7 +8,7 @@ after it may use those GPUs only when it is predicted to end before that time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .capacity import Cluster
 from .model import (
@@ -22,7 +22,7 @@ from .model import (
     feature_chain,
     shape_label,
 )
-from .placement import cluster_choices, gang_links, one_domain
+from .placement import cluster_choices, gang_links, one_domain, place
 
 #: the quantile of past run times a prediction aims at (chosen on synthetic seeds 1-3, see
 #: bench/policy.py): the median would minimise the error, a higher one lets fewer backfilled
@@ -109,6 +109,32 @@ def predicted_end(w: Workload, now: float, predicted: float) -> float:
     if w.time_limit and start + w.time_limit > now:
         end = min(end, start + w.time_limit)
     return end
+
+
+def leasable(w: Workload, policy: Policy) -> bool:
+    """May ``w`` borrow GPUs reserved for a gang past the gang's start
+    (``Policy.backfill_lease``)? Resumable batch work on whole GPUs that saves its
+    progress: preempted when the GPUs are due, it loses only its restart."""
+    return (policy.backfill_lease > 0 and w.kind == "batch" and w.resumable
+            and w.request.kind == "gpu" and policy.checkpoint_interval_of(w) > 0)
+
+
+def place_reserved(cluster: Cluster, reservations: Mapping[str, tuple[float, Placement]],
+                   w: Workload, end: float) -> Placement | None:
+    """Place ``w`` to run until ``end``; a workload may always use the GPUs reserved for
+    itself (``reservations``: per gang, the time and placement reserved)."""
+    own = reservations.get(w.id)
+    if own is None:
+        return place(cluster, w.request, end)
+    at, reserved = own
+    gpus = [cluster.by_name[s.node].gpus[s.gpu] for s in reserved.slices]
+    for g in gpus:
+        g.reserved_at = float("inf")
+    p = place(cluster, w.request, end)
+    if p is None:
+        for g in gpus:
+            g.reserved_at = at
+    return p
 
 
 def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,

@@ -133,6 +133,12 @@ def try_preempt(w: Workload, end: float, now: float, pool: dict[str, Workload],
     return True
 
 
+def victim_pool(running: Mapping[str, Workload], now: float) -> dict[str, Workload]:
+    """Running work whose slice may be freed for others: unprotected, or already
+    stopping."""
+    return {wid: w for wid, w in running.items() if w.stopping or not w.is_protected(now)}
+
+
 def overdue_backfill(running: Mapping[str, Workload], now: float) -> dict[str, Workload]:
     """Work backfilled onto reserved GPUs that is still running when they are due,
     unprotected and not yet stopping."""

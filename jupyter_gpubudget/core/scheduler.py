@@ -21,15 +21,15 @@ Decisions are applied to the Scheduler's own model as they are made.
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import plan_reservation
+from .backfill import leasable, place_reserved, plan_reservation
 from .capacity import Cluster, Gpu
+from .cycle import CycleState, memo_key
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
 from .drains import LossBudget, drain_nodes, finish_drain
 from .inventory import Inventory
@@ -51,7 +51,7 @@ from .model import (
 from .placement import place
 from .predict import Predictor, RunningEnds, next_free
 from .preemption import place_without, preemption_cost
-from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
+from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt, victim_pool
 from .ranking import INF, Standings, compute_standings, rank
 from .state import ClusterState as ClusterState
 from .state import load_running, new_cluster, paused_gc
@@ -84,15 +84,11 @@ class Scheduler:
         self._grants: dict[str, float] | None = None
         self._st: Standings | None = None
         self._committed: dict[str, float] = {}
-        self._memo_gen = 0  # bumped whenever the cycle's "does not fit" memo is reset
         self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
         #: running workloads left out of the state because their placement is impossible
         #: (no placement, or a slice already held): (id, why), for the caller to report
         self.inconsistent: list[tuple[str, str]] = []
-        # within one cycle: per gang constraints the smallest gang that found no reservation
         self.lane = ShortLane()  # GPUs kept for the short lane (Policy.short_lane_hold)
-        self._overdue: tuple[float, dict[str, Workload]] | None = None
-        self._no_plan: dict[tuple[object, ...], float] = {}
         # what preemptions threw away in the trailing day (Policy.finish_drain_budget)
         self.loss = LossBudget(self.policy, inventory.gpu_count)
 
@@ -272,43 +268,20 @@ class Scheduler:
 
     def leasable(self, w: Workload) -> bool:
         """May ``w`` borrow GPUs reserved for a gang past the gang's start
-        (``Policy.backfill_lease``)? Resumable batch work on whole GPUs that saves its
-        progress: preempted when the GPUs are due, it loses only its restart."""
-        pol = self.policy
-        return (pol.backfill_lease > 0 and w.kind == "batch" and w.resumable
-                and w.request.kind == "gpu" and pol.checkpoint_interval_of(w) > 0)
-
-    def _memo(self, w: Workload, end: float, res_times: list[float]) -> tuple[object, ...]:
-        """The "does not fit" memo key of ``w``: its shape, where its end falls among the
-        times GPUs are held to, and whether it may lease reserved GPUs."""
-        return (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0,
-                self.policy.backfill_lease > 0 and self.leasable(w))
+        (:func:`backfill.leasable`)?"""
+        return leasable(w, self.policy)
 
     def _place(self, w: Workload, end: float, now: float | None = None) -> Placement | None:
         """Place ``w``; a workload may always use the GPUs reserved for itself. Given
         ``now``, leasable work (:meth:`leasable`) that fits nowhere else may take GPUs a gang
         has reserved from ``now + policy.backfill_lease`` (or its protection's end) on or later."""
-        p = self._place_plain(w, end)
+        p = place_reserved(self.cluster, self.reservations, w, end)
         if p is None and now is not None and self.reservations and self.leasable(w):
             # at least the lease, and never due before its protection ends (semantics 2)
             due = now + max(self.policy.backfill_lease, self.policy.effective_min_runtime(w))
             if end > due:
                 with self.lane.closed(now):
-                    p = self._place_plain(w, due)
-        return p
-
-    def _place_plain(self, w: Workload, end: float) -> Placement | None:
-        own = self.reservations.get(w.id)
-        if own is None:
-            return place(self.cluster, w.request, end)
-        at, reserved = own
-        gpus = [self.cluster.by_name[s.node].gpus[s.gpu] for s in reserved.slices]
-        for g in gpus:
-            g.reserved_at = float("inf")
-        p = place(self.cluster, w.request, end)
-        if p is None:
-            for g in gpus:
-                g.reserved_at = at
+                    p = place_reserved(self.cluster, self.reservations, w, due)
         return p
 
     # ================================================================= applying decisions
@@ -421,7 +394,7 @@ class Scheduler:
             if w is None:
                 continue
             end = now + self.predict_long(w)
-            memo = self._memo(w, end, res_times)
+            memo = memo_key(w, end, res_times, self.policy)
             own = wid in self.reservations
             if memo in failed and not own:
                 continue
@@ -466,143 +439,159 @@ class Scheduler:
             return self._cycle(now)
 
     def _cycle(self, now: float) -> list[Decision]:
-        out: list[Decision] = []
+        # 1. usage, grants and standings of every account; last cycle's plans forgotten
+        cyc = self._begin_cycle(now)
+        # 2. drain: unhealthy nodes get nothing new, their unprotected work leaves
+        drain_nodes(now, cyc.out, self.unhealthy, self.drained, self.cluster, self.running,
+                    self._preempt)
+        # 3. rank pending work
+        ranked = self._rank(cyc.st)
+        # 4. the running work that may be preempted
+        cyc.pool = victim_pool(self.running, now) if self.policy.preemption else {}
+        # 5. backed work in rank order: start it, preempt for it, or reserve for a gang
+        self._backed_pass(cyc, ranked)
+        # 6. unbacked work on idle capacity, and work that may fit again after a preemption
+        self._idle_pass(cyc)
+        return cyc.out
+
+    def _begin_cycle(self, now: float) -> CycleState:
+        """A new cycle's state: predictions, reservations and the short lane's GPUs made
+        afresh, every account standing where its usage puts it now."""
         self.predictor.new_cycle()
         st = self._standings(now)
         self.cluster.clear_reservations()
         self.lane.hold(self.cluster, self.policy, self.history, now)
         self.reservations.clear()
         self.ends.changed()
-        self._no_plan = {}
-        self._overdue = None
-        drain_nodes(now, out, self.unhealthy, self.drained, self.cluster, self.running,
-                    self._preempt)
+        return CycleState(now, st)
 
+    def _rank(self, st: Standings) -> list[tuple[float, Workload]]:
+        """Pending work of known projects in rank order (ranking.py), which becomes the
+        queue's order; work of unknown projects stays queued, last, and never starts."""
         ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
         unranked = [w for w in self.pending.values() if not self.accounts.is_project(w.project)]
         self.waiting.rerank(ranked, unranked)
+        return ranked
 
-        eligible_pool = self._victim_pool(now) if self.policy.preemption else {}
-        res_times: list[float] = []
-        failed: set[tuple[object, ...]] = set()
-        preempt_failed: dict[tuple[object, ...], tuple[float, ...]] = {}
-        pending, paths = self.pending, st.path_standing
-        # unbacked work, and work that cannot start in this pass; with the memo generation at
-        # which its shape was known not to fit (-1: not known)
-        later: list[tuple[Workload, int]] = []
-        self._memo_gen = 0
+    def _backed_pass(self, cyc: CycleState, ranked: list[tuple[float, Workload]]) -> None:
+        """Consider backed work in rank order (:meth:`_consider`); unbacked work, and work
+        that does not start, is left for :meth:`_idle_pass`."""
+        now, pending, paths = cyc.now, self.pending, cyc.st.path_standing
         for _, w in ranked:
             if w.id not in pending:
                 continue
             req = w.request
             end = now + self.predict_long(w)
-            if self._memo(w, end, res_times) in failed \
+            if memo_key(w, end, cyc.res_times, self.policy) in cyc.failed \
                     and not (req.kind == "gpu" and req.gpus >= 2
                              and len(self.reservations) < self.policy.max_reservations):
                 # its shape no longer fits; skip the backing check unless preemption may help
-                worst = preempt_failed.get(req.shape)
-                if not eligible_pool or (worst is not None and paths[w.project] >= worst):
-                    later.append((w, self._memo_gen))
+                worst = cyc.preempt_failed.get(req.shape)
+                if not cyc.pool or (worst is not None and paths[w.project] >= worst):
+                    cyc.later.append((w, cyc.memo_gen))
                     continue
             if not self.is_backed(w, now):
-                later.append((w, -1))
+                cyc.later.append((w, -1))
                 continue
             if self.lane.held and req.kind == "gpu" and req.gpus > self.lane.room:
                 with self.lane.lifted():  # a gang that needs the kept GPUs to fit at all
-                    self._consider(w, True, now, res_times, failed, preempt_failed,
-                                   eligible_pool, out)
+                    self._consider(cyc, w)
             else:
-                self._consider(w, True, now, res_times, failed, preempt_failed, eligible_pool,
-                               out)
+                self._consider(cyc, w)
             if w.id in pending:  # may fit what a preemption for work ranked after it frees
-                later.append((w, self._memo_gen))
-        # then unbacked work on whatever is idle (it never preempts), and anything whose shape
-        # may fit again after a preemption or reservation reset the memo
-        gen = self._memo_gen
-        for w, known_gen in later:
+                cyc.later.append((w, cyc.memo_gen))
+
+    def _idle_pass(self, cyc: CycleState) -> None:
+        """Unbacked work on whatever is idle (it never preempts), and anything whose shape
+        may fit again since a preemption or reservation reset the memo."""
+        now, pending, gen = cyc.now, self.pending, cyc.memo_gen
+        for w, known_gen in cyc.later:
             if known_gen == gen or w.id not in pending:
                 continue
             end = now + self.predict_long(w)
-            memo = self._memo(w, end, res_times)
-            if memo in failed:
+            memo = memo_key(w, end, cyc.res_times, self.policy)
+            if memo in cyc.failed:
                 continue
             p = self._place(w, end, now)
             if p is None:
-                failed.add(memo)
+                cyc.failed.add(memo)
                 continue
             if w.id in self.reservations:  # it starts now instead: its reservation is moot
-                out[:] = [d for d in out if not (isinstance(d, Reserve) and d.workload == w.id)]
-            self._start(w, p, self.is_backed(w, now), now, out)
-        return out
+                cyc.drop_reserve(w.id)
+            self._start(w, p, self.is_backed(w, now), now, cyc.out)
 
-    def _consider(self, w: Workload, backed: bool, now: float, res_times: list[float],
-                  failed: set[tuple[object, ...]],
-                  preempt_failed: dict[tuple[object, ...], tuple[float, ...]],
-                  pool: dict[str, Workload], out: list[Decision]) -> None:
+    def _consider(self, cyc: CycleState, w: Workload) -> None:
+        """Backed ``w``: start it where it fits; else reclaim overdue backfill for a gang,
+        or preempt for it (by standing, or for the short lane); else reserve for a gang."""
+        now, failed = cyc.now, cyc.failed
         end = now + self.predict_long(w)
-        shape = w.request.shape
-        memo = self._memo(w, end, res_times)
+        memo = memo_key(w, end, cyc.res_times, self.policy)
         if memo not in failed or w.id in self.reservations:
             p = self._place(w, end, now)
             if p is not None:
-                self._start(w, p, backed, now, out)
+                self._start(w, p, True, now, cyc.out)
                 return
             failed.add(memo)
-        if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
-                and self._reclaim_backfill(w, end, now, out)):
-            failed.clear()
-            self._memo_gen += 1
+        gang = w.request.kind == "gpu" and w.request.gpus >= 2
+        if self.policy.backfill and gang and self._reclaim_backfill(cyc, w, end):
+            cyc.capacity_changed()
             return
-        st = self._st
-        assert st is not None
-        if backed and pool and self.policy.preemption and w.project in st.path_standing:
-            mine = st.path_standing[w.project]
-            worst = preempt_failed.get(shape)
-            overdue = self._overdue_gang(w, now)
-            if overdue or worst is None or mine < worst:
-                if try_preempt(
-                        w, end, now, pool, st, out, overdue,
-                        gain_horizon=min(self.gain_horizon(w), self.next_free(w.request, now)),
-                        running=self.running, cluster=self.cluster, policy=self.policy,
-                        accounts=self.accounts, grants=self.grants(),
-                        committed=self._committed, first_planned=self.first_planned,
-                        take=self._take):
-                    failed.clear()
-                    self._memo_gen += 1
-                    return
-                preempt_failed[shape] = mine if worst is None else min(worst, mine)
-            if (self.policy.short_lane_cost > 0 and self.short(w)
-                    and lane_preempt(w, end, now, pool, self.running, self.cluster,
-                                     self.policy, self._st, self._take, out)):
-                failed.clear()
-                self._memo_gen += 1
-                return
-        if (backed and self.policy.backfill and w.request.kind == "gpu" and w.request.gpus >= 2
+        if (cyc.pool and self.policy.preemption and w.project in cyc.st.path_standing
+                and self._preempt_for(cyc, w, end)):
+            cyc.capacity_changed()
+            return
+        if (self.policy.backfill and gang
                 and len(self.reservations) < self.policy.max_reservations):
-            req = w.request
-            no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib,
-                       req.interconnect)
-            if self._no_plan.get(no_plan, INF) <= req.gpus:
-                return  # a gang this large or smaller found no reservation in this cycle
-            plan = plan_reservation(self.cluster, req, now, self.ends.reserving(self.running, now))
-            if plan is None:
-                self._no_plan[no_plan] = min(self._no_plan.get(no_plan, INF), req.gpus)
-            if plan is not None:
-                at, placement = plan
-                self.cluster.reserve(placement, at)
-                self.reservations[w.id] = (at, placement)
-                self.first_planned.setdefault(w.id, at)
-                bisect.insort(res_times, at)
-                failed.clear()  # memo keys depend on reservation times
-                self._memo_gen += 1
-                out.append(Reserve(w.id, at, placement))
-                if (self.policy.finish_drain_ratio > 0 and pool
-                        and finish_drain(w, at, placement, end, now, pool, res_times, out,
-                                         cluster=self.cluster, policy=self.policy, st=self._st,
-                                         reservations=self.reservations, losses=self.loss,
-                                         take=self._take)):
-                    failed.clear()
-                    self._memo_gen += 1
+            self._reserve(cyc, w, end)
+
+    def _preempt_for(self, cyc: CycleState, w: Workload, end: float) -> bool:
+        """Preempt so that ``w`` starts now (preemption_search.try_preempt) unless work of
+        its shape standing no higher found nothing in this cycle; else, for short-lane work,
+        take a batch job's GPU cheaply (lane.lane_preempt). True if ``w`` started (or holds
+        a reservation on what stops)."""
+        now, st, shape = cyc.now, cyc.st, w.request.shape
+        mine = st.path_standing[w.project]
+        worst = cyc.preempt_failed.get(shape)
+        overdue = self._overdue_gang(w, now)
+        if overdue or worst is None or mine < worst:
+            if try_preempt(
+                    w, end, now, cyc.pool, st, cyc.out, overdue,
+                    gain_horizon=min(self.gain_horizon(w), self.next_free(w.request, now)),
+                    running=self.running, cluster=self.cluster, policy=self.policy,
+                    accounts=self.accounts, grants=self.grants(),
+                    committed=self._committed, first_planned=self.first_planned,
+                    take=self._take):
+                return True
+            cyc.preempt_failed[shape] = mine if worst is None else min(worst, mine)
+        return (self.policy.short_lane_cost > 0 and self.short(w)
+                and lane_preempt(w, end, now, cyc.pool, self.running, self.cluster,
+                                 self.policy, st, self._take, cyc.out))
+
+    def _reserve(self, cyc: CycleState, w: Workload, end: float) -> None:
+        """Reserve for gang ``w`` the GPUs running work is predicted to free first
+        (backfill.plan_reservation); then, with ``Policy.finish_drain_ratio``, perhaps
+        preempt their last stragglers and start it now (drains.finish_drain)."""
+        now, req = cyc.now, w.request
+        no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib,
+                   req.interconnect)
+        if cyc.no_plan.get(no_plan, INF) <= req.gpus:
+            return  # a gang this large or smaller found no reservation in this cycle
+        plan = plan_reservation(self.cluster, req, now, self.ends.reserving(self.running, now))
+        if plan is None:
+            cyc.no_plan[no_plan] = min(cyc.no_plan.get(no_plan, INF), req.gpus)
+            return
+        at, placement = plan
+        self.cluster.reserve(placement, at)
+        self.reservations[w.id] = (at, placement)
+        self.first_planned.setdefault(w.id, at)
+        cyc.reserved(at)
+        cyc.out.append(Reserve(w.id, at, placement))
+        if (self.policy.finish_drain_ratio > 0 and cyc.pool
+                and finish_drain(w, at, placement, end, now, cyc.pool, cyc.res_times, cyc.out,
+                                 cluster=self.cluster, policy=self.policy, st=cyc.st,
+                                 reservations=self.reservations, losses=self.loss,
+                                 take=self._take)):
+            cyc.capacity_changed()
 
     def _overdue_gang(self, w: Workload, now: float) -> bool:
         """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first
@@ -611,14 +600,13 @@ class Scheduler:
         first = self.first_planned.get(w.id)
         return after > 0 and first is not None and now >= first + after
 
-    def _reclaim_backfill(self, w: Workload, end: float, now: float, out: list[Decision]
-                          ) -> bool:
+    def _reclaim_backfill(self, cyc: CycleState, w: Workload, end: float) -> bool:
         """Preempt backfill that outstayed a reservation for gang ``w``
         (:func:`preemption_search.reclaim_backfill`); True if ``w`` started."""
-        if self._overdue is None or self._overdue[0] != now:  # once per cycle
-            self._overdue = (now, overdue_backfill(self.running, now))
-        return reclaim_backfill(w, end, now, self._overdue[1], self.running, self.cluster,
-                                self.policy, self._st, self._take, out)
+        if cyc.overdue is None:  # once per cycle
+            cyc.overdue = overdue_backfill(self.running, cyc.now)
+        return reclaim_backfill(w, end, cyc.now, cyc.overdue, self.running, self.cluster,
+                                self.policy, cyc.st, self._take, cyc.out)
 
     def _take(self, w: Workload, victims: list[Workload], end: float, now: float,
               out: list[Decision], pool: dict[str, Workload] | None,
@@ -645,12 +633,6 @@ class Scheduler:
         self.cluster.reserve(p, at)
         self.reservations[w.id] = (at, p)
         out.append(Reserve(w.id, at, p))
-
-    def _victim_pool(self, now: float) -> dict[str, Workload]:
-        """Running work whose slice may be freed for others: unprotected, or already
-        stopping."""
-        return {wid: w for wid, w in self.running.items()
-                if w.stopping or not w.is_protected(now)}
 
 
 

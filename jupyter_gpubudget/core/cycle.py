@@ -9,6 +9,7 @@ or reservations move (:meth:`CycleState.capacity_changed`), which makes a deep q
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .backfill import leasable
@@ -25,6 +26,15 @@ def memo_key(w: Workload, end: float, res_times: list[float], policy: Policy) ->
     GPUs."""
     return (w.request.shape, bisect.bisect_left(res_times, end) if res_times else 0,
             policy.backfill_lease > 0 and leasable(w, policy))
+
+
+def overdue_gang(w: Workload, now: float, policy: Policy, first_planned: Mapping[str, float]
+                 ) -> bool:
+    """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first
+    reservation planned for it (``first_planned``)?"""
+    after = policy.gang_overdue_after
+    first = first_planned.get(w.id)
+    return after > 0 and first is not None and now >= first + after
 
 
 @dataclass(slots=True)

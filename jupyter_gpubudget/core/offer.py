@@ -23,6 +23,7 @@ from .placement import gang_links, place
 from .preemption import choose_victims
 from .ranking import INF
 from .scheduler import ClusterState, Scheduler
+from .workqueue import with_interconnect
 
 MPS_SHARES = (250, 500)
 QUOTE_ID = "quote:would-be-session"
@@ -220,7 +221,7 @@ class Quoter:
                      kind="interactive", min_runtime=min_runtime, stops_at_once=False)
         links = None  # the interconnect a gang waits for, when that is what keeps it
         with self._lock:
-            w = s._with_interconnect(w)
+            w = with_interconnect(w, s.policy)
             req = w.request
             backed = s.is_backed(w, now)
             end = now + s.predict(w)

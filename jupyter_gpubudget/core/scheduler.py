@@ -28,15 +28,15 @@ from dataclasses import replace
 from . import fragmentation
 from .accounts import AccountTree
 from .backfill import leasable, place_reserved, plan_reservation
+from .backing import Backing
 from .capacity import Cluster, Gpu
-from .cycle import CycleState, memo_key
+from .cycle import CycleState, memo_key, overdue_gang
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
 from .drains import LossBudget, drain_nodes, finish_drain
 from .inventory import Inventory
 from .lane import ShortLane, lane_preempt
 from .model import (
     HOUR,
-    MILLI,
     Decision,
     Placement,
     Policy,
@@ -46,23 +46,28 @@ from .model import (
     SliceRequest,
     Start,
     Workload,
-    request_milli,
 )
 from .placement import place
 from .predict import Predictor, RunningEnds, next_free
 from .preemption import place_without, preemption_cost
 from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt, victim_pool
-from .ranking import INF, Standings, compute_standings, rank
+from .ranking import INF, Standings, rank
 from .state import ClusterState as ClusterState
 from .state import load_running, new_cluster, paused_gc
 from .usage import UsageMeter
-from .workqueue import WorkQueue
+from .workqueue import WorkQueue, with_interconnect
 
 
 class Scheduler:
+    """The capacity model, the queue, the usage meter and the running work of one cluster,
+    in memory, with the decisions of a full cycle (:meth:`cycle`) or of one arrival or
+    departure (:meth:`submit`, :meth:`finish`, :meth:`cancel`) applied to them as they are
+    made. Each duty is a collaborator of its own: the queue (``waiting``), predictions
+    (``predictor``, ``ends``), standings and backing (``backing``), the short lane
+    (``lane``) and the loss budget (``loss``)."""
+
     def __init__(self, accounts: AccountTree, inventory: Inventory, policy: Policy | None = None,
                  history: RuntimeHistory | None = None, unhealthy: Iterable[str] = ()) -> None:
-        self.accounts = accounts
         self.inventory = inventory
         self.policy = policy or Policy()
         self.history = history if history is not None else RuntimeHistory()
@@ -79,18 +84,39 @@ class Scheduler:
         self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
         self.predictor = Predictor(self.history, self.policy,
                                    max((len(n.gpus) for n in inventory.nodes), default=0))
+        self.predict = self.predictor.predict
+        self.predict_long = self.predictor.predict_long
+        self.short = self.predictor.short
+        self.demand = self.predictor.demand
+        self.waits_for_nodes = self.predictor.waits_for_nodes
+        self.gain_horizon = self.predictor.gain_horizon
         # within one cycle: predicted ends of running work (sorted again when it changes)
         self.ends = RunningEnds(self.predictor, self.policy)
-        self._grants: dict[str, float] | None = None
-        self._st: Standings | None = None
-        self._committed: dict[str, float] = {}
-        self._grant_paths: dict[str, tuple[tuple[str, float], ...]] = {}
+        self.backing = Backing(accounts, self.capacity_gpu_hours, self.policy)
+        self.grants = self.backing.grants
         #: running workloads left out of the state because their placement is impossible
         #: (no placement, or a slice already held): (id, why), for the caller to report
         self.inconsistent: list[tuple[str, str]] = []
         self.lane = ShortLane()  # GPUs kept for the short lane (Policy.short_lane_hold)
         # what preemptions threw away in the trailing day (Policy.finish_drain_budget)
         self.loss = LossBudget(self.policy, inventory.gpu_count)
+        self.recent_loss = self.loss.recent  # GPU-hours thrown away in the trailing day
+        self.loss_budget = self.loss.budget  # ... and how many may be (0: no budget)
+
+    @property
+    def accounts(self) -> AccountTree:
+        """The account tree (changed by :meth:`set_accounts`)."""
+        return self.backing.accounts
+
+    @property
+    def _st(self) -> Standings | None:
+        """The standings of the last full cycle (None: none yet)."""
+        return self.backing.st
+
+    @property
+    def _committed(self) -> dict[str, float]:
+        """Per account, the GPU-hours the protected runs going on under it still hold."""
+        return self.backing.committed
 
     @property
     def pending(self) -> dict[str, Workload]:
@@ -115,15 +141,6 @@ class Scheduler:
         """(time, GPU-hours thrown away) of the preemptions in the trailing ``LOSS_WINDOW``,
         oldest first."""
         return self.loss.losses
-
-    def recent_loss(self, now: float) -> float:
-        """GPU-hours preemptions threw away in the trailing ``LOSS_WINDOW``."""
-        return self.loss.recent(now)
-
-    def loss_budget(self) -> float:
-        """GPU-hours preemptions may throw away in ``LOSS_WINDOW`` before no drain is
-        finished (0: no budget)."""
-        return self.loss.budget()
 
     @property
     def _lane_held(self) -> list[Gpu]:
@@ -161,51 +178,13 @@ class Scheduler:
         return s
 
     # ================================================================= figures
-    def grants(self) -> dict[str, float]:
-        if self._grants is None:
-            self._grants = self.accounts.effective_grants(self.capacity_gpu_hours)
-        return self._grants
-
     def usage_hours(self, now: float) -> dict[str, float]:
         """GPU-hours in the window per account (projects and their ancestors)."""
         return self._standings(now).usage
 
     def _standings(self, now: float) -> Standings:
-        st = compute_standings(self.accounts, self.meter.usage(now), self.grants())
-        self._st = st
-        committed: dict[str, float] = {}
-        for w in self.running.values():
-            if w.backed and w.protected_until and w.protected_until > now and w.placement:
-                left = w.placement.fraction * (w.protected_until - now) / HOUR
-                if w.project in self.accounts:
-                    for a in self.accounts.path(w.project):
-                        committed[a] = committed.get(a, 0.0) + left
-        self._committed = committed
-        return st
-
-    def predict(self, w: Workload) -> float:
-        """Predicted run time of ``w`` (seconds; :meth:`Predictor.predict`)."""
-        return self.predictor.predict(w)
-
-    def predict_long(self, w: Workload) -> float:
-        """A cautious prediction of ``w``'s run time (:meth:`Predictor.predict_long`)."""
-        return self.predictor.predict_long(w)
-
-    def short(self, w: Workload) -> bool:
-        """Does ``w`` go in the short lane (:meth:`Predictor.short`)?"""
-        return self.predictor.short(w)
-
-    def demand(self, w: Workload) -> float:
-        """Expected GPU-hours of pending ``w`` (:meth:`Predictor.demand`)."""
-        return self.predictor.demand(w)
-
-    def waits_for_nodes(self, w: Workload) -> bool:
-        """Is ``w`` a gang of whole nodes (:meth:`Predictor.waits_for_nodes`)?"""
-        return self.predictor.waits_for_nodes(w)
-
-    def gain_horizon(self, w: Workload) -> float:
-        """Seconds of the run a preemption buys ``w`` (:meth:`Predictor.gain_horizon`)."""
-        return self.predictor.gain_horizon(w)
+        """Where every account stands now (:meth:`Backing.stand`)."""
+        return self.backing.stand(self.meter.usage(now), self.running.values(), now)
 
     def next_free(self, req: SliceRequest, now: float) -> float:
         """Seconds until running work is predicted to free capacity ``req`` needs
@@ -214,42 +193,18 @@ class Scheduler:
 
     def is_backed(self, w: Workload, now: float) -> bool:
         """Does the project's grant (and every ancestor's) cover its window usage, the protected
-        time already promised, and this workload's protected demand?"""
-        path = self._grant_paths.get(w.project)
-        if path is None:
-            if not self.accounts.is_project(w.project):
-                return False
-            grants = self.grants()
-            path = tuple((a, grants.get(a, 0.0)) for a in self.accounts.path(w.project))
-            self._grant_paths[w.project] = path
-        st = self._st if self._st is not None else self._standings(now)
-        need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
-        usage, committed = st.usage, self._committed
-        for a, g in path:
-            if g <= 0 or usage[a] + committed.get(a, 0.0) + need > g + 1e-9:
-                return False
-        return True
+        time already promised, and this workload's protected demand (:meth:`Backing.backs`)?"""
+        return self.backing.backs(w, lambda: self._standings(now))
 
     def queue(self) -> list[str]:
         """Pending workload ids in the order they will be considered."""
         return self.waiting.ids()
 
     # ================================================================= queue
-    def _with_interconnect(self, w: Workload) -> Workload:
-        """``w`` with its gang's interconnect the policy's default for its kind when it
-        declared none (``Policy.interconnect``; otherwise placement uses the inventory's)."""
-        req = w.request
-        if req.kind != "gpu" or req.gpus < 2 or req.interconnect is not None:
-            return w
-        level = self.policy.interconnect_for(w.kind)
-        if level is None:
-            return w
-        return replace(w, request=replace(req, interconnect=level))
-
     def _enqueue(self, w: Workload, key: float | None = None, bulk: bool = False) -> Workload:
         if w.id in self.pending or w.id in self.running:
             raise ValueError(f"workload {w.id} is already known")
-        w = self._with_interconnect(w)
+        w = with_interconnect(w, self.policy)
         self.waiting.add(w)
         if key is None:
             key = self.waiting.arrival_key(w, self.accounts, self.grants(), self._st,
@@ -266,17 +221,12 @@ class Scheduler:
                 self.cluster.by_name[sl.node].gpus[sl.gpu].reserved_at = float("inf")
         return w
 
-    def leasable(self, w: Workload) -> bool:
-        """May ``w`` borrow GPUs reserved for a gang past the gang's start
-        (:func:`backfill.leasable`)?"""
-        return leasable(w, self.policy)
-
     def _place(self, w: Workload, end: float, now: float | None = None) -> Placement | None:
         """Place ``w``; a workload may always use the GPUs reserved for itself. Given
-        ``now``, leasable work (:meth:`leasable`) that fits nowhere else may take GPUs a gang
+        ``now``, leasable work (:func:`backfill.leasable`) that fits nowhere else may take GPUs a gang
         has reserved from ``now + policy.backfill_lease`` (or its protection's end) on or later."""
         p = place_reserved(self.cluster, self.reservations, w, end)
-        if p is None and now is not None and self.reservations and self.leasable(w):
+        if p is None and now is not None and self.reservations and leasable(w, self.policy):
             # at least the lease, and never due before its protection ends (semantics 2)
             due = now + max(self.policy.backfill_lease, self.policy.effective_min_runtime(w))
             if end > due:
@@ -304,10 +254,8 @@ class Scheduler:
         self.running[w.id] = started
         self.ends.changed()
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
-        if backed and protected is not None and w.project in self.accounts:
-            promised = placement.fraction * (protected - now) / HOUR
-            for a in self.accounts.path(w.project):
-                self._committed[a] = self._committed.get(a, 0.0) + promised
+        if backed and protected is not None:
+            self.backing.promise(w, placement, protected, now)
         out.append(Start(w.id, placement, backed, protected, backfill_until))
 
     def _stop(self, wid: str, now: float) -> Workload:
@@ -316,10 +264,7 @@ class Scheduler:
         self.cluster.release(wid)
         self.meter.close(wid, now)
         self.predictor.forget(wid)
-        if w.backed and w.protected_until and w.protected_until > now and w.placement:
-            left = w.placement.fraction * (w.protected_until - now) / HOUR
-            for a in self.accounts.path(w.project) if w.project in self.accounts else ():
-                self._committed[a] = max(0.0, self._committed.get(a, 0.0) - left)
+        self.backing.release(w, now)
         return w
 
     def _preempt(self, v: Workload, now: float, reason: str, for_wid: str | None,
@@ -428,10 +373,7 @@ class Scheduler:
 
     def set_accounts(self, accounts: AccountTree) -> None:
         """A budget change: new grants apply from the next cycle."""
-        self.accounts = accounts
-        self._grants = None
-        self._grant_paths = {}
-        self._st = None
+        self.backing.set_accounts(accounts)
 
     # ================================================================= full cycle
     def cycle(self, now: float) -> list[Decision]:
@@ -552,7 +494,7 @@ class Scheduler:
         now, st, shape = cyc.now, cyc.st, w.request.shape
         mine = st.path_standing[w.project]
         worst = cyc.preempt_failed.get(shape)
-        overdue = self._overdue_gang(w, now)
+        overdue = overdue_gang(w, now, self.policy, self.first_planned)
         if overdue or worst is None or mine < worst:
             if try_preempt(
                     w, end, now, cyc.pool, st, cyc.out, overdue,
@@ -592,13 +534,6 @@ class Scheduler:
                                  reservations=self.reservations, losses=self.loss,
                                  take=self._take)):
             cyc.capacity_changed()
-
-    def _overdue_gang(self, w: Workload, now: float) -> bool:
-        """Has gang ``w`` waited ``policy.gang_overdue_after`` past the start its first
-        reservation planned for it?"""
-        after = self.policy.gang_overdue_after
-        first = self.first_planned.get(w.id)
-        return after > 0 and first is not None and now >= first + after
 
     def _reclaim_backfill(self, cyc: CycleState, w: Workload, end: float) -> bool:
         """Preempt backfill that outstayed a reservation for gang ``w``

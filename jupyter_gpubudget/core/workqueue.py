@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from .accounts import AccountTree
-from .model import Workload
+from .model import Policy, Workload
 from .ranking import INF, LANE_OFFSET, Standings
 
 Shape = tuple[object, ...]
+
+
+def with_interconnect(w: Workload, policy: Policy) -> Workload:
+    """``w`` with its gang's interconnect the policy's default for its kind when it
+    declared none (``Policy.interconnect``; otherwise placement uses the inventory's)."""
+    req = w.request
+    if req.kind != "gpu" or req.gpus < 2 or req.interconnect is not None:
+        return w
+    level = policy.interconnect_for(w.kind)
+    if level is None:
+        return w
+    return replace(w, request=replace(req, interconnect=level))
 
 
 class WorkQueue:

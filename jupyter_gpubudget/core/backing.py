@@ -1,0 +1,95 @@
+"""Where every account stands, and whether a project's grant backs more work (docs/core.md
+semantics 3 and 4).
+
+:class:`Backing` keeps, between cycles, the grants the account tree gives out of the
+cluster's GPU-hours, the standings of the last full cycle, and the GPU-hours promised to
+protected runs still going (a protected run's rest is spoken for: a grant that has promised
+it cannot back more work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from .accounts import AccountTree
+from .model import HOUR, MILLI, Placement, Policy, Workload, request_milli
+from .ranking import Standings, compute_standings
+
+
+class Backing:
+    """Grants, standings and promised protected GPU-hours of one scheduler's accounts."""
+
+    def __init__(self, accounts: AccountTree, capacity_gpu_hours: float, policy: Policy) -> None:
+        self.accounts = accounts
+        self.capacity_gpu_hours = capacity_gpu_hours
+        self.policy = policy
+        self._grants: dict[str, float] | None = None
+        # per project, (account, grant) from the top of the tree down to it
+        self.paths: dict[str, tuple[tuple[str, float], ...]] = {}
+        self.st: Standings | None = None  # as of the last full cycle (None: none yet)
+        # per account, the GPU-hours the protected runs going on under it still hold
+        self.committed: dict[str, float] = {}
+
+    def set_accounts(self, accounts: AccountTree) -> None:
+        """A budget change: grants and standings are worked out afresh."""
+        self.accounts = accounts
+        self._grants = None
+        self.paths = {}
+        self.st = None
+
+    def grants(self) -> dict[str, float]:
+        """GPU-hours per window of every account."""
+        if self._grants is None:
+            self._grants = self.accounts.effective_grants(self.capacity_gpu_hours)
+        return self._grants
+
+    def stand(self, usage: Mapping[str, float], running: Iterable[Workload],
+              now: float) -> Standings:
+        """Standings from ``usage`` (GPU-hours in the window per project), and the hours the
+        ``running`` work's protected runs still hold at ``now``."""
+        st = compute_standings(self.accounts, usage, self.grants())
+        self.st = st
+        committed: dict[str, float] = {}
+        for w in running:
+            if w.backed and w.protected_until and w.protected_until > now and w.placement:
+                left = w.placement.fraction * (w.protected_until - now) / HOUR
+                if w.project in self.accounts:
+                    for a in self.accounts.path(w.project):
+                        committed[a] = committed.get(a, 0.0) + left
+        self.committed = committed
+        return st
+
+    def backs(self, w: Workload, standings: Callable[[], Standings]) -> bool:
+        """Does the project's grant (and every ancestor's) cover its window usage, the
+        protected time already promised, and this workload's protected demand? Without
+        standings yet, ``standings()`` works them out."""
+        path = self.paths.get(w.project)
+        if path is None:
+            if not self.accounts.is_project(w.project):
+                return False
+            grants = self.grants()
+            path = tuple((a, grants.get(a, 0.0)) for a in self.accounts.path(w.project))
+            self.paths[w.project] = path
+        st = self.st if self.st is not None else standings()
+        need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
+        usage, committed = st.usage, self.committed
+        for a, g in path:
+            if g <= 0 or usage[a] + committed.get(a, 0.0) + need > g + 1e-9:
+                return False
+        return True
+
+    def promise(self, w: Workload, placement: Placement, protected: float, now: float) -> None:
+        """``w`` started on ``placement``, protected until ``protected``: its project's grant
+        (and every ancestor's) has promised that much more."""
+        if w.project in self.accounts:
+            promised = placement.fraction * (protected - now) / HOUR
+            for a in self.accounts.path(w.project):
+                self.committed[a] = self.committed.get(a, 0.0) + promised
+
+    def release(self, w: Workload, now: float) -> None:
+        """Running ``w`` stopped at ``now``: what is left of its protected run is no longer
+        promised."""
+        if w.backed and w.protected_until and w.protected_until > now and w.placement:
+            left = w.placement.fraction * (w.protected_until - now) / HOUR
+            for a in self.accounts.path(w.project) if w.project in self.accounts else ():
+                self.committed[a] = max(0.0, self.committed.get(a, 0.0) - left)

@@ -31,6 +31,7 @@ from .models import (
     DeviceClaimRow,
     GrantRow,
     IdempotencyRow,
+    LeaderRow,
     ServiceStateRow,
     UsageRollupRow,
     WorkloadRow,
@@ -261,14 +262,20 @@ class Ledger:
         raise LedgerError(409, f"idempotency key {key!r} is contended")
 
     # ------------------------------------------------------------ accounts and grants
-    def sync_budgets(self, budgets: Any, now: float, source: str = "budgets.yaml") -> list[str]:
+    def sync_budgets(self, budgets: Any, now: float, source: str = "budgets.yaml",
+                     copy: tuple[str, str, str] | None = None) -> list[str]:
         """Mirror the budgets file's tree; record a grant version when the file's grant changed.
 
         Grants changed through the API stay in force until the file itself changes that
-        account's grant. Returns the accounts whose grant got a new version."""
+        account's grant. Returns the accounts whose grant got a new version. ``copy``
+        (digest, source, text): the file the service replicas agree on, kept with the lease
+        in the same transaction (``service/budgets_copy.py``)."""
         tree = budgets.accounts
         changed: list[str] = []
         with self.tx() as s:
+            if copy is not None:
+                s.execute(update(LeaderRow).where(LeaderRow.id == 1).values(
+                    budgets_digest=copy[0], budgets_source=copy[1], budgets_text=copy[2]))
             for name, a in tree.accounts.items():
                 row = s.get(AccountRow, name)
                 if row is None:

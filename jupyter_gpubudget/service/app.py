@@ -41,6 +41,7 @@ from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_decla
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow
 
+from . import budgets_copy
 from .base import LEDGER_DOWN, ApiError
 from .handlers import routes
 from .health import (
@@ -314,6 +315,11 @@ class GpuBudgetService(Application):
                              "are timed by the leader's clock, the lease by the database's: "
                              "a replica further off (measured at every lease renewal) does "
                              "not lead, and says why in its log and /healthz.").tag(config=True)
+    budgets_from_ledger = Bool(False, help="PostgreSQL ledger: replicas agree on one budgets "
+                               "file, whose copy the ledger keeps with the lease. A replica "
+                               "started with another file (another digest) refuses to start; "
+                               "with this set, it follows the ledger's copy instead (its own "
+                               "file is ignored, and logged as such).").tag(config=True)
 
     classes = [LocalBackend, NvmlHealthSource, CommandHealthSource]
     aliases = {"config": "GpuBudgetService.config_file", "db": "GpuBudgetService.db_url",
@@ -355,6 +361,9 @@ class GpuBudgetService(Application):
             self.load_config_file(self.config_file)
         os.umask(int(self.umask, 8))
         self.budgets = self._load_budgets()
+        #: the digest of the budgets in force: the file's, or the ledger's copy this replica
+        #: follows (``service/budgets_copy.py``)
+        self.budgets_digest = budgets_copy.digest(self._budgets_bytes)
         self._budgets_mtime = self._mtime()
         if self.clusters:  # several clusters: one backend each, one merged inventory
             from .clusters import build
@@ -406,8 +415,9 @@ class GpuBudgetService(Application):
                                max_clock_offset=self.max_clock_offset)
             self.ledger.fence = self.lease.check
             self.lease.tick()  # the first replica up leads from the start
+            self._agree_on_budgets()
         if self.lease is None or self.lease.is_leader:
-            self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name)
+            self._sync_budgets()
         self.loop = self._new_loop()
         self.registry, self.cycle_hist, self.wait_hist = make_registry(self)
         self.health_monitor = HealthMonitor(
@@ -495,20 +505,92 @@ class GpuBudgetService(Application):
             return 0.0
 
     def _load_budgets(self) -> Budgets:
-        return load_budgets(Path(self.budgets_file).read_bytes(), self.budgets_file)
+        data = Path(self.budgets_file).read_bytes()
+        budgets = load_budgets(data, self.budgets_file)
+        self._budgets_bytes = data  # this replica's file, as last read
+        return budgets
+
+    def _budgets_source(self) -> str:
+        holder = self.lease.holder if self.lease is not None else ""
+        return f"{Path(self.budgets_file).absolute()} on replica {holder}"
+
+    def _sync_budgets(self) -> None:
+        """Mirror this replica's file into the ledger (it leads); with replicas, its copy
+        goes with the lease in the same transaction."""
+        copy = None
+        if self.lease is not None:
+            copy = (budgets_copy.digest(self._budgets_bytes), self._budgets_source(),
+                    self._budgets_bytes.decode())
+            self.budgets_digest = copy[0]
+        self.ledger.sync_budgets(self.budgets, self.clock(), Path(self.budgets_file).name,
+                                 copy=copy)
+
+    def _follow_copy(self, copy: budgets_copy.Copy) -> None:
+        """Authorise and schedule by the ledger's copy of the budgets file."""
+        if copy.digest != self.budgets_digest:
+            self.budgets = load_budgets(copy.text, f"the ledger's copy of {copy.source}")
+            self.budgets_digest = copy.digest
+
+    def _agree_on_budgets(self) -> None:
+        """At start, with replicas: a leader's file is the one they agree on (it writes it);
+        a standby with another file than the ledger's copy refuses to start, or follows the
+        copy with ``budgets_from_ledger``."""
+        assert self.lease is not None
+        copy = budgets_copy.read(self.ledger)
+        mine = budgets_copy.digest(self._budgets_bytes)
+        if copy is None or copy.digest == mine:
+            return
+        if self.lease.is_leader:
+            self.log.warning("budgets file %s (sha256 %s) replaces the ledger's copy: %s "
+                             "(sha256 %s)", self.budgets_file, mine, copy.source, copy.digest)
+            return
+        message = budgets_copy.disagree_message(str(Path(self.budgets_file).absolute()),
+                                                mine, copy)
+        if not self.budgets_from_ledger:
+            raise budgets_copy.BudgetsDisagree(message)
+        self.log.warning("%s: following the ledger's copy (budgets_from_ledger)",
+                         message.split(". Give")[0])
+        self._follow_copy(copy)
+
+    def _take_over_budgets(self) -> None:
+        """Taking over: the ledger's copy stays what every replica agreed on. Only when it
+        is this replica's own file (or there is none) is the file mirrored — which rewrites
+        nothing an admin set through the API."""
+        copy = budgets_copy.read(self.ledger)
+        mine = budgets_copy.digest(self._budgets_bytes)
+        if copy is not None and copy.digest != mine:
+            self.log.error("%s: leading with the ledger's copy; nothing of this replica's "
+                           "file is written", budgets_copy.disagree_message(
+                               str(Path(self.budgets_file).absolute()), mine, copy)
+                           .split(". Give")[0])
+            self._follow_copy(copy)
+            return
+        if self.budgets_digest != mine:  # it followed another copy, now its own file's
+            self.budgets = load_budgets(self._budgets_bytes, self.budgets_file)
+        self._sync_budgets()
+
+    def follow_budgets(self) -> None:
+        """A standby: the ledger's copy of the budgets file, as the leader last wrote it."""
+        copy = budgets_copy.read(self.ledger)
+        if copy is not None:
+            self._follow_copy(copy)
 
     def tree(self) -> AccountTree:
         """The budgets file's tree, re-read when the file changed (a bad edit is logged and
-        the previous tree stays in force)."""
+        the previous tree stays in force). With replicas, a standby's tree is the ledger's
+        copy (:meth:`follow_budgets`): its own file counts only once it leads."""
         m = self._mtime()
         if m != self._budgets_mtime:
             self._budgets_mtime = m
             try:
-                self.budgets = self._load_budgets()
-                if self.is_leader:  # (a standby's ledger is the leader's to write)
-                    self.ledger.sync_budgets(self.budgets, self.clock(),
-                                             Path(self.budgets_file).name)
-                self.log.info("reloaded %s", self.budgets_file)
+                budgets = self._load_budgets()
+                if self.lease is None or self.is_leader:
+                    self.budgets = budgets
+                    self.budgets_digest = budgets_copy.digest(self._budgets_bytes)
+                    if self.is_leader:  # (a standby's ledger is the leader's to write)
+                        self._sync_budgets()
+                self.log.info("reloaded %s%s", self.budgets_file, "" if self.is_leader else
+                              " (a standby: the ledger's copy stays in force)")
             except (OSError, BudgetError) as e:
                 self.log.error("budgets file not reloaded: %s", e)
             except NotLeader as e:  # it stepped down meanwhile: the new leader syncs it
@@ -741,8 +823,7 @@ class GpuBudgetService(Application):
             self.ledger.others_wrote()
             try:
                 await aloop.run_in_executor(self.worker, self.backend.fence, token)
-                await aloop.run_in_executor(None, self.ledger.sync_budgets, self.budgets,
-                                            self.clock(), Path(self.budgets_file).name)
+                await aloop.run_in_executor(None, self._take_over_budgets)
             except NotLeader:
                 return
             except Exception:  # noqa: BLE001 - the lease thread decides again
@@ -791,6 +872,7 @@ class GpuBudgetService(Application):
                 await self._lead()
             elif token is None:
                 try:
+                    await aloop.run_in_executor(self.worker, self.follow_budgets)
                     await aloop.run_in_executor(self.worker, self.loop.follow)
                 except Exception as e:  # noqa: BLE001 - the database may be away
                     self.log.info("standby: reading the ledger failed: %s", e)
@@ -803,7 +885,7 @@ def main(argv: list[str] | None = None) -> None:
     app = GpuBudgetService()
     try:
         app.initialize(argv)
-    except (BudgetError, OSError) as e:
+    except (BudgetError, OSError, budgets_copy.BudgetsDisagree) as e:
         print(f"gpubudget service: {e}", file=sys.stderr)
         sys.exit(2)
     app.start()

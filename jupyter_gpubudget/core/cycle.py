@@ -1,5 +1,8 @@
 """The state of one full scheduling cycle, passed from step to step (scheduler.py's
-``Scheduler._cycle``), with named transitions instead of ad-hoc resets.
+``Scheduler._cycle``), with named transitions instead of ad-hoc resets; and the steps for one
+blocked, backed workload that need no more than that state: reclaim overdue backfill
+(:func:`reclaim`), preempt for it (:func:`preempt_for`), reserve for a gang
+(:func:`reserve_gang`).
 
 The cycle remembers which request shapes it already found no room for (the "does not fit"
 memo, :func:`memo_key`): a shape that did not fit does not fit again until capacity is freed
@@ -9,12 +12,18 @@ or reservations move (:meth:`CycleState.capacity_changed`), which makes a deep q
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .backfill import leasable
-from .model import Decision, Policy, Reserve, Workload
-from .ranking import Standings
+from .accounts import AccountTree
+from .backfill import leasable, plan_reservation
+from .capacity import Cluster
+from .drains import LossBudget, finish_drain
+from .lane import lane_preempt
+from .model import Decision, Placement, Policy, Reserve, Workload
+from .preemption import Take
+from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
+from .ranking import INF, Standings
 
 Memo = tuple[object, ...]
 Shape = tuple[object, ...]
@@ -39,10 +48,20 @@ def overdue_gang(w: Workload, now: float, policy: Policy, first_planned: Mapping
 
 @dataclass(slots=True)
 class CycleState:
-    """One cycle's clock, standings and decisions, and what it has learnt on the way."""
+    """One cycle's clock, standings and decisions, what it has learnt on the way, and the
+    scheduler's parts its steps act on (the same objects all cycle long)."""
 
     now: float
     st: Standings
+    policy: Policy
+    cluster: Cluster
+    running: dict[str, Workload]
+    #: per gang, the time and placement reserved for it
+    reservations: dict[str, tuple[float, Placement]]
+    #: per waiting gang, the start its first reservation planned (Policy.gang_overdue_after)
+    first_planned: dict[str, float]
+    #: the scheduler's preemption of victims for a workload (preemption.Take)
+    take: Take
     out: list[Decision] = field(default_factory=list)
     #: running work that may be preempted in this cycle (empty: preemption is off)
     pool: dict[str, Workload] = field(default_factory=dict)
@@ -77,3 +96,64 @@ class CycleState:
     def drop_reserve(self, wid: str) -> None:
         """``wid`` starts now instead: its reservation in this cycle's decisions is moot."""
         self.out[:] = [d for d in self.out if not (isinstance(d, Reserve) and d.workload == wid)]
+
+
+def reclaim(cyc: CycleState, w: Workload, end: float) -> bool:
+    """Preempt backfill that outstayed a reservation for gang ``w``
+    (:func:`preemption_search.reclaim_backfill`); True if ``w`` started."""
+    if cyc.overdue is None:  # once per cycle
+        cyc.overdue = overdue_backfill(cyc.running, cyc.now)
+    return reclaim_backfill(w, end, cyc.now, cyc.overdue, cyc.running, cyc.cluster,
+                            cyc.policy, cyc.st, cyc.take, cyc.out)
+
+
+def preempt_for(cyc: CycleState, w: Workload, end: float, *,
+                gain_horizon: Callable[[], float], short: Callable[[Workload], bool],
+                accounts: AccountTree, grants: Mapping[str, float],
+                committed: Mapping[str, float]) -> bool:
+    """Preempt so that ``w`` starts now (:func:`preemption_search.try_preempt`; its
+    ``gain_horizon()``), unless work of its shape standing no higher found nothing in this
+    cycle; else, for short-lane work (``short``), take a batch job's GPU cheaply
+    (:func:`lane.lane_preempt`). True if ``w`` started (or holds a reservation on what
+    stops)."""
+    now, st, shape = cyc.now, cyc.st, w.request.shape
+    mine = st.path_standing[w.project]
+    worst = cyc.preempt_failed.get(shape)
+    overdue = overdue_gang(w, now, cyc.policy, cyc.first_planned)
+    if overdue or worst is None or mine < worst:
+        if try_preempt(w, end, now, cyc.pool, st, cyc.out, overdue,
+                       gain_horizon=gain_horizon(), running=cyc.running, cluster=cyc.cluster,
+                       policy=cyc.policy, accounts=accounts, grants=grants,
+                       committed=committed, first_planned=cyc.first_planned, take=cyc.take):
+            return True
+        cyc.preempt_failed[shape] = mine if worst is None else min(worst, mine)
+    return (cyc.policy.short_lane_cost > 0 and short(w)
+            and lane_preempt(w, end, now, cyc.pool, cyc.running, cyc.cluster, cyc.policy, st,
+                             cyc.take, cyc.out))
+
+
+def reserve_gang(cyc: CycleState, w: Workload, end: float,
+                 ends: Callable[[], list[tuple[float, str]]], losses: LossBudget) -> None:
+    """Reserve for gang ``w`` the GPUs running work is predicted to free first
+    (:func:`backfill.plan_reservation` over the running work's cautious ``ends()``); then,
+    with ``Policy.finish_drain_ratio``, perhaps preempt their last stragglers and start it
+    now (:func:`drains.finish_drain`, within the ``losses`` budget)."""
+    now, req = cyc.now, w.request
+    no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib, req.interconnect)
+    if cyc.no_plan.get(no_plan, INF) <= req.gpus:
+        return  # a gang this large or smaller found no reservation in this cycle
+    plan = plan_reservation(cyc.cluster, req, now, ends())
+    if plan is None:
+        cyc.no_plan[no_plan] = min(cyc.no_plan.get(no_plan, INF), req.gpus)
+        return
+    at, placement = plan
+    cyc.cluster.reserve(placement, at)
+    cyc.reservations[w.id] = (at, placement)
+    cyc.first_planned.setdefault(w.id, at)
+    cyc.reserved(at)
+    cyc.out.append(Reserve(w.id, at, placement))
+    if (cyc.policy.finish_drain_ratio > 0 and cyc.pool
+            and finish_drain(w, at, placement, end, now, cyc.pool, cyc.res_times, cyc.out,
+                             cluster=cyc.cluster, policy=cyc.policy, st=cyc.st,
+                             reservations=cyc.reservations, losses=losses, take=cyc.take)):
+        cyc.capacity_changed()

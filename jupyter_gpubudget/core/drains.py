@@ -14,11 +14,11 @@ budget of what preemptions may throw away in a day.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .capacity import Cluster
 from .model import HOUR, Decision, Drain, Placement, Policy, Reserve, Workload
-from .preemption import Take, fits_without, preemption_cost
+from .preemption import Preempter, Take, fits_without, preemption_cost
 from .ranking import INF, Standings
 
 #: ``Policy.finish_drain_ratio`` looks only at reservations at least this far away (seconds):
@@ -26,9 +26,6 @@ from .ranking import INF, Standings
 FINISH_DRAIN_AFTER = 3600.0
 #: ``Policy.finish_drain_budget`` sums what preemptions threw away over this trailing window
 LOSS_WINDOW = 24 * 3600.0
-
-#: the scheduler's preemption: ``preempt(victim, now, reason, for_wid, out)``
-Preempter = Callable[[Workload, float, str, str | None, list[Decision]], None]
 
 
 class LossBudget:

@@ -36,6 +36,10 @@ SetCost = tuple[int, float, int, int, float]
 #: ``pool`` and starts ``w`` on what they free — or reserves it there until they have stopped
 Take = Callable[[Workload, list[Workload], float, float, list[Decision],
                  dict[str, Workload] | None, Callable[[Workload], str]], None]
+#: the scheduler's preemption of one workload: ``preempt(victim, now, reason, for_wid, out)``
+Preempter = Callable[[Workload, float, str, str | None, list[Decision]], None]
+#: the scheduler's start of one workload: ``start(w, placement, backed, now, out)``
+Starter = Callable[[Workload, Placement, bool, float, list[Decision]], None]
 INF = float("inf")
 
 

@@ -9,15 +9,19 @@ the acting to the scheduler (``take``: preempt, then start or reserve).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .accounts import AccountTree
 from .capacity import Cluster
-from .model import HOUR, MILLI, Decision, Policy, Workload, request_milli
+from .model import HOUR, MILLI, Decision, Placement, Policy, Reserve, Workload, request_milli
+from .placement import place
 from .preemption import (
+    Preempter,
+    Starter,
     Take,
     choose_victims,
     fits_without,
+    place_without,
     preemption_cost,
     preemption_gain,
     preemption_pays,
@@ -131,6 +135,35 @@ def try_preempt(w: Workload, end: float, now: float, pool: dict[str, Workload],
 
     take(w, victims, end, now, out, pool, reason)
     return True
+
+
+def take(w: Workload, victims: list[Workload], end: float, now: float, out: list[Decision],
+         pool: dict[str, Workload] | None, reason: Callable[[Workload], str], *,
+         cluster: Cluster, running: Mapping[str, Workload],
+         reservations: dict[str, tuple[float, Placement]], policy: Policy,
+         preempt: Preempter, start: Starter) -> None:
+    """Preempt ``victims`` (those already stopping are only waited for; ``preempt``, the
+    scheduler's) and start ``w`` on their capacity (``start``) — or, when it does not fit
+    before a victim that does not stop at once has really stopped (semantics 1), reserve
+    that capacity for ``w`` until ``policy.stop_grace`` from now. Victims leave ``pool``."""
+    for v in victims:
+        if v.stopping:
+            continue
+        preempt(v, now, reason(v), w.id, out)
+        if pool is not None:
+            pool.pop(v.id, None)
+    holders = [v for v in victims if v.id in running]
+    p = place(cluster, w.request, end)  # what stopped at once may be enough
+    if p is not None or not holders:
+        assert p is not None
+        start(w, p, True, now, out)
+        return
+    p = place_without(cluster, holders, w.request, end)
+    assert p is not None
+    at = now + policy.stop_grace
+    cluster.reserve(p, at)
+    reservations[w.id] = (at, p)
+    out.append(Reserve(w.id, at, p))
 
 
 def victim_pool(running: Mapping[str, Workload], now: float) -> dict[str, Workload]:

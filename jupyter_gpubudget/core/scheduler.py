@@ -27,30 +27,28 @@ from dataclasses import replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import leasable, place_reserved, plan_reservation
+from .backfill import leasable, place_reserved
 from .backing import Backing
 from .capacity import Cluster, Gpu
-from .cycle import CycleState, memo_key, overdue_gang
+from .cycle import CycleState, memo_key, preempt_for, reclaim, reserve_gang
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
-from .drains import LossBudget, drain_nodes, finish_drain
+from .drains import LossBudget, drain_nodes
 from .inventory import Inventory
-from .lane import ShortLane, lane_preempt
+from .lane import ShortLane
 from .model import (
     HOUR,
     Decision,
     Placement,
     Policy,
     Preempt,
-    Reserve,
     RuntimeHistory,
     SliceRequest,
     Start,
     Workload,
 )
-from .placement import place
 from .predict import Predictor, RunningEnds, next_free
-from .preemption import place_without, preemption_cost
-from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt, victim_pool
+from .preemption import preemption_cost
+from .preemption_search import take, victim_pool
 from .ranking import INF, Standings, rank
 from .state import ClusterState as ClusterState
 from .state import load_running, new_cluster, paused_gc
@@ -405,7 +403,8 @@ class Scheduler:
         self.lane.hold(self.cluster, self.policy, self.history, now)
         self.reservations.clear()
         self.ends.changed()
-        return CycleState(now, st)
+        return CycleState(now, st, self.policy, self.cluster, self.running, self.reservations,
+                          self.first_planned, self._take)
 
     def _rank(self, st: Standings) -> list[tuple[float, Workload]]:
         """Pending work of known projects in rank order (ranking.py), which becomes the
@@ -475,100 +474,26 @@ class Scheduler:
                 return
             failed.add(memo)
         gang = w.request.kind == "gpu" and w.request.gpus >= 2
-        if self.policy.backfill and gang and self._reclaim_backfill(cyc, w, end):
+        if self.policy.backfill and gang and reclaim(cyc, w, end):
             cyc.capacity_changed()
             return
         if (cyc.pool and self.policy.preemption and w.project in cyc.st.path_standing
-                and self._preempt_for(cyc, w, end)):
+                and preempt_for(cyc, w, end, gain_horizon=lambda: min(
+                    self.gain_horizon(w), self.next_free(w.request, now)), short=self.short,
+                    accounts=self.accounts, grants=self.grants(), committed=self._committed)):
             cyc.capacity_changed()
             return
         if (self.policy.backfill and gang
                 and len(self.reservations) < self.policy.max_reservations):
-            self._reserve(cyc, w, end)
-
-    def _preempt_for(self, cyc: CycleState, w: Workload, end: float) -> bool:
-        """Preempt so that ``w`` starts now (preemption_search.try_preempt) unless work of
-        its shape standing no higher found nothing in this cycle; else, for short-lane work,
-        take a batch job's GPU cheaply (lane.lane_preempt). True if ``w`` started (or holds
-        a reservation on what stops)."""
-        now, st, shape = cyc.now, cyc.st, w.request.shape
-        mine = st.path_standing[w.project]
-        worst = cyc.preempt_failed.get(shape)
-        overdue = overdue_gang(w, now, self.policy, self.first_planned)
-        if overdue or worst is None or mine < worst:
-            if try_preempt(
-                    w, end, now, cyc.pool, st, cyc.out, overdue,
-                    gain_horizon=min(self.gain_horizon(w), self.next_free(w.request, now)),
-                    running=self.running, cluster=self.cluster, policy=self.policy,
-                    accounts=self.accounts, grants=self.grants(),
-                    committed=self._committed, first_planned=self.first_planned,
-                    take=self._take):
-                return True
-            cyc.preempt_failed[shape] = mine if worst is None else min(worst, mine)
-        return (self.policy.short_lane_cost > 0 and self.short(w)
-                and lane_preempt(w, end, now, cyc.pool, self.running, self.cluster,
-                                 self.policy, st, self._take, cyc.out))
-
-    def _reserve(self, cyc: CycleState, w: Workload, end: float) -> None:
-        """Reserve for gang ``w`` the GPUs running work is predicted to free first
-        (backfill.plan_reservation); then, with ``Policy.finish_drain_ratio``, perhaps
-        preempt their last stragglers and start it now (drains.finish_drain)."""
-        now, req = cyc.now, w.request
-        no_plan = (req.gpu_model, req.single_node, req.cpu_milli, req.memory_mib,
-                   req.interconnect)
-        if cyc.no_plan.get(no_plan, INF) <= req.gpus:
-            return  # a gang this large or smaller found no reservation in this cycle
-        plan = plan_reservation(self.cluster, req, now, self.ends.reserving(self.running, now))
-        if plan is None:
-            cyc.no_plan[no_plan] = min(cyc.no_plan.get(no_plan, INF), req.gpus)
-            return
-        at, placement = plan
-        self.cluster.reserve(placement, at)
-        self.reservations[w.id] = (at, placement)
-        self.first_planned.setdefault(w.id, at)
-        cyc.reserved(at)
-        cyc.out.append(Reserve(w.id, at, placement))
-        if (self.policy.finish_drain_ratio > 0 and cyc.pool
-                and finish_drain(w, at, placement, end, now, cyc.pool, cyc.res_times, cyc.out,
-                                 cluster=self.cluster, policy=self.policy, st=cyc.st,
-                                 reservations=self.reservations, losses=self.loss,
-                                 take=self._take)):
-            cyc.capacity_changed()
-
-    def _reclaim_backfill(self, cyc: CycleState, w: Workload, end: float) -> bool:
-        """Preempt backfill that outstayed a reservation for gang ``w``
-        (:func:`preemption_search.reclaim_backfill`); True if ``w`` started."""
-        if cyc.overdue is None:  # once per cycle
-            cyc.overdue = overdue_backfill(self.running, cyc.now)
-        return reclaim_backfill(w, end, cyc.now, cyc.overdue, self.running, self.cluster,
-                                self.policy, cyc.st, self._take, cyc.out)
+            reserve_gang(cyc, w, end, lambda: self.ends.reserving(self.running, now), self.loss)
 
     def _take(self, w: Workload, victims: list[Workload], end: float, now: float,
               out: list[Decision], pool: dict[str, Workload] | None,
               reason: Callable[[Workload], str]) -> None:
-        """Preempt ``victims`` (those already stopping are only waited for) and start ``w``
-        on their capacity — or, when it does not fit before a victim that does not stop at
-        once has really stopped (semantics 1), reserve that capacity for ``w`` until
-        ``policy.stop_grace`` from now."""
-        for v in victims:
-            if v.stopping:
-                continue
-            self._preempt(v, now, reason(v), w.id, out)
-            if pool is not None:
-                pool.pop(v.id, None)
-        holders = [v for v in victims if v.id in self.running]
-        p = place(self.cluster, w.request, end)  # what stopped at once may be enough
-        if p is not None or not holders:
-            assert p is not None
-            self._start(w, p, True, now, out)
-            return
-        p = place_without(self.cluster, holders, w.request, end)
-        assert p is not None
-        at = now + self.policy.stop_grace
-        self.cluster.reserve(p, at)
-        self.reservations[w.id] = (at, p)
-        out.append(Reserve(w.id, at, p))
-
+        """Preempt ``victims`` for ``w`` and start it (:func:`preemption_search.take`)."""
+        take(w, victims, end, now, out, pool, reason, cluster=self.cluster,
+             running=self.running, reservations=self.reservations, policy=self.policy,
+             preempt=self._preempt, start=self._start)
 
 
 # ===================================================================== pure functions

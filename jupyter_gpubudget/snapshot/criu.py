@@ -1,11 +1,12 @@
 """The privileged part of the CRIU backend: plain functions, standard library only.
 
-These run as root, called in-process when the caller is root, otherwise through a privileged
-launcher (``python -m jupyter_gpubudget.snapshot.privileged criu-dump|criu-restore|criu-check``
-via sudo; :mod:`.privcall` builds that command). Every argument is checked here, since the
-caller is less privileged than this code: the pid must be a kernel process (a session leader,
-as kernels started independent are) owned by the expected user, the images directory an
-absolute path.
+These run as root (and start CRIU as root only for a root caller: below), called in-process
+when the caller is root, otherwise through a privileged launcher
+(``python -m jupyter_gpubudget.snapshot.privileged criu-dump|criu-restore|criu-check`` via
+sudo; :mod:`.privcall` builds that command). Every argument is checked here, since the caller
+is less privileged than this code: the pid must be a kernel process (a session leader, as
+kernels started independent are) owned by the expected user, the images directory an absolute
+path.
 
 A caller that reached root through sudo (``$SUDO_UID``) or a setuid launcher (real uid not 0)
 is *unprivileged*, and then: it may only dump, resume or kill its own processes (its uid
@@ -14,9 +15,29 @@ creates (never one the caller names) and handed to the caller; and every dump is
 an HMAC (key readable by root only, :data:`SEAL_KEY`) over the caller's uid and each image's
 SHA-256. A restore for an unprivileged caller copies the images into a private directory,
 checks the seal on that copy and restores from it, so only images this code dumped, of the
-caller's own processes, unchanged, are ever restored as root (CRIU restores the credentials
-an image names: an unchecked image would be a way to root). Nodes that restore each other's
+caller's own processes, unchanged, are ever restored. Nodes that restore each other's
 snapshots need the same key.
+
+**CRIU itself never runs as root for an unprivileged caller.** Its dumps and restores run in
+CRIU's unprivileged mode (``--unprivileged``) with the caller's own uid, gid and groups and one
+capability, ``CAP_CHECKPOINT_RESTORE`` (:func:`user_criu_argv`, through util-linux's
+``setpriv``): every file a restored process gets is opened by the kernel's rules for the
+caller's account, so a name that becomes a symlink to root's file between any check of ours and
+CRIU's open (a ``renameat2(RENAME_EXCHANGE)`` loop) gets ``EACCES``, not root's file. The
+capability only lets CRIU pick process ids and read its own processes' mappings; the caller
+cannot trace CRIU while it holds it (its capabilities are not the caller's) nor reach the
+images' directory, which lies under one only root may enter. The restored tasks end with the
+credentials of their images (the caller's, no capabilities: checked before the dump is handed
+out and again on the restored tree). What that mode cannot do is refused or left out:
+
+- established TCP connections need ``CAP_NET_ADMIN`` (``TCP_REPAIR``): they are dumped and
+  restored **closed** (``--tcp-close``); listening sockets come back as they were. A Jupyter
+  kernel only listens on its ZMQ ports: its clients reconnect, as they do after any restart.
+- no other capability is given, so anything else CRIU needs root for (another account's
+  process, a namespace or cgroup of its own) fails with CRIU's own error.
+
+Root callers (the service running as root, the in-process path) keep running CRIU as root, with
+``--tcp-established --network-lock nftables``.
 
 CRIU >= 4.1 is needed on recent kernels (older ones fail on the vDSO); ``find_criu`` looks for
 it: ``$GPUBUDGET_CRIU``, then the build cache of ``.ci/build-criu.sh``, then ``PATH``.
@@ -180,8 +201,9 @@ def live_problems(pid: int, uid: int, gids: set[int]) -> list[str]:
     """Why the restored (still stopped) tree at ``pid`` holds more than ``uid`` may: another
     account's credentials, or an open or mapped file its account could not open as it is
     open now (a name that became a symlink or another file between the snapshot and the
-    restore: CRIU reopened it by name, as root). This reads what the processes really hold,
-    so no race between a check and CRIU's open can pass it."""
+    restore, reopened by CRIU by name). For an unprivileged caller CRIU opened everything with
+    the caller's own rights, so the kernel already refused that; this is the second look, on
+    what the processes really hold, before they run."""
     from .criuimages import may_access
 
     why = tree_problems(pid, uid, gids)
@@ -294,19 +316,100 @@ def seal(images_dir: str, uid: int) -> str:
     return _mac(uid, _digests(images_dir))
 
 
-def _private_copy(images_dir: str) -> str:
-    """A copy of the ``*.img`` files of ``images_dir`` that only root can change."""
+#: the one directory inside a root-only box where CRIU, running as the caller, reads and
+#: writes images (the caller's own, so that CRIU may; out of its other processes' reach)
+_INNER = "images"
+
+
+def _private_copy(images_dir: str) -> tuple[str, str]:
+    """A copy of the ``*.img`` files of ``images_dir`` that the caller cannot change: (the
+    box, a root-owned 0700 directory to remove afterwards; the directory of the copy inside
+    it, reachable only through the box, which only root may enter, even once it is handed
+    to the caller's account for CRIU running as it: :func:`_hand_over`)."""
     need = sum(os.path.getsize(os.path.join(images_dir, n)) for n in os.listdir(images_dir)
                if n.endswith(".img"))
     base = "/dev/shm" if shutil.disk_usage("/dev/shm").free > 2 * need + (64 << 20) else None
-    dest = tempfile.mkdtemp(prefix="gpubudget-criu-restore-", dir=base)
+    box = tempfile.mkdtemp(prefix="gpubudget-criu-restore-", dir=base)
+    dest = os.path.join(box, _INNER)
+    os.mkdir(dest, 0o700)
     for name in os.listdir(images_dir):
         if not name.endswith(".img"):
             continue
         src = os.open(os.path.join(images_dir, name), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(src, "rb") as fi, open(os.path.join(dest, name), "wb") as fo:
+        dst = os.open(os.path.join(dest, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                      os.O_NOFOLLOW, 0o600)
+        with os.fdopen(src, "rb") as fi, os.fdopen(dst, "wb") as fo:
             shutil.copyfileobj(fi, fo, 8 << 20)
-    return dest
+    return box, dest
+
+
+def _hand_over(directory: str, uid: int) -> None:
+    """Give ``directory`` and its files to the account ``uid`` (CRIU, running as it, reads
+    the images and writes its log there)."""
+    gid = _account(uid)[0]
+    for name in os.listdir(directory):
+        os.chown(os.path.join(directory, name), uid, gid, follow_symlinks=False)
+    os.chown(directory, uid, gid)
+
+
+def _account(uid: int) -> tuple[int, list[int]]:
+    """(primary gid, every group) of the account ``uid``; an account without a passwd entry
+    is refused (its groups cannot be known)."""
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        raise CriuError("bad_input", f"uid {uid} has no account here (no passwd entry): "
+                        "CRIU runs as the caller's account, which must exist") from None
+    return pw.pw_gid, sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+
+
+def _setpriv() -> str:
+    found = shutil.which("setpriv") or next(
+        (p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise CriuError("no_criu", "setpriv (util-linux) is not installed: CRIU cannot be run "
+                        "with the caller's own rights, and it is never run as root for it")
+    return found
+
+
+def user_criu_argv(binary_fd: int, uid: int) -> list[str]:
+    """The command that runs CRIU (the executable open as ``binary_fd``, passed to the child:
+    the caller may not be able to reach its path, e.g. a build under root's home) as the
+    account ``uid`` with its own gid and groups and only ``CAP_CHECKPOINT_RESTORE``, which is
+    what CRIU's ``--unprivileged`` mode needs. ``setpriv`` keeps the capability across the
+    change of uid as an ambient one; nothing else is kept."""
+    gid, groups = _account(uid)
+    return [_setpriv(), f"--reuid={uid}", f"--regid={gid}",
+            "--groups=" + ",".join(map(str, groups)),
+            "--inh-caps=-all,+checkpoint_restore", "--ambient-caps=-all,+checkpoint_restore",
+            "--", f"/proc/self/fd/{binary_fd}"]
+
+
+#: CRIU's options in its unprivileged mode: no configuration file of anyone's is read (the
+#: caller's ``~/.criu/default.conf`` could name action scripts), TCP connections closed
+USER_CRIU_OPTS = ["--unprivileged", "--no-default-config", "--tcp-close"]
+#: the environment CRIU runs with for an unprivileged caller (none of the caller's)
+_USER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+
+def _run_criu(binary: str, args: list[str], timeout: float, user: int | None, cwd: str
+              ) -> subprocess.CompletedProcess:
+    """Run ``criu ARGS`` in ``cwd``: as root (``user`` None), or as the account ``user`` in
+    CRIU's unprivileged mode (:func:`user_criu_argv`)."""
+    if user is None:
+        return subprocess.run([binary, *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)
+    fd = os.open(binary, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        argv = user_criu_argv(fd, user)
+        os.set_inheritable(fd, True)
+        return subprocess.run([*argv, *args, *USER_CRIU_OPTS], capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd, env=_USER_ENV, pass_fds=(fd,),
+                              stdin=subprocess.DEVNULL)
+    finally:
+        os.close(fd)
 
 
 def _tree(pid: int) -> list[int]:
@@ -438,7 +541,7 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
     images_dir = _check_dir(images_dir, must_exist=False)
     try:
         return _dump(pid, images_dir, leave_running, keep_stopped, caller, owner, criu,
-                     cuda_checkpoint, timeout, only, gids)
+                     cuda_checkpoint, timeout, only, gids, user=caller or None)
     except BaseException:
         if created:  # nobody else knows where it is: not left behind
             shutil.rmtree(images_dir, ignore_errors=True)
@@ -447,7 +550,11 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
 
 def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, caller: int,
           owner: tuple[int, int] | None, criu: str | None, cuda_checkpoint: str | None,
-          timeout: float, only: int | None = None, gids: set[int] | None = None) -> dict:
+          timeout: float, only: int | None = None, gids: set[int] | None = None,
+          user: int | None = None) -> dict:
+    """``user``: CRIU runs as this account (an unprivileged caller's), in a directory of its
+    own inside ``images_dir`` (which only root may enter); the images are moved up into
+    ``images_dir`` once CRIU is done, and only then read, checked and sealed."""
     binary = find_criu(criu)
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
@@ -459,6 +566,12 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
             raise CriuError("gpu_state", f"process {pid} uses a GPU and cuda-checkpoint is not "
                             "installed: its GPU state cannot be captured")
     os.makedirs(images_dir, mode=0o700, exist_ok=True)
+    work = images_dir
+    if user is not None:
+        _setpriv()  # refused before anything is stopped: no setpriv, or no such account
+        work = os.path.join(images_dir, _INNER)
+        os.mkdir(work, 0o700)
+        os.chown(work, user, _account(user)[0])
     t0 = time.perf_counter()
     if keep_stopped:
         os.killpg(pid, signal.SIGSTOP)
@@ -466,12 +579,15 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
         leave_running = True
     for p in gpu_pids:
         _cuda_toggle(tool, p)  # GPU memory moves into the process: CRIU then saves it
-    argv = [binary, "dump", "-t", str(pid), "-D", images_dir, "-o", "dump.log", "-v2",
-            "--tcp-established", "--network-lock", NETWORK_LOCK, "--file-locks"]
+    argv = ["dump", "-t", str(pid), "-D", ".", "-o", "dump.log", "-v2", "--file-locks"]
+    if user is None:
+        argv += ["--tcp-established", "--network-lock", NETWORK_LOCK]
     if leave_running:
         argv.append("--leave-running")
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        p = _run_criu(binary, argv, timeout, user, work)
+        if user is not None:
+            _move_up(work, images_dir)
     except subprocess.TimeoutExpired:
         raise CriuError("dump_failed", f"criu dump of {pid} took over {timeout:.0f} s") from None
     finally:
@@ -488,7 +604,7 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
                     pass
         if keep_stopped:
             os.killpg(pid, signal.SIGCONT)
-        log = _log_tail(os.path.join(images_dir, "dump.log"))
+        log = _log_tail(os.path.join(images_dir, "dump.log")) or p.stderr.strip()[-2000:]
         raise CriuError("dump_failed", f"criu dump of {pid} failed (exit {p.returncode})", log)
     if only is not None:  # what was really dumped: the tree may have changed since the check
         from .criuimages import ImageError, foreign_tasks
@@ -518,6 +634,23 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
     return out
 
 
+def _move_up(work: str, images_dir: str) -> None:
+    """Move what CRIU wrote as the caller (``work``, inside ``images_dir``) up into
+    ``images_dir`` (only root's from then on: the files are re-owned below) and remove
+    ``work``. Only regular files are kept."""
+    import stat as stat_
+
+    for name in os.listdir(work):
+        path = os.path.join(work, name)
+        if stat_.S_ISREG(os.lstat(path).st_mode):
+            os.rename(path, os.path.join(images_dir, name))
+        else:
+            os.unlink(path)
+    os.rmdir(work)
+    for name in os.listdir(images_dir):
+        os.chown(os.path.join(images_dir, name), 0, 0, follow_symlinks=False)
+
+
 def criu_finish(pid: int, *, kill: bool, expect_uid: int | None = None) -> dict:
     """End a kernel dumped with ``keep_stopped`` (``kill``: its snapshot is safe) or let it go
     on (SIGCONT: its snapshot failed, the session keeps its kernel)."""
@@ -535,7 +668,9 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
     and listening sockets (the kernel's ZMQ ports); returns the root pid. ``gpu``: the dump
     carried GPU state, given back to the GPU with cuda-checkpoint after the restore. For an
     unprivileged caller the images must carry their dump's seal (``seal_hex``), checked on a
-    private copy that is what CRIU restores."""
+    private copy that is what CRIU restores, and CRIU runs as the caller's own account in its
+    unprivileged mode (the module's docstring): every file is opened with the caller's rights,
+    its TCP connections come back closed."""
     images_dir = _check_dir(images_dir, must_exist=True)
     binary = find_criu(criu)
     if binary is None:
@@ -546,23 +681,29 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
     if not isinstance(seal_hex, str) or not re.fullmatch(r"[0-9a-f]{64}", seal_hex):
         raise CriuError("bad_input", "seal: required for an unprivileged caller (the seal its "
                         "dump returned)")
-    private = _private_copy(images_dir)
+    box, private = _private_copy(images_dir)
     try:
         if not hmac.compare_digest(_mac(caller, _digests(private)), seal_hex):
             raise CriuError("bad_input", "seal: the images do not match the seal of a dump of "
                             "this account's processes (changed, or not dumped here)")
         gids = caller_gids(caller)
+        # a clear, early refusal of what the kernel would refuse anyway (CRIU opens every
+        # file as the caller): a name that became a symlink or another account's file
         _check_names(private, caller, gids)
+        _setpriv()
+        _hand_over(private, caller)
         return _restore(private, binary, cuda_checkpoint, gpu, timeout, only=caller,
-                        gids=gids)
+                        gids=gids, user=caller)
     finally:
-        shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(box, ignore_errors=True)
 
 
 def _check_names(images_dir: str, uid: int, gids: set[int]) -> None:
-    """Refuse a restore that would reopen, as root, a file by a name that no longer leads
-    where it did (a symlink, a replaced file) or to a file ``uid`` may not open as asked.
-    The seal covers the images, not the files they name: this covers those."""
+    """Refuse a restore that would reopen a file by a name that no longer leads where it did
+    (a symlink, a replaced file) or to a file ``uid`` may not open as asked. The seal covers
+    the images, not the files they name. This is an early refusal that says why; it is not
+    what keeps other accounts' files safe (a name can change right after it): CRIU opening
+    every file with ``uid``'s own rights is."""
     from .criuimages import ImageError, path_problem, reg_files
 
     try:
@@ -575,8 +716,25 @@ def _check_names(images_dir: str, uid: int, gids: set[int]) -> None:
             raise CriuError("unsafe", f"restore refused: {why}")
 
 
+def _tcp_closed(images_dir: str) -> bool:
+    """Whether the dump closed its TCP connections (``inventory_entry.tcp_close``): then its
+    restore must say so too."""
+    from .criuimages import ImageError, entries, fields
+
+    try:
+        inv = entries(os.path.join(images_dir, "inventory.img"))
+    except (ImageError, OSError):
+        return False  # CRIU itself says what is wrong with it
+    return any(fields(e).get(10, [0])[-1] == 1 for e in inv)
+
+
 def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: bool,
-             timeout: float, only: int | None = None, gids: set[int] | None = None) -> int:
+             timeout: float, only: int | None = None, gids: set[int] | None = None,
+             user: int | None = None) -> int:
+    """Restore from ``images_dir``: CRIU as root, or as the account ``user`` in its
+    unprivileged mode (``images_dir`` is then that account's directory in a root-only box).
+    ``only``: the restored tree is left stopped, checked for anything not ``only``'s, and
+    killed if it holds any."""
     tool = None
     if gpu:
         tool = find_cuda_checkpoint() if cuda_checkpoint is None else cuda_checkpoint
@@ -588,22 +746,24 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
         os.unlink(pidfile)
     except FileNotFoundError:
         pass
-    argv = [binary, "restore", "-D", images_dir, "-o", "restore.log", "-v2",
-            "--tcp-established", "--network-lock", NETWORK_LOCK, "--file-locks",
-            "--restore-detached", "--pidfile", pidfile]
+    argv = ["restore", "-D", ".", "-o", "restore.log", "-v2", "--file-locks",
+            "--restore-detached", "--pidfile", "restored.pid"]
+    if user is None:
+        argv += (["--tcp-close"] if _tcp_closed(images_dir) else
+                 ["--tcp-established", "--network-lock", NETWORK_LOCK])
     if only is not None:  # checked while stopped: it runs only once it holds nothing foreign
         argv.append("--leave-stopped")
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        p = _run_criu(binary, argv, timeout, user, images_dir)
     except subprocess.TimeoutExpired:
         raise CriuError("restore_failed", f"criu restore took over {timeout:.0f} s") from None
     if p.returncode != 0:
-        log = _log_tail(os.path.join(images_dir, "restore.log"))
+        log = _log_tail(os.path.join(images_dir, "restore.log")) or p.stderr.strip()[-2000:]
         if re.search(r"Can't fork for \d+: File exists", log):
             raise CriuError("pid_in_use", "criu restore failed: a process id of the snapshot "
                             "is in use here (restore on another node, or after it is free)", log)
         raise CriuError("restore_failed", f"criu restore failed (exit {p.returncode})", log)
-    with open(pidfile) as f:
+    with os.fdopen(os.open(pidfile, os.O_RDONLY | os.O_NOFOLLOW)) as f:
         pid = int(f.read().strip())
     if only is not None:
         why = live_problems(pid, only, gids or set())

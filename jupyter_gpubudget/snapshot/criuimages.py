@@ -7,9 +7,10 @@ it holds and what it refers to:
   an unprivileged caller's dump must hold only its own account's tasks, with no capabilities
   (a setuid child such as ``passwd`` in the tree would put root's memory in the images);
 - the **files it refers to by path** (``files.img``: ``file_entry.reg``, the open files and the
-  mapped ones, executables included): CRIU reopens them *by name, as root*, at restore, so a
-  name that became a symlink, or a file the caller may not open the way the image asks, would
-  give the restored process access its account never had.
+  mapped ones, executables included): CRIU reopens them *by name* at restore. For an
+  unprivileged caller it does so with the caller's own rights (:mod:`.criu`), so the kernel
+  refuses a file the caller may not open; a name that became a symlink, or a file the caller
+  may not open the way the image asks, is refused here first, with a reason.
 
 A minimal reader of protocol buffers (varints and length-delimited fields) is enough for the
 few fields read here; their numbers are those of CRIU's ``images/*.proto``.
@@ -255,8 +256,12 @@ def path_problem(name: str, uid: int, gids: set[int], read: bool, write: bool) -
         except OSError as e:
             return f"{name}: {e.strerror}"
         if stat.S_ISLNK(st.st_mode):
-            return (f"{nxt} is now a symbolic link (to {os.readlink(nxt)!r}); it was a file "
-                    "or directory when the snapshot was taken")
+            try:
+                to = repr(os.readlink(nxt))
+            except OSError:  # changed again meanwhile
+                to = "somewhere else"
+            return (f"{nxt} is now a symbolic link (to {to}); it was a file or directory "
+                    "when the snapshot was taken")
         if not last:
             if not stat.S_ISDIR(st.st_mode):
                 return f"{name}: {nxt} is not a directory"

@@ -1,9 +1,10 @@
 """Every call of the snapshot machinery that needs root goes through this one module.
 
-CRIU dumps and restores need root; nothing else here does (the namespace backend runs as the
-user inside their server). A :class:`Privileged` runs the verbs of
-:mod:`jupyter_gpubudget.snapshot.privileged` (``criu-check``, ``criu-dump``, ``criu-finish``,
-``criu-restore``):
+CRIU dumps and restores need root's help; nothing else here does (the namespace backend runs
+as the user inside their server). For a caller that is not root the privileged side runs CRIU
+itself as the caller's own account with one capability (:mod:`.criu`), never as root. A
+:class:`Privileged` runs the verbs of :mod:`jupyter_gpubudget.snapshot.privileged`
+(``criu-check``, ``criu-dump``, ``criu-finish``, ``criu-restore``):
 
 - in this process when it is root and ``command_prefix`` is empty (tests, a root service);
 - else as ``[*command_prefix, python, "-I", "-m", VERB_MODULE, verb, --flags...]``, e.g. with

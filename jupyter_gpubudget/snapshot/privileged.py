@@ -8,7 +8,8 @@
 
 Run through sudo (or any launcher that leaves the caller's uid in ``$SUDO_UID`` or the real
 uid), the caller is unprivileged: see :mod:`.criu` for what that restricts (own processes only,
-images in a directory chosen here, sealed dumps, restores only of sealed images).
+images in a directory chosen here, sealed dumps, restores only of sealed images) and how CRIU
+then runs: as the caller's own account with ``CAP_CHECKPOINT_RESTORE`` only, never as root.
 
 Each prints one JSON object on stdout: the result, or ``{"error": reason, "message", "log"}``
 with exit status 2. Only :mod:`criu` (standard library) is imported: nothing of the service.

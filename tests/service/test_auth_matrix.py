@@ -281,3 +281,21 @@ def test_scope_limited_token_is_refused_with_reason(hub, service):
     # a user with no gpubudget role at all
     mallory = hub.token("mallory")
     assert http("GET", service.api + "/accounts", mallory)[0] == 403
+
+
+def test_every_change_to_a_users_work_declares_the_submit_scope():
+    """Each non-GET verb on a session, a snapshot or a job declares ``needs_scope(submit)``
+    (a handler added later without it fails here, before any token reaches it)."""
+    from jupyter_gpubudget.service.auth import SCOPE_SUBMIT
+    from jupyter_gpubudget.service.handlers import jobs, sessions, snapshots
+
+    seen = []
+    for module in (sessions, snapshots, jobs):
+        for path, handler in module.API_ROUTES:
+            for verb in ("post", "put", "patch", "delete"):
+                method = handler.__dict__.get(verb)
+                if method is None:
+                    continue
+                seen.append(f"{verb.upper()} {path}")
+                assert getattr(method, "__needs_scope__", None) == SCOPE_SUBMIT, seen[-1]
+    assert len(seen) >= 13, seen

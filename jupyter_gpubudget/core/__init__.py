@@ -6,6 +6,7 @@ the incremental path).
 """
 
 from .accounts import Account, AccountTree, BudgetError, Budgets, load_budgets
+from .explain import queue_order
 from .inventory import GpuSpec, Inventory, NodeSpec, load_inventory, make_node
 from .model import (
     ChargeInterval,
@@ -22,7 +23,8 @@ from .model import (
     Workload,
 )
 from .offer import Forecast, Quoter, forecast
-from .scheduler import ClusterState, Scheduler, queue_order, schedule, standings
+from .scheduler import ClusterState, Scheduler, schedule
+from .whatif import standings
 from .yamlnodes import ConfigError
 
 __all__ = [

@@ -8,9 +8,9 @@ after it may use those GPUs only when it is predicted to end before that time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from .capacity import Cluster
+from .capacity import Cluster, Gpu
 from .model import (
     MILLI,
     Placement,
@@ -135,6 +135,19 @@ def place_reserved(cluster: Cluster, reservations: Mapping[str, tuple[float, Pla
         for g in gpus:
             g.reserved_at = at
     return p
+
+
+def reserved_until(cluster: Cluster, placement: Placement, kept: Callable[[Gpu], bool]
+                   ) -> float | None:
+    """When work placed on GPUs another gang has reserved (it ends before the reservation)
+    must be gone: a backfill's deadline, the earliest reservation among its GPUs; None on
+    GPUs no gang has reserved. GPUs only ``kept`` for the short lane do not count: short
+    work is not reclaimed from them."""
+    inf = float("inf")
+    until = min((g.reserved_at for g in (cluster.by_name[sl.node].gpus[sl.gpu]
+                                         for sl in placement.slices if sl.gpu >= 0)
+                 if not kept(g)), default=inf)
+    return until if until < inf else None
 
 
 def plan_reservation(cluster: Cluster, req: SliceRequest, now: float,

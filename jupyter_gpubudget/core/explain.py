@@ -18,6 +18,8 @@ copy) and gives every workload that would still be pending the first reason that
 - ``capacity``: backed, but nothing that fits it is free, and what holds the capacity is
   protected or stands below its project.
 
+:func:`queue_order` gives the order in which that cycle would consider pending work.
+
 Pure, like the rest of the core: no I/O, and ``state`` is left untouched.
 """
 
@@ -27,7 +29,16 @@ from dataclasses import dataclass, replace
 
 from .model import HOUR, MILLI, Preempt, Reserve, SliceRequest, Start, request_milli
 from .placement import gang_links, place
+from .ranking import rank
 from .scheduler import ClusterState, Scheduler
+
+
+def queue_order(state: ClusterState, now: float) -> list[str]:
+    """Pending workload ids in rank order, as the cycle at ``now`` would consider them."""
+    s = Scheduler.from_state(state)
+    st = s.standings(now)
+    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand, s.short)]
+
 
 REASONS = ("unknown-project", "starts", "reserved", "interconnect", "reservation", "unbacked",
            "draining", "capacity")
@@ -66,7 +77,7 @@ def _short_account(s: Scheduler, project: str, now: float, req: SliceRequest,
     """The first account on the project's path whose grant does not cover the workload:
     (account, GPU-hours used or promised, grant), or None when every level covers it."""
     grants = s.grants()
-    st = s._st if s._st is not None else s._standings(now)
+    st = s._st if s._st is not None else s.standings(now)
     need = request_milli(req) / MILLI * min_runtime / HOUR
     for a in s.accounts.path(project):
         g = grants.get(a, 0.0)

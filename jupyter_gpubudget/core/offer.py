@@ -303,6 +303,6 @@ class Quoter:
 def standings_of(sched: Scheduler, now: float) -> dict[str, dict[str, float]]:
     """Usage (GPU-hours in the window), grant and standing of every account, as the
     scheduler's last cycle saw them."""
-    st = sched._st if sched._st is not None else sched._standings(now)
+    st = sched._st if sched._st is not None else sched.standings(now)
     return {a: {"usage_hours": st.usage[a], "grant_hours": st.grant.get(a, 0.0),
                 "standing": st.standing[a]} for a in sched.accounts.accounts}

@@ -1,22 +1,16 @@
 """The one entry point: ``schedule(state, now) -> list[Decision]``, and its incremental form.
 
 :class:`Scheduler` holds the capacity model, the queue and the usage meter in memory. Its
-``cycle(now)`` is a full scheduling cycle; ``submit`` and ``finish`` are the incremental path
-for one arrival or departure (they place what fits into free capacity in rank order and leave
-re-ranking, preemption and reservations to the next cycle). ``schedule(state, now)`` builds a
-Scheduler from a :class:`ClusterState` and runs one cycle — the live service and the simulator
-run exactly this code.
-
-A cycle, in order:
-1. usage, grants and standings of every account (window or half-life);
-2. drain: unhealthy nodes get nothing new; unprotected work on one is preempted at once, and
-   once nothing on it is protected any more the node is reported drained;
-3. rank pending work (ranking.py); backed work is considered first, in rank order, then
-   unbacked work on whatever capacity is still idle;
-4. each workload is placed if it fits (placement.py); else, if backed, the cheapest eligible
-   set of victims is preempted (preemption.py); else a blocked gang gets a reservation that
-   later, shorter work may backfill around (backfill.py).
-Decisions are applied to the Scheduler's own model as they are made.
+``cycle(now)`` is a full scheduling cycle, whose numbered steps (``_cycle``) are: standings
+of every account; drains of unhealthy nodes; rank pending work (ranking.py); backed work in
+rank order, placed if it fits (placement.py), else preempted for (preemption_search.py,
+lane.py) or, for a blocked gang, reserved for (backfill.py, drains.py); then unbacked work on
+whatever is still idle. ``submit``, ``finish`` and ``cancel`` are the incremental path for
+one arrival or departure: they place what fits into free capacity in rank order and leave
+re-ranking, preemption and reservations to the next cycle. Decisions are applied to the
+Scheduler's own model as they are made. ``schedule(state, now)`` builds a Scheduler from a
+:class:`ClusterState` and runs one cycle — the live service and the simulator run exactly
+this code.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from dataclasses import replace
 
 from . import fragmentation
 from .accounts import AccountTree
-from .backfill import leasable, place_reserved
+from .backfill import leasable, place_reserved, reserved_until
 from .backing import Backing
 from .capacity import Cluster, Gpu
 from .cycle import CycleState, memo_key, preempt_for, reclaim, reserve_gang
@@ -75,8 +69,7 @@ class Scheduler:
         self.meter = UsageMeter(self.policy)
         self.running: dict[str, Workload] = {}
         self.reservations: dict[str, tuple[float, Placement]] = {}
-        # per waiting gang, the time its first reservation planned it to start
-        # (Policy.gang_overdue_after)
+        # per waiting gang, the start its first reservation planned (Policy.gang_overdue_after)
         self.first_planned: dict[str, float] = {}
         self.drained: set[str] = set()
         self.capacity_gpu_hours = inventory.gpu_count * self.policy.window / HOUR
@@ -127,6 +120,12 @@ class Scheduler:
         return self.waiting.mix
 
     @property
+    def recent_losses(self) -> deque[tuple[float, float]]:
+        """(time, GPU-hours thrown away) of the preemptions in the trailing day, oldest first."""
+        return self.loss.losses
+
+    # the collaborators' state under the names it had when it was the Scheduler's own
+    @property
     def _order(self) -> list[tuple[float, int, str]]:
         return self.waiting.order
 
@@ -135,14 +134,7 @@ class Scheduler:
         return self.waiting.shape_count
 
     @property
-    def recent_losses(self) -> deque[tuple[float, float]]:
-        """(time, GPU-hours thrown away) of the preemptions in the trailing ``LOSS_WINDOW``,
-        oldest first."""
-        return self.loss.losses
-
-    @property
     def _lane_held(self) -> list[Gpu]:
-        """The GPUs kept for the short lane in this cycle."""
         return self.lane.held
 
     # ================================================================= building
@@ -178,11 +170,13 @@ class Scheduler:
     # ================================================================= figures
     def usage_hours(self, now: float) -> dict[str, float]:
         """GPU-hours in the window per account (projects and their ancestors)."""
-        return self._standings(now).usage
+        return self.standings(now).usage
 
-    def _standings(self, now: float) -> Standings:
+    def standings(self, now: float) -> Standings:
         """Where every account stands now (:meth:`Backing.stand`)."""
         return self.backing.stand(self.meter.usage(now), self.running.values(), now)
+
+    _standings = standings
 
     def next_free(self, req: SliceRequest, now: float) -> float:
         """Seconds until running work is predicted to free capacity ``req`` needs
@@ -192,7 +186,7 @@ class Scheduler:
     def is_backed(self, w: Workload, now: float) -> bool:
         """Does the project's grant (and every ancestor's) cover its window usage, the protected
         time already promised, and this workload's protected demand (:meth:`Backing.backs`)?"""
-        return self.backing.backs(w, lambda: self._standings(now))
+        return self.backing.backs(w, lambda: self.standings(now))
 
     def queue(self) -> list[str]:
         """Pending workload ids in the order they will be considered."""
@@ -221,8 +215,9 @@ class Scheduler:
 
     def _place(self, w: Workload, end: float, now: float | None = None) -> Placement | None:
         """Place ``w``; a workload may always use the GPUs reserved for itself. Given
-        ``now``, leasable work (:func:`backfill.leasable`) that fits nowhere else may take GPUs a gang
-        has reserved from ``now + policy.backfill_lease`` (or its protection's end) on or later."""
+        ``now``, leasable work (:func:`backfill.leasable`) that fits nowhere else may take
+        GPUs a gang has reserved from ``now + policy.backfill_lease`` (or its protection's
+        end) on or later."""
         p = place_reserved(self.cluster, self.reservations, w, end)
         if p is None and now is not None and self.reservations and leasable(w, self.policy):
             # at least the lease, and never due before its protection ends (semantics 2)
@@ -235,14 +230,7 @@ class Scheduler:
     # ================================================================= applying decisions
     def _start(self, w: Workload, placement: Placement, backed: bool, now: float,
                out: list[Decision]) -> None:
-        # on GPUs another gang has reserved (the placement ends before the reservation):
-        # a backfill, which must be gone by then
-        # (not those only kept for the short lane: short work is not reclaimed from them)
-        until = min((g.reserved_at for g in (self.cluster.by_name[sl.node].gpus[sl.gpu]
-                                             for sl in placement.slices if sl.gpu >= 0)
-                     if not self.lane.keeps(g)),
-                    default=INF)
-        backfill_until = until if until < INF else None
+        backfill_until = reserved_until(self.cluster, placement, self.lane.keeps)
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
         protected = now + self.policy.effective_min_runtime(w) if backed else None
@@ -284,7 +272,7 @@ class Scheduler:
     def submit(self, w: Workload, now: float) -> list[Decision]:
         """One arrival: queue it, and start it at once if it fits idle capacity."""
         if self._st is None:
-            self._standings(now)
+            self.standings(now)
         w = self._enqueue(w)
         out: list[Decision] = []
         backed = self.is_backed(w, now)
@@ -398,7 +386,7 @@ class Scheduler:
         """A new cycle's state: predictions, reservations and the short lane's GPUs made
         afresh, every account standing where its usage puts it now."""
         self.predictor.new_cycle()
-        st = self._standings(now)
+        st = self.standings(now)
         self.cluster.clear_reservations()
         self.lane.hold(self.cluster, self.policy, self.history, now)
         self.reservations.clear()
@@ -503,18 +491,3 @@ def schedule(state: ClusterState, now: float) -> list[Decision]:
     """One full scheduling cycle over ``state``; pure and deterministic (inputs untouched)."""
     with paused_gc():
         return Scheduler.from_state(state).cycle(now)
-
-
-def queue_order(state: ClusterState, now: float) -> list[str]:
-    """Pending workload ids in rank order, as the cycle at ``now`` would consider them."""
-    s = Scheduler.from_state(state)
-    st = s._standings(now)
-    return [w.id for _, w in rank(list(s.pending.values()), s.accounts, st, s.demand, s.short)]
-
-
-def standings(state: ClusterState, now: float) -> dict[str, dict[str, float]]:
-    """Usage (GPU-hours in the window), grant and standing of every account."""
-    s = Scheduler.from_state(state)
-    st = s._standings(now)
-    return {a: {"usage_hours": st.usage[a], "grant_hours": st.grant.get(a, 0.0),
-                "standing": st.standing[a]} for a in s.accounts.accounts}

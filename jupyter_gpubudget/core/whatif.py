@@ -1,7 +1,8 @@
 """What a grant change would do, before it is saved; and each account's share of its parent.
 
 :func:`grant_preview` computes standings (and which pending work is backed) with the tree as
-it is and with one account's grant changed (``AccountTree.with_grant``), on the same usage.
+it is and with one account's grant changed (``AccountTree.with_grant``), on the same usage;
+:func:`standings` the same figures for the tree as it is.
 :func:`sibling_shares` says, for every account, which share of its parent's grant it is
 entitled to (its grant among its siblings' — the fair-share weight) and which share of the
 GPU-hours its siblings used it got (delivered share).
@@ -19,13 +20,18 @@ from .ranking import INF
 from .scheduler import ClusterState, Scheduler
 
 
+def standings(state: ClusterState, now: float) -> dict[str, dict[str, float]]:
+    """Usage (GPU-hours in the window), grant and standing of every account."""
+    return _figures(state, now)[1]
+
+
 def _finite(x: float) -> float | None:
     return None if x == INF or x != x else x
 
 
 def _figures(state: ClusterState, now: float) -> tuple[Scheduler, dict[str, dict[str, float]]]:
     s = Scheduler.from_state(state)
-    st = s._standings(now)
+    st = s.standings(now)
     return s, {a: {"usage_hours": st.usage[a], "grant_hours": st.grant.get(a, 0.0),
                    "standing": st.standing[a]} for a in s.accounts.accounts}
 

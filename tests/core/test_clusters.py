@@ -29,7 +29,8 @@ from jupyter_gpubudget.core.model import (
     Start,
 )
 from jupyter_gpubudget.core.placement import place
-from jupyter_gpubudget.core.scheduler import ClusterState, schedule, standings
+from jupyter_gpubudget.core.scheduler import ClusterState, schedule
+from jupyter_gpubudget.core.whatif import standings
 
 from .helpers import job, prop_settings, tree
 

@@ -618,7 +618,8 @@ def test_short_lane_and_kind_order() -> None:
     pending = [job("a-batch", "a", at=1.0), job("b-debug", "b", kind="debug", at=5.0,
                                                 limit=600.0),
                job("b-nb", "b", kind="interactive", at=4.0), job("b-batch", "b", at=3.0)]
-    from jupyter_gpubudget.core.scheduler import ClusterState, queue_order, schedule
+    from jupyter_gpubudget.core.explain import queue_order
+    from jupyter_gpubudget.core.scheduler import ClusterState, schedule
 
     for lane, first in ((1800.0, "b-debug"), (0.0, "a-batch")):
         s = sched(lane)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from jupyter_gpubudget.core.explain import describe_request, why_waiting
 from jupyter_gpubudget.core.model import HOUR, ChargeInterval, Drain, Preempt, SliceRequest, Start
-from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule, standings
-from jupyter_gpubudget.core.whatif import grant_preview, sibling_shares
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
+from jupyter_gpubudget.core.whatif import grant_preview, sibling_shares, standings
 
 from .helpers import inventory, job, tree
 

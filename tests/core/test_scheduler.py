@@ -4,6 +4,7 @@ import copy
 
 import pytest
 
+from jupyter_gpubudget.core.explain import queue_order
 from jupyter_gpubudget.core.model import (
     HOUR,
     ChargeInterval,
@@ -14,13 +15,8 @@ from jupyter_gpubudget.core.model import (
     SliceRequest,
     Start,
 )
-from jupyter_gpubudget.core.scheduler import (
-    ClusterState,
-    Scheduler,
-    queue_order,
-    schedule,
-    standings,
-)
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule
+from jupyter_gpubudget.core.whatif import standings
 
 from .helpers import check_capacity, inventory, job, tree
 

@@ -86,7 +86,7 @@ def _digest(s: str, n: int = 8) -> str:
 def label_value(s: str) -> str:
     """A valid label value standing for ``s`` (the exact value goes into an annotation):
     invalid characters become '-', and a long or altered value ends in a short hash."""
-    if len(s) <= 63 and _LABEL_VALUE.match(s):
+    if len(s) <= 63 and _LABEL_VALUE.fullmatch(s):
         return s
     clean = re.sub(r"[^A-Za-z0-9_.-]", "-", s)
     clean = clean[:54].strip("-_.")
@@ -96,7 +96,7 @@ def label_value(s: str) -> str:
 def dns_label(s: str, max_len: int = 63) -> str:
     """A DNS-1123 label (object names, ≤ ``max_len``) standing for ``s``."""
     low = s.lower()
-    if len(low) <= max_len and _DNS_LABEL.match(low) and low == s:
+    if len(low) <= max_len and _DNS_LABEL.fullmatch(low) and low == s:
         return s
     clean = re.sub(r"[^a-z0-9-]", "-", low).strip("-")
     clean = clean[: max_len - 9].strip("-")
@@ -179,7 +179,7 @@ class Naming:
             raise PlacementError("shared_replicas: must be at least 1")
         for f in ("gpu_resource", "shared_resource"):
             v = getattr(self, f)
-            if "/" not in v or not _QUALIFIED.match(v):
+            if "/" not in v or not _QUALIFIED.fullmatch(v):
                 raise PlacementError(f"{f}: {v!r} is not a domain-prefixed resource name")
 
 
@@ -501,7 +501,7 @@ _SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
 
 def quantity(v: Any) -> float:
     """A Kubernetes quantity ('96', '95500m', '1056Gi') as a number; 0 when unreadable."""
-    m = _QUANTITY.match(str(v).strip()) if v is not None else None
+    m = _QUANTITY.fullmatch(str(v).strip()) if v is not None else None
     if not m or m.group(2) not in _SUFFIX:
         return 0.0
     try:
@@ -694,7 +694,7 @@ def check_manifest(obj: dict) -> list[str]:
     md = obj.get("metadata") or {}
     name = md.get("name", "")
     if obj.get("kind") in ("Pod", "Job", "ResourceClaim", "ResourceClaimTemplate") and \
-            (not _DNS_LABEL.match(name) or len(name) > 63):
+            (not _DNS_LABEL.fullmatch(name) or len(name) > 63):
         errs.append(f"metadata.name {name!r} is not a DNS-1123 label")
     label_sets = [("metadata.labels", md.get("labels") or {})]
     if obj.get("kind") == "Job":
@@ -702,9 +702,9 @@ def check_manifest(obj: dict) -> list[str]:
         label_sets.append(("spec.template.metadata.labels", tmd.get("labels") or {}))
     for where, labels in label_sets:
         for k, v in labels.items():
-            if not _QUALIFIED.match(k) or len(k.split("/")[-1]) > 63:
+            if not _QUALIFIED.fullmatch(k) or len(k.split("/")[-1]) > 63:
                 errs.append(f"{where}: key {k!r} is not a qualified name")
-            if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
+            if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.fullmatch(v):
                 errs.append(f"{where}[{k}]: value {v!r} is not a valid label value")
     for where, c in _containers(obj):
         res = c.get("resources") or {}
@@ -713,7 +713,7 @@ def check_manifest(obj: dict) -> list[str]:
         for r in set(limits) | set(requests):
             if r in ("cpu", "memory", "ephemeral-storage") or r.startswith("hugepages-"):
                 continue
-            if "/" not in r or not _QUALIFIED.match(r) or r.startswith("kubernetes.io/"):
+            if "/" not in r or not _QUALIFIED.fullmatch(r) or r.startswith("kubernetes.io/"):
                 errs.append(f"{where}: extended resource {r!r} must be domain-prefixed "
                             "(outside kubernetes.io)")
                 continue

@@ -564,7 +564,7 @@ def account_names(tree: AccountTree, mapping: Mapping[str, str] | None = None) -
     seen: dict[str, str] = {}
     for name in tree.accounts:
         slurm = (mapping or {}).get(name, name.lower())
-        if not _SLURM_NAME.match(slurm):
+        if not _SLURM_NAME.fullmatch(slurm):
             raise SlurmMapError(f"accounts.{name}: {slurm!r} is not a valid Slurm account name")
         if slurm in seen:
             raise SlurmMapError(f"accounts.{name}: Slurm account {slurm!r} is also the name of "

@@ -145,7 +145,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     rc = 0
     for wid in args.ids:
         try:
-            out = call(args, "DELETE", f"/jobs/{wid}")
+            out = call(args, "DELETE", f"/jobs/{quote(wid, safe='')}")
             print(json.dumps(out, indent=2) if args.json else f"cancelled {wid}")
         except (ServiceError, OSError) as e:
             print(f"gpubudget cancel {wid}: {e}", file=sys.stderr)

@@ -68,14 +68,14 @@ def default_root(mountinfo: str) -> str | None:
 def job_name(workload: str, attempt: int) -> str:
     """The cgroup of a job's attempt (workload ids never hold '/')."""
     name = f"job.{workload}.{int(attempt)}"
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise ContainmentError(f"workload {workload!r}: not usable as a cgroup name")
     return name
 
 
 def session_name(uid: int, token: str) -> str:
     name = f"session.{int(uid)}.{token}"
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise ContainmentError(f"session token {token!r}: not usable as a cgroup name")
     return name
 
@@ -120,7 +120,7 @@ def _is_cgroup_dir(path: Path) -> bool:
 def prepare(root: Path, name: str) -> Path:
     """Make (or reuse, when empty) ``<root>/<name>`` and return it; the root is made too.
     Raises ContainmentError with what to do when it cannot be made or is not a cgroup."""
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise ContainmentError(f"{name!r}: not usable as a cgroup name")
     try:
         if not os.path.isdir(root):

@@ -114,7 +114,7 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
     if unknown:
         raise LauncherError(f"{sorted(unknown)[0]}: unknown spec key")
     wid = raw.get("workload")
-    if not isinstance(wid, str) or not WORKLOAD_ID.match(wid):
+    if not isinstance(wid, str) or not WORKLOAD_ID.fullmatch(wid):
         raise LauncherError("workload: not a workload id")
     attempt = raw.get("attempt")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= 10**6:
@@ -475,7 +475,7 @@ def signal_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
     if len(args) != 3:
         raise LauncherError("usage: signal WORKLOAD ATTEMPT GRACE_SECONDS")
     wid, attempt_s, grace_s = args
-    if not WORKLOAD_ID.match(wid) or not attempt_s.isdigit() or not 1 <= int(attempt_s) <= 10**6:
+    if not WORKLOAD_ID.fullmatch(wid) or not attempt_s.isdigit() or not 1 <= int(attempt_s) <= 10**6:
         raise LauncherError("signal: not a workload id and attempt")
     try:
         grace = _seconds(float(grace_s), "grace", cfg.max_grace, allow_none=False)

@@ -234,7 +234,7 @@ def _checked(cfg: LauncherConfig, holder: str) -> Carved:
         raise LauncherError("mig: carving MIG instances is off in the launcher's config (an "
                             "admin sets \"dynamic_mig\": true there, with "
                             "GpuBudgetService.dynamic_mig)")
-    if not HOLDER.match(holder):
+    if not HOLDER.fullmatch(holder):
         raise LauncherError(f"holder: {holder[:80]!r} is not a share's name")
     secure_path(cfg.mig_root, "mig_root")
     return Carved(cfg.mig_root)
@@ -247,9 +247,9 @@ def mig_create(cfg: LauncherConfig, args: list[str], stdin: BinaryIO,
         raise LauncherError("mig-create: expected HOLDER GPU PROFILE START SIZE")
     holder, gpu, profile, start_s, size_s = args
     carved = _checked(cfg, holder)
-    if not GPU_ID.match(gpu):
+    if not GPU_ID.fullmatch(gpu):
         raise LauncherError(f"gpu: {gpu[:80]!r} is not a GPU's NVML id ('GPU-<uuid>')")
-    if not PROFILE.match(profile):
+    if not PROFILE.fullmatch(profile):
         raise LauncherError(f"profile: {profile[:40]!r} is not a MIG profile such as 1g.18gb")
     if not (start_s.isdigit() and size_s.isdigit() and int(start_s) < 8
             and 1 <= int(size_s) <= 8 and int(start_s) + int(size_s) <= 8):

@@ -276,7 +276,7 @@ MAX_GPUS = 64
 
 
 def _holder(text: str) -> str:
-    if not HOLDER.match(text):
+    if not HOLDER.fullmatch(text):
         raise LauncherError(f"holder: {text[:80]!r} is not a share's name "
                             "(letters, digits, '_.@+-')")
     return text
@@ -305,7 +305,7 @@ def mps_acquire(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict[s
     if len(gpus) > MAX_GPUS or len(set(gpus)) != len(gpus):
         raise LauncherError(f"mps-acquire: expected up to {MAX_GPUS} different GPUs")
     for g in gpus:
-        if not GPU_ID.match(g):
+        if not GPU_ID.fullmatch(g):
             raise LauncherError(f"gpu: {g[:80]!r} is not a GPU's NVML id ('GPU-<uuid>')")
     try:
         return {"pipes": _daemons(cfg).acquire_all(holder, gpus)}

@@ -74,7 +74,7 @@ def refused_env_key(key: str) -> str | None:
     """Why a job's ``env`` may not set ``key``, or None."""
     if len(key) > MAX_ENV_KEY_CHARS:
         return f"a variable name is at most {MAX_ENV_KEY_CHARS} characters"
-    if not ENV_KEY.match(key):
+    if not ENV_KEY.fullmatch(key):
         return "not a variable name (letters, digits and '_', not starting with a digit)"
     up = key.upper()
     if up in REFUSED_NAMES or up.startswith(REFUSED_PREFIXES):

@@ -358,9 +358,9 @@ class SnapshotManager:
                        request: str | None) -> dict:
         assert self.sets is not None and self.store is not None
         t0 = time.perf_counter()
-        if not ID_RE.match(set_id or ""):
+        if not ID_RE.fullmatch(set_id or ""):
             raise web.HTTPError(400, f"snapshot: {set_id!r} is not a snapshot id")
-        session = ID_RE.match(set_id).group(1)  # type: ignore[union-attr]
+        session = ID_RE.fullmatch(set_id).group(1)  # type: ignore[union-attr]
         skipped: list[dict] = []
         chosen = set_id
         while True:
@@ -595,7 +595,7 @@ class SnapshotsHandler(_Base):
         if request is not None and (not isinstance(request, str) or len(request) > 64):
             raise web.HTTPError(400, "request: expected a request id")
         merge = b.get("merge")
-        if merge is not None and (not isinstance(merge, str) or not ID_RE.match(merge)):
+        if merge is not None and (not isinstance(merge, str) or not ID_RE.fullmatch(merge)):
             raise web.HTTPError(400, "merge: expected a snapshot id")
         if self.mgr.taking:
             raise web.HTTPError(409, "a snapshot is being taken right now")
@@ -613,7 +613,7 @@ class RestoreHandler(_Base):
     async def post(self) -> None:
         b = self.body()
         sid = b.get("snapshot")
-        if not isinstance(sid, str) or not ID_RE.match(sid):
+        if not isinstance(sid, str) or not ID_RE.fullmatch(sid):
             raise web.HTTPError(400, "snapshot: expected a snapshot id")
         request = b.get("request")
         if request is not None and (not isinstance(request, str) or len(request) > 64):

@@ -117,7 +117,7 @@ def parse_time(raw: str, field: str, tz: tzinfo | None, end_of_day: bool = False
         raise BadFilter(field, f"expected a date such as 2025-03-01 or a date and time such "
                                f"as 2025-03-01T14:00 (not a number of seconds), got {text!r}")
     try:
-        if _DATE.match(text):
+        if _DATE.fullmatch(text):
             d = date.fromisoformat(text)
             if end_of_day:
                 d = d + timedelta(days=1)

@@ -29,7 +29,12 @@ from jupyter_gpubudget.core.offer import (
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, paused_gc
 from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger import nodes as ledger_nodes
-from jupyter_gpubudget.ledger.models import ChargeRow, NodeHealthRow, WorkloadRow
+from jupyter_gpubudget.ledger.models import (
+    ChargeRow,
+    DeviceClaimRow,
+    NodeHealthRow,
+    WorkloadRow,
+)
 
 from .leader import NotLeader
 from .state import LiveWorkloads, build_state, placement_to_list
@@ -526,7 +531,11 @@ class SchedulingLoop:
                 update(ChargeRow).where(ChargeRow.id == charge_id, ChargeRow.end.is_(None),
                                         ChargeRow.start < at)
                 .values(start=at, checkpoint=at)).rowcount
-            if moved:
+            if moved:  # (the GPUs it claims are held from then too)
+                s.execute(update(DeviceClaimRow).where(DeviceClaimRow.charge == charge_id,
+                                                       DeviceClaimRow.end.is_(None),
+                                                       DeviceClaimRow.start < at)
+                          .values(start=at))
                 values["started_at"] = at
                 if protected_until is not None:
                     values["protected_until"] = protected_until

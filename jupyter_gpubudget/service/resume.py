@@ -53,7 +53,7 @@ def pop_resume_fields(body: Any) -> dict:
         v = body.pop(k, None)
         if v is None:
             continue
-        if not isinstance(v, str) or not _ID.match(v):
+        if not isinstance(v, str) or not _ID.fullmatch(v):
             raise ApiError(400, f"{k}: {v!r} is not a session or snapshot id", k)
         out[k] = v
     return out

@@ -54,7 +54,7 @@ def duration(value: Any, field: str) -> float:
         if not 0 <= value <= MAX_DURATION_S:
             raise Invalid(field, "must be between 0 and 366 days")
         secs = float(value)
-    elif isinstance(value, str) and (m := _DUR.match(value)):
+    elif isinstance(value, str) and (m := _DUR.fullmatch(value)):
         secs = float(m.group(1)) * _UNIT[m.group(2)]
     else:
         raise Invalid(field, f"expected a duration such as 3600, '30m' or '2h', got {value!r}")
@@ -102,7 +102,7 @@ def _str(body: dict, key: str, required: bool = False, pattern: re.Pattern | Non
         raise Invalid(key, "at most 200 characters")
     if bad_text(v):
         raise Invalid(key, bad_text(v) or "")
-    if pattern is not None and not pattern.match(v):
+    if pattern is not None and not pattern.fullmatch(v):
         raise Invalid(key, f"{v!r} is not a valid name")
     return v
 
@@ -151,6 +151,15 @@ def check_offered(inventory: Any, req: SliceRequest) -> None:
     why = not_offered(inventory, req)
     if why is not None:
         raise Invalid(*why)
+    clusters = inventory.clusters
+    if req.cluster is None and len(clusters) > 1:
+        # a workload never spans clusters: one of them must be able to hold all of it
+        per = {c: not_offered(inventory, replace(req, cluster=c)) for c in clusters}
+        if all(w is not None for w in per.values()):
+            first = next(w for w in per.values() if w is not None)
+            raise Invalid(first[0], "no single cluster can hold it (a workload never spans "
+                          "clusters): " + "; ".join(f"{c}: {w[1]}" for c, w in per.items()
+                                                    if w is not None))
 
 
 def _bool(body: dict, key: str, default: bool = False) -> bool:
@@ -170,7 +179,7 @@ def parse_slice(body: dict) -> SliceRequest:
     cluster = body.get("cluster")
     if cluster is None:
         return req
-    if not isinstance(cluster, str) or not _CLUSTER.match(cluster):
+    if not isinstance(cluster, str) or not _CLUSTER.fullmatch(cluster):
         raise Invalid("cluster", "expected a cluster's name (letters, digits, - and _)")
     return replace(req, cluster=cluster)
 
@@ -189,9 +198,9 @@ def _parse_slice(body: dict) -> SliceRequest:
         s = body["slice"]
         if not isinstance(s, str):
             raise Invalid("slice", "expected a MIG profile such as '1g.18gb' or 'mps:300[:MiB]'")
-        if m := _MIG.match(s):
+        if m := _MIG.fullmatch(s):
             return SliceRequest.mig(f"{m.group(1)}g.{m.group(2)}gb", gpu_model=gpu_model)
-        if m := _MPS.match(s):
+        if m := _MPS.fullmatch(s):
             milli = int(m.group(1))
             if not 1 <= milli <= 1000:
                 raise Invalid("slice", "an MPS share is 1..1000 thousandths of a GPU")
@@ -367,7 +376,7 @@ def parse_session(body: Any) -> dict:
     body = _check_keys(body, SESSION_FIELDS)
     for k in ("user", "project"):
         v = body.get(k)
-        if not isinstance(v, str) or not _NAME.match(v):
+        if not isinstance(v, str) or not _NAME.fullmatch(v):
             raise Invalid(k, "is required (a name)" if v is None else f"{v!r} is not a valid name")
     sl = body.get("slice")
     if isinstance(sl, str) and (sl == "cpu" or sl.startswith(("gpu:", "mig:"))):

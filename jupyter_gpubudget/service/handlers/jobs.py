@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from sqlalchemy.exc import DBAPIError
+
 from ..auth import SCOPE_SUBMIT, needs_scope
 from ..base import ApiError, BaseHandler
 from ..state import request_to_dict
@@ -59,12 +61,28 @@ class JobsHandler(BaseHandler):
             return 201, workload_json(row, self.svc.loop.view, now)
 
         key = self.idem_key(c)
-        if key is None:
-            status, body = await self.db(apply, None)
-        else:
-            status, body = await self.db(self.idempotent, key, apply, now)
+        try:
+            if key is None:
+                status, body = await self.db(apply, None)
+            else:
+                status, body = await self.db(self.idempotent, key, apply, now)
+        except DBAPIError as e:
+            raise self.write_lost(e) from None
         self.svc.kick()
         self.send(body, status)
+
+
+    def write_lost(self, e: DBAPIError) -> Exception:
+        """The database ended the write's transaction under it — nothing was written (it
+        never committed). The commonest cause: this replica was paused (or cut off) with the
+        transaction open, PostgreSQL ended it (``idle_in_transaction_session_timeout``) and
+        another replica took over. 503, as a write to a standby is: ``not_leader`` when this
+        replica no longer leads, else ``ledger unavailable``; retry either way."""
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0][:300]
+        if not self.svc.is_leader:
+            return self.svc.not_leader()
+        self.svc.ledger_failed(reason)
+        return ApiError(503, f"ledger unavailable: {reason}", retry_after=5)
 
 
 class JobHandler(BaseHandler):

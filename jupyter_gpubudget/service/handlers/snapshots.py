@@ -159,7 +159,7 @@ class SnapshotHandler(_Base):
                                f"members[{i}]")
         pruned = b.get("pruned", [])
         if not isinstance(pruned, list) or not all(
-                isinstance(p, str) and _SET_RE.match(p) and p.startswith(session + "--")
+                isinstance(p, str) and _SET_RE.fullmatch(p) and p.startswith(session + "--")
                 for p in pruned):
             raise ApiError(400, "pruned: expected snapshot ids of this session", "pruned")
         request = _str(b, "request", 64)
@@ -325,7 +325,7 @@ class SessionRestoredHandler(_Base):
                 isinstance(k, dict) for k in kernels):
             raise ApiError(400, "kernels: expected at most 100 objects", "kernels")
         snap = b.get("snapshot")
-        if snap is not None and not (isinstance(snap, str) and _SET_RE.match(snap)):
+        if snap is not None and not (isinstance(snap, str) and _SET_RE.fullmatch(snap)):
             raise ApiError(400, "snapshot: expected a snapshot id", "snapshot")
         keep = ("kernel_name", "notebooks", "method", "everything", "restored", "recomputed",
                 "lost", "unsaved", "notes", "error", "reimported")

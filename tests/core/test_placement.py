@@ -523,7 +523,7 @@ def test_an_mps_share_as_the_smallest_mig_instance_of_each_model():
     memory; across models the smallest of those (the first model on a tie); GPU models
     asked for, host room and exact edges respected; charged the share's milli, with its
     host CPU and memory."""
-    from jupyter_gpubudget.core.placement import mps_as_mig
+    from jupyter_gpubudget.core.sharing import mps_as_mig
 
     three = cluster(make_node("h", H100, 1, mig=(0,), cpu_milli=4000, memory_mib=4096),
                     make_node("a", "A100-40GB", 1, mig=(0,), cpu_milli=4000, memory_mib=4096),

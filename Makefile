@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export PATH := $(CURDIR)/$(BIN):/usr/lib/postgresql/15/bin:$(PATH)
 
-.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot mutation demo clean lab labtest
+.PHONY: run test install sysdeps criu lint typecheck bench bench-snapshot mutation demo clean lab labtest clean-demo
 
 # the JupyterLab extension is built here (`make lab`), so the editable install skips
 # hatch-jupyter-builder's build hook (SKIP_JUPYTER_BUILDER)
@@ -83,6 +83,13 @@ criu:
 ## declared demo inventory, the gpubudget service managed by the hub)
 run: install sysdeps
 	$(BIN)/gpubudget hub
+
+## clean-demo: remove what `make run` made on this machine as root: the demo users' accounts
+## (demo-<user>) and this checkout's homes of them (/home/gpubudget-demo-<hash of the
+## checkout's path>), the service's account (gpubudget), the users' group (gpubudget-users)
+## and a sudoers drop-in (/etc/sudoers.d/gpubudget-*) a killed hub left; stop the hub first
+clean-demo:
+	$(BIN)/python -m jupyter_gpubudget.hub.demo_setup clean --dir .gpubudget-hub
 
 ## test: install everything the tests need and run every suite, in two lanes side by side
 ## (each lane starts its own hub, PostgreSQL and other daemons on free ports, each lane from

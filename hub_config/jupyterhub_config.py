@@ -32,9 +32,11 @@
 #
 # Who runs as whom (see "Security model" in docs/service.md). Started as root, the demo creates
 # (if missing) the system account `gpubudget` for the service, one account `demo-<name>` per
-# demo user (home /home/demo-<name>) for their notebook servers and batch jobs, the launcher's
+# demo user for their notebook servers and batch jobs (their homes are this checkout's own:
+# /home/gpubudget-demo-<hash of the checkout's path>/demo-<name>), the launcher's
 # root-owned config (<state>/launcher.json) and a sudoers drop-in (/etc/sudoers.d/gpubudget-*,
-# removed when the hub exits) letting `gpubudget` run exactly the launcher as root. Started as
+# removed when the hub exits) letting `gpubudget` run exactly the launcher as root
+# (`make clean-demo` removes them all). Started as
 # another user, or when the checkout is not readable by other accounts, everything runs as the
 # invoking user and the log says that isolation is off.
 import os
@@ -90,8 +92,10 @@ ISOLATION_OFF = ("GPUBUDGET_ISOLATION=0" if env("GPUBUDGET_ISOLATION", "1") == "
                                                BUDGETS, INVENTORY, STATE], state=STATE))
 if ISOLATION_OFF is None:
     svc_user = demo_setup.ensure_service_user()
+    HOMES = demo_setup.demo_home_root()  # this checkout's homes of the demo users
     for u in sorted(users):
-        demo_setup.ensure_user(UNIX_TEMPLATE.format(username=u))
+        demo_setup.ensure_demo_home(HOMES, demo_setup.ensure_user(
+            UNIX_TEMPLATE.format(username=u), home_root=HOMES))
     SERVICE_DIR = STATE / "service"  # the ledger: the service's user alone
     demo_setup.private_dir(SERVICE_DIR, svc_user.pw_uid, svc_user.pw_gid, 0o700)
     demo_setup.move_old_ledger(STATE, SERVICE_DIR, svc_user)
@@ -100,7 +104,8 @@ if ISOLATION_OFF is None:
     demo_setup.ensure_users_group([UNIX_TEMPLATE.format(username=u) for u in sorted(users)])
     # jobs run as the demo's users only, never as another account of the machine
     LAUNCHER = demo_setup.launcher_config(STATE, JOBS, demo_setup.SERVICE_USER, BIN,
-                                          allowed_groups=[demo_setup.USERS_GROUP])
+                                          allowed_groups=[demo_setup.USERS_GROUP],
+                                          workdir=str(HOMES / "{user}"))
     demo_setup.install_sudoers(demo_setup.SERVICE_USER, sys.executable, LAUNCHER,
                                users_group=demo_setup.USERS_GROUP)
     print(f"gpubudget demo: the service runs as {demo_setup.SERVICE_USER!r}; notebook servers "
@@ -228,6 +233,7 @@ c.JupyterHub.spawner_class = "jupyter_gpubudget.hub.BudgetSpawner"  # entry poin
 if ISOLATION_OFF is None:  # each user's server runs as their own Unix account
     c.BudgetSpawner.backend_spawner_class = "jupyter_gpubudget.hub.localuser.MappedLocalProcessSpawner"
     c.MappedLocalProcessSpawner.unix_user_template = UNIX_TEMPLATE
+    c.MappedLocalProcessSpawner.home_dir_template = str(HOMES / "{unix_user}")
 else:
     c.BudgetSpawner.backend_spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
 c.BudgetSpawner.service_api_url = f"http://127.0.0.1:{SERVICE_PORT}/services/gpubudget/api/v1"

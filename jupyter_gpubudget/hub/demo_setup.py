@@ -3,11 +3,20 @@ root, so that nothing of it runs as root but the hub itself and the small launch
 
 - the service's Unix user (``gpubudget``, a system account with its own group) runs the
   gpubudget service; its ledger lives in ``<state>/service`` (0700, its own);
-- one Unix account per demo user (``demo-<name>``, home ``/home/demo-<name>``, 0700) runs
-  that user's notebook servers and batch jobs;
+- one Unix account per demo user (``demo-<name>``) runs that user's notebook servers and
+  batch jobs; each checkout gives them homes of its own, ``/home/gpubudget-demo-<key>/<account>``
+  (0700, the account's, ``<key>`` a hash of the checkout's path: :func:`demo_home_root`), so
+  two checkouts never share a lab layout or files, and whatever an earlier run left there that
+  is not the account's own (a file root wrote) is given back to the account at start;
 - the launcher's root-owned config (``<state>/launcher.json``) and a sudoers drop-in that lets
   the service user run exactly ``<python> -I -m jupyter_gpubudget.launcher --config
   <state>/launcher.json *`` as root.
+
+``clean_demo`` (``make clean-demo``, ``python -m jupyter_gpubudget.hub.demo_setup clean``)
+removes what this checkout's demo made: the users' accounts and their homes, the sudoers
+drop-in, the service's account and the users' group. The names can be changed through the
+environment (``GPUBUDGET_DEMO_PREFIX``, ``GPUBUDGET_DEMO_SERVICE_USER``,
+``GPUBUDGET_DEMO_USERS_GROUP``, ``GPUBUDGET_DEMO_HOMES``: the tests' demos use their own).
 
 ``isolation_problem`` says why this cannot be done (the hub is not root, or a path the other
 accounts need is not reachable by them); the demo then runs everything as the invoking user
@@ -23,6 +32,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -30,9 +40,66 @@ import sys
 import time
 from pathlib import Path
 
-SERVICE_USER = "gpubudget"
-DEMO_PREFIX = "demo-"
+
+def _name(var: str, default: str) -> str:
+    """A Unix name from the environment (the tests' demos use their own), checked."""
+    value = os.environ.get(var) or default
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,23}", value):
+        raise SystemExit(f"{var}={value!r}: expected a Unix name (lower-case letters, digits, "
+                         "'-' and '_', at most 24)")
+    return value
+
+
+SERVICE_USER = _name("GPUBUDGET_DEMO_SERVICE_USER", "gpubudget")
+DEMO_PREFIX = _name("GPUBUDGET_DEMO_PREFIX", "demo-")
 SUDOERS_DIR = Path("/etc/sudoers.d")
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def demo_home_root(checkout: Path = CHECKOUT) -> Path:
+    """Where this checkout's demo users have their homes: ``/home/gpubudget-demo-<key>``,
+    ``<key>`` the first 10 hex digits of the SHA-256 of the checkout's path
+    (``GPUBUDGET_DEMO_HOMES`` overrides it)."""
+    if os.environ.get("GPUBUDGET_DEMO_HOMES"):
+        return Path(os.environ["GPUBUDGET_DEMO_HOMES"]).resolve()
+    key = hashlib.sha256(str(Path(checkout).resolve()).encode()).hexdigest()[:10]
+    return Path("/home") / f"gpubudget-demo-{key}"
+
+
+def give_back(home: Path, pw: pwd.struct_passwd) -> list[str]:
+    """Every entry under ``home`` not owned by the account becomes the account's (root wrote
+    it in an earlier run: the user could not change or remove it). Links are never followed
+    (``lchown``), nothing outside ``home`` is touched. Returns the paths changed."""
+    changed = []
+    for dirpath, dirnames, filenames in os.walk(home, followlinks=False):
+        for n in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, n)
+            try:
+                st = os.lstat(p)
+                if st.st_uid != pw.pw_uid:
+                    os.lchown(p, pw.pw_uid, pw.pw_gid)
+                    changed.append(p)
+            except OSError:
+                pass
+    return changed
+
+
+def ensure_demo_home(root: Path, pw: pwd.struct_passwd) -> Path:
+    """The account's home of this checkout's demo, ``root/<account>`` (0700, its own; root
+    itself 0755, root's), with nothing in it owned by another account."""
+    if root.is_symlink():
+        raise RuntimeError(f"{root} is a symbolic link; the demo will not put homes there")
+    root.mkdir(parents=True, exist_ok=True)
+    os.chown(root, 0, 0)
+    os.chmod(root, 0o755)
+    home = root / pw.pw_name
+    if home.is_symlink():
+        raise RuntimeError(f"{home} is a symbolic link; the demo will not use it as a home")
+    home.mkdir(exist_ok=True)
+    os.chown(home, pw.pw_uid, pw.pw_gid)
+    os.chmod(home, 0o700)
+    give_back(home, pw)
+    return home
 
 
 def reachable(path: Path, execute: bool = False) -> str | None:
@@ -103,14 +170,16 @@ def ensure_service_user(name: str = SERVICE_USER) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
-def ensure_user(name: str, service_group: str = SERVICE_USER) -> pwd.struct_passwd:
+def ensure_user(name: str, service_group: str = SERVICE_USER,
+                home_root: Path | None = None) -> pwd.struct_passwd:
     """A regular account (uid >= 1000) with a home it owns (0700), never in the service's
-    group."""
+    group; a new account's home is ``home_root/<name>`` where given."""
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
-        _run(["useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name],
-             ok=(0, 9))
+        where = ["--home-dir", str(home_root / name)] if home_root is not None else []
+        _run(["useradd", "--create-home", *where, "--user-group", "--shell", "/bin/bash",
+              name], ok=(0, 9))
         pw = pwd.getpwnam(name)
     if pw.pw_uid < 1000 or pw.pw_uid == 0:
         raise RuntimeError(f"{name} exists as a system account (uid {pw.pw_uid}); the demo will "
@@ -151,7 +220,7 @@ def move_old_ledger(state: Path, service_dir: Path, owner: pwd.struct_passwd) ->
 
 
 def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | None = None,
-                    allowed_groups: list[str] | None = None) -> Path:
+                    allowed_groups: list[str] | None = None, workdir: str = "{home}") -> Path:
     """The launcher's config, owned by root, readable by all (it holds no secret). Jobs find
     the demo's Python environment first on their PATH (``python``, ``gpubudget``).
     ``allowed_groups``: jobs run only as members of these (the demo passes its users' group:
@@ -159,7 +228,7 @@ def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | No
     path = state / "launcher.json"
     tmp = state / ".launcher.json.tmp"
     cfg: dict = {"jobs_root": str(jobs_root), "group": group, "min_uid": 1000,
-                 "workdir": "{home}"}
+                 "workdir": workdir}
     if allowed_groups:
         cfg["allowed_groups"] = list(allowed_groups)
     if bin_dir is not None:
@@ -173,7 +242,7 @@ def launcher_config(state: Path, jobs_root: Path, group: str, bin_dir: Path | No
 
 #: the demo users' group: their notebook servers may run the CRIU steps of a snapshot as root
 #: (the privileged side acts only on the caller's own kernels; docs/snapshot.md)
-USERS_GROUP = "gpubudget-users"
+USERS_GROUP = _name("GPUBUDGET_DEMO_USERS_GROUP", "gpubudget-users")
 
 
 def sudoers_line(user: str, python: str, config: Path) -> str:
@@ -209,14 +278,20 @@ def ensure_users_group(members: list[str], group: str = USERS_GROUP) -> None:
             _run(["usermod", "-aG", group, m])
 
 
+def sudoers_path(config: Path) -> Path:
+    """The demo's sudoers drop-in for the launcher config ``config`` (one per state
+    directory)."""
+    return SUDOERS_DIR / ("gpubudget-" + hashlib.sha256(str(config).encode()).hexdigest()[:12])
+
+
 def install_sudoers(user: str, python: str, config: Path, users_group: str | None = None
                     ) -> Path:
     """A drop-in in /etc/sudoers.d (checked with visudo first), removed when the hub exits."""
     line = sudoers_line(user, python, config)
     if users_group:
         line += "\n" + snapshot_sudoers_line(users_group, python)
-    name = "gpubudget-" + hashlib.sha256(str(config).encode()).hexdigest()[:12]
-    path = SUDOERS_DIR / name
+    path = sudoers_path(config)
+    name = path.name
     text = (f"# gpubudget demo hub ({config.parent}): the service may run the launcher as "
             f"root; the users' servers the CRIU steps of their own snapshots\n{line}\n")
     SUDOERS_DIR.mkdir(exist_ok=True)
@@ -240,3 +315,91 @@ def install_sudoers(user: str, python: str, config: Path, users_group: str | Non
 
     atexit.register(remove)
     return path
+
+
+def _userdel(name: str) -> str:
+    """Remove an account (its group with it); '' when done or absent, else why not."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return ""
+    r = subprocess.run(["userdel", name], capture_output=True, text=True)
+    return "" if r.returncode == 0 else f"{name}: {(r.stderr or '').strip() or r.returncode}"
+
+
+def clean_demo(users: list[str], state: Path, home_root: Path | None = None,
+               shared: bool = True) -> list[str]:
+    """Remove what the demo made for ``users`` (hub user names) from the state directory
+    ``state``: the accounts ``<prefix><user>`` with their homes below ``home_root`` (this
+    checkout's, :func:`demo_home_root`), the sudoers drop-in, and with ``shared`` the
+    service's account and the users' group. An account still running processes is left
+    and said. Returns what could not be removed (empty: all done)."""
+    if os.geteuid() != 0:
+        return ["not root: the demo's accounts and drop-ins can only be removed as root"]
+    root = home_root or demo_home_root()
+    problems = []
+    for u in sorted(users):
+        name = DEMO_PREFIX + u
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            pw = None
+        if pw is not None and pw.pw_uid < 1000:
+            problems.append(f"{name}: a system account (uid {pw.pw_uid}), not the demo's: kept")
+            continue
+        why = _userdel(name)
+        if why:
+            problems.append(why)
+            continue
+        for home in {root / name, *([Path(pw.pw_dir)] if pw is not None else [])}:
+            # only a home the account owned: never another account's or a shared folder
+            if home.is_dir() and not home.is_symlink() and pw is not None and \
+                    os.lstat(home).st_uid == pw.pw_uid:
+                shutil.rmtree(home, ignore_errors=True)
+    if root.is_dir() and not root.is_symlink() and not any(root.iterdir()):
+        root.rmdir()
+    drop_in = sudoers_path(state / "launcher.json")
+    if drop_in.exists():
+        drop_in.unlink()
+    if shared:
+        why = _userdel(SERVICE_USER)
+        if why:
+            problems.append(why)
+        try:
+            grp.getgrnam(USERS_GROUP)
+            r = subprocess.run(["groupdel", USERS_GROUP], capture_output=True, text=True)
+            if r.returncode != 0:
+                problems.append(f"{USERS_GROUP}: {(r.stderr or '').strip()}")
+        except KeyError:
+            pass
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jupyter_gpubudget.hub.demo_setup clean [--dir STATE] [--budgets FILE]``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m jupyter_gpubudget.hub.demo_setup")
+    p.add_argument("action", choices=["clean"])
+    p.add_argument("--dir", default=".gpubudget-hub", help="the demo's state directory")
+    p.add_argument("--budgets", default=str(CHECKOUT / "examples" / "budgets-demo.yaml"))
+    p.add_argument("--keep-shared", action="store_true",
+                   help="keep the service's account and the users' group")
+    a = p.parse_args(argv)
+    from jupyter_gpubudget.core.accounts import load_budgets
+
+    budgets = load_budgets(Path(a.budgets).read_bytes(), a.budgets)
+    users = set(budgets.admins)
+    for acc in budgets.accounts.accounts.values():
+        users |= set(acc.members) | set(acc.managers)
+    problems = clean_demo(sorted(users), Path(a.dir).resolve(), shared=not a.keep_shared)
+    for line in problems:
+        print(f"clean-demo: not removed: {line}", file=sys.stderr)
+    if not problems:
+        print(f"clean-demo: removed the demo's accounts ({DEMO_PREFIX}<user>, {SERVICE_USER}), "
+              f"homes ({demo_home_root()}), group {USERS_GROUP} and sudoers drop-in")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,6 +34,11 @@ class MappedLocalProcessSpawner(LocalProcessSpawner):
         help="The Unix account a hub user's server runs as; {username} is the hub user name.")
     unix_users = Dict({}, config=True, help="Hub user name -> Unix account (overrides the "
                                             "template for those users).")
+    home_dir_template = Unicode(
+        "", config=True,
+        help="The server's HOME and working directory: {unix_user} is the Unix account, "
+             "{username} the hub user; it must exist and belong to the account. Empty: the "
+             "account's home (/etc/passwd).")
     min_uid = Integer(1000, config=True, help="Servers never run as an account with a smaller "
                                               "uid (root, system accounts).")
 
@@ -92,11 +97,14 @@ class MappedLocalProcessSpawner(LocalProcessSpawner):
         self.account()
         set_user = super().make_preexec_fn(self.unix_name)
         cg = self.cgroup if self.contain else ""
+        home = self.home(self.account()) if self.home_dir_template else ""
 
         def preexec() -> None:
             if cg:  # as root, before anything of the user's runs
                 cgroups.join(cg)
             set_user()
+            if home:  # as the user: the server starts (and serves files) in its home
+                os.chdir(home)
 
         return preexec
 
@@ -141,11 +149,26 @@ class MappedLocalProcessSpawner(LocalProcessSpawner):
                 "session."):
             self.cgroup = cg
 
+    def home(self, pw: pwd.struct_passwd) -> str:
+        """The server's home: the template's, else the account's."""
+        if not self.home_dir_template:
+            return pw.pw_dir
+        home = self.home_dir_template.format(unix_user=pw.pw_name, username=self.user.name)
+        try:
+            st = os.lstat(home)
+        except OSError:
+            raise web.HTTPError(500, f"{home} (the server's home) does not exist") from None
+        if not os.path.isdir(home) or os.path.islink(home) or st.st_uid != pw.pw_uid:
+            raise web.HTTPError(500, f"{home} (the server's home) is not a folder of "
+                                     f"{pw.pw_name}'s own")
+        return home
+
     def user_env(self, env: dict) -> dict:
         pw = self.account()
         env["USER"] = pw.pw_name
-        if pw.pw_dir:
-            env["HOME"] = pw.pw_dir
+        home = self.home(pw)
+        if home:
+            env["HOME"] = home
         if pw.pw_shell:
             env["SHELL"] = pw.pw_shell
         return env

@@ -62,6 +62,8 @@ class CommandError(ValueError):
 
 class LocalBackend(Backend):
     name = "local"
+    #: attempts found ended (with their exit record) by :meth:`orphans`: not read again
+    _ended_attempts: set[tuple[str, int]] | None = None
 
     state_dir = Unicode("gpubudget-jobs", help="Directory holding one folder per job attempt "
                         "(pid, exit record, output.log). With launcher_config, the config's "
@@ -502,17 +504,28 @@ class LocalBackend(Backend):
         return LogChunk(data, start, size)
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Attempt directories whose job still runs and that ``running`` does not hold. Called
+        every scheduling cycle: an attempt once found ended (it has its exit record) is not
+        read again."""
         out: list[tuple[str, int]] = []
         root = self.jobs_root
         if not root.is_dir():
             return out
+        if self._ended_attempts is None:
+            self._ended_attempts = set()
+        ended = self._ended_attempts
         for wdir in root.iterdir():
             for adir in wdir.iterdir() if wdir.is_dir() else ():
                 if not adir.name.isdigit():
                     continue
                 key = (wdir.name, int(adir.name))
-                if key not in running and self.status(*key).alive:
+                if key in running or key in ended:
+                    continue
+                st = self.status(*key)
+                if st.alive:
                     out.append(key)
+                elif st.launched and (adir / "exit").exists():
+                    ended.add(key)
         return out
 
 

@@ -42,7 +42,7 @@ class Replica:
 
     def __init__(self, url: str, name: str) -> None:
         self.engine = connect(url)
-        self.lease = Lease(self.engine, f"http://{name}/", ttl=3.0, renew_interval=1.0,
+        self.lease = Lease(self.engine, f"http://{name}/", ttl=8.0, renew_interval=2.0,
                            holder=name)
         self.ledger = Ledger(self.engine)
         self.ledger.fence = self.lease.check
@@ -73,7 +73,7 @@ def replicas(slurm_accounts, postgres_server):  # noqa: F811
     yield a, b
     for r in (a, b):
         r.engine.dispose()
-    # what a failing run left in Slurm (this module's jobs only)
+    # what the tests left running in Slurm (this module's jobs only)
     out = slurm_accounts.run("squeue", "-h", "-o", "%i|%j")
     for job_id, _, name in (line.partition("|") for line in out.splitlines()):
         if any(f".{wid}." in name for wid in SUBMITTED):
@@ -199,9 +199,6 @@ def test_a_leader_paused_between_commit_and_sbatch_leaves_one_slurm_job(replicas
     assert first.end == first.start and first.closed_by == "reconcile"  # nothing charged
     lost = b.ledger.decisions(workloads=[wid], kind="lost")
     assert lost and "never launched" in lost[0].reason
-    b.lease.tick()
-    b.loop.cancel(wid, "test")
-    assert alive_jobs(cluster, wid) == []
 
 
 def test_a_late_sbatch_of_a_deposed_leader_is_cancelled_as_an_orphan(replicas,
@@ -229,8 +226,6 @@ def test_a_late_sbatch_of_a_deposed_leader_is_cancelled_as_an_orphan(replicas,
     orphan = b.ledger.decisions(workloads=[wid], kind="orphan")
     assert len(orphan) == 1 and orphan[0].detail["attempt"] == 1
     assert b.ledger.open_interval(wid).seq == 2
-    b.lease.tick()
-    b.loop.cancel(wid, "test")
 
 
 def test_an_orphan_slurm_job_is_cancelled_within_one_cycle(replicas, slurm_accounts):
@@ -268,7 +263,7 @@ def test_a_launch_later_than_its_commit_is_charged_from_the_launch(replicas, slu
     at, go = paused(a.ledger, "start")
     t, errors = run_cycle(a)
     assert at.wait(60)
-    time.sleep(1.5)  # (under the 3 s lease: it still leads)
+    time.sleep(1.5)  # (under the 8 s lease: it still leads)
     assert a.lease.tick() is not None
     released = time.time()
     go.set()
@@ -279,5 +274,3 @@ def test_a_launch_later_than_its_commit_is_charged_from_the_launch(replicas, slu
     row = a.ledger.get(wid)
     assert row.started_at == iv.start and row.backend_ref
     cluster.wait("the job in squeue", lambda: alive_jobs(cluster, wid))
-    a.lease.tick()
-    a.loop.cancel(wid, "test")

@@ -36,8 +36,11 @@ out and again on the restored tree). What that mode cannot do is refused or left
 - no other capability is given, so anything else CRIU needs root for (another account's
   process, a namespace or cgroup of its own) fails with CRIU's own error.
 
-Root callers (the service running as root, the in-process path) keep running CRIU as root, with
-``--tcp-established --network-lock nftables``.
+Root callers (the service running as root, the in-process path) dump with CRIU as root, with
+``--tcp-established --network-lock nftables``; their restore of one account's kernel (every task
+of the images that account's, no capabilities) runs CRIU as that account all the same (the
+account could race root's open of its own names just as well), and only root's own trees are
+restored by CRIU as root.
 
 CRIU >= 4.1 is needed on recent kernels (older ones fail on the vDSO); ``find_criu`` looks for
 it: ``$GPUBUDGET_CRIU``, then the build cache of ``.ci/build-criu.sh``, then ``PATH``.
@@ -677,7 +680,19 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
     caller = caller_uid()
     if caller == 0:
-        return _restore(images_dir, binary, cuda_checkpoint, gpu, timeout)
+        owner = _sole_owner(images_dir)
+        if owner is None:  # root's own tree (or several accounts'): CRIU as root
+            return _restore(images_dir, binary, cuda_checkpoint, gpu, timeout)
+        # one account's kernel, restored by root (a service running as root): with that
+        # account's rights all the same, or the account could race root's open of its files
+        box, private = _private_copy(images_dir)
+        try:
+            _setpriv()
+            _hand_over(private, owner)
+            return _restore(private, binary, cuda_checkpoint, gpu, timeout, only=owner,
+                            gids=caller_gids(owner), user=owner)
+        finally:
+            shutil.rmtree(box, ignore_errors=True)
     if not isinstance(seal_hex, str) or not re.fullmatch(r"[0-9a-f]{64}", seal_hex):
         raise CriuError("bad_input", "seal: required for an unprivileged caller (the seal its "
                         "dump returned)")
@@ -714,6 +729,28 @@ def _check_names(images_dir: str, uid: int, gids: set[int]) -> None:
         why = path_problem(rf.name, uid, gids, read=rf.reads, write=rf.writes)
         if why:
             raise CriuError("unsafe", f"restore refused: {why}")
+
+
+def _sole_owner(images_dir: str) -> int | None:
+    """The account whose tree a dump holds when it holds one account's tasks only (every
+    uid the same, not root, no capabilities) and that account exists here; else None."""
+    from .criuimages import ImageError, task_creds
+
+    try:
+        tasks = task_creds(images_dir)
+    except (ImageError, OSError):
+        return None
+    uids = {u for t in tasks for u in t.uids}
+    if len(uids) != 1 or any(t.caps for t in tasks):
+        return None
+    uid = uids.pop()
+    if uid <= 0:
+        return None
+    try:
+        _account(uid)
+    except CriuError:
+        return None
+    return uid
 
 
 def _tcp_closed(images_dir: str) -> bool:

@@ -267,3 +267,65 @@ def _wait_free(pid: int) -> None:
     deadline = time.monotonic() + 10  # gone (reaped by init): its pid is free again
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_a_root_callers_restore_of_a_users_kernel_opens_its_files_as_the_user(attacker):  # noqa: F811
+    """A service running as root (the in-process path) restores a user's kernel with that
+    user's rights too: the user could otherwise race root's open of its own names just the
+    same. The name is left pointing at root's directory (no race needed against the old
+    code, which reopened it as root without a check): the kernel refuses CRIU's open."""
+    from jupyter_gpubudget.snapshot.privcall import Privileged, PrivilegedError
+
+    pw = attacker
+    d = shared_tmp("gbt-root-restore-")
+    rootdir = d / "rootdir"
+    rootdir.mkdir(mode=0o755)
+    victim = rootdir / "target"
+    victim.write_text("root's own line\n")
+    os.chmod(victim, 0o644)
+    before = victim.read_bytes()
+    home = d / "u"
+    home.mkdir()
+    os.chown(home, pw.pw_uid, pw.pw_gid)
+    work = home / "work"
+    work.mkdir()
+    os.chown(work, pw.pw_uid, pw.pw_gid)
+    mine = work / "target"
+    mine.write_text("z" * len(before))
+    os.chown(mine, pw.pw_uid, pw.pw_gid)
+    root = Privileged(command_prefix=[])
+    pid = spawn_as(pw, f"exec 3<>{mine}; exec sleep 600")
+    images = d / "images"
+    try:
+        time.sleep(0.5)
+        root.call("criu-dump", pid=pid, images_dir=str(images), expect_uid=pw.pw_uid)
+        gone(pid)
+        _wait_free(pid)
+        # the user's directory is now a symlink to root's
+        os.rename(work, home / "real")
+        os.symlink(rootdir, work)
+        try:
+            restored = root.call("criu-restore", images_dir=str(images))["pid"]
+        except PrivilegedError as e:
+            assert e.reason == "restore_failed" and "Permission denied" in e.log, e.log
+        else:  # the old code: root's file, open for writing, in the user's process
+            held = os.readlink(f"/proc/{restored}/fd/3")
+            _end(restored)
+            raise AssertionError(f"restored as root: the user's process held {held}")
+        assert victim.read_bytes() == before
+        assert subprocess.run(["pgrep", "-u", str(pw.pw_uid), "-x", "sleep"]).returncode == 1
+        # its own directory back: restored, as the user, holding its own file
+        work.unlink()
+        os.rename(home / "real", work)
+        _wait_free(pid)
+        restored = root.call("criu-restore", images_dir=str(images))["pid"]
+        try:
+            status = Path(f"/proc/{restored}/status").read_text()
+            assert f"Uid:\t{pw.pw_uid}\t{pw.pw_uid}\t{pw.pw_uid}\t{pw.pw_uid}" in status
+            assert "CapEff:\t0000000000000000" in status
+            assert os.readlink(f"/proc/{restored}/fd/3") == str(mine)
+        finally:
+            _end(restored)
+    finally:
+        gone(pid)
+    assert victim.read_bytes() == before

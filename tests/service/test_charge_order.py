@@ -64,13 +64,20 @@ def submit(ledger: Ledger, project: str, user: str, script: str) -> str:
                          resumable=True).id
 
 
-def test_a_preempted_jobs_successor_is_charged_from_when_the_gpu_was_freed(setup):
+@pytest.mark.parametrize("successor_kind", ["job", "session"])
+def test_a_preempted_jobs_successor_is_charged_from_when_the_gpu_was_freed(setup,
+                                                                          successor_kind):
     ledger, loop = setup
     # bob's project has no grant: unbacked, preempted first; it ignores SIGTERM
     victim = submit(ledger, "scratch", "bob", "trap '' TERM; sleep 60 & wait; sleep 60")
     loop.cycle()
     assert ledger.get(victim).state == "running"
-    successor = submit(ledger, "lattice", "alice", "exec sleep 60")
+    if successor_kind == "job":
+        successor = submit(ledger, "lattice", "alice", "exec sleep 60")
+    else:  # a notebook session: the hub starts its server once the ledger says it runs
+        successor = ledger.submit(project="lattice", user="alice", kind="interactive",
+                                  now=time.time(), request={"kind": "gpu", "gpus": 1},
+                                  backend="hub").id
     decisions = loop.cycle()  # preempts bob (SIGTERM, 2 s grace, SIGKILL), starts alice
     assert {type(d).__name__ for d in decisions} >= {"Preempt", "Start"}
     assert ledger.get(successor).state == "running"

@@ -150,6 +150,12 @@ class PageHandler(HubOAuthenticated, BaseHandler):
                          "prefix": prefix}}
 
     def render_page(self, template: str, c: Caller, **data: Any) -> None:
+        # JupyterHub's XSRF token (the _xsrf cookie) is made for this login when a page is
+        # viewed and the one the browser holds is not this login's (a tab kept across a
+        # browser restart, a login in another tab): asking for it here renews the cookie, so
+        # a page's changes (gpubudget.js, which views the page again to renew it) are not
+        # refused as if the user had logged out
+        self.xsrf_token  # noqa: B018
         self.finish(ENV.get_template(template).render(**self.frame(c), **data))
 
     async def data(self, c: Caller) -> dict[str, Any]:

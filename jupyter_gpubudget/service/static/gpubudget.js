@@ -30,14 +30,28 @@
     if (Math.abs(d) < 1) return "now";
     return d > 0 ? `in ${duration(d)}` : `${duration(d)} ago`;
   }
-  function clock(t, now) {
-    const d = new Date(t * 1000), today = new Date(now * 1000);
-    const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
-    if (d.toDateString() === today.toDateString()) return hm;
-    const opts = { weekday: "short", day: "numeric", month: "short" };
-    if (d.getFullYear() !== today.getFullYear()) opts.year = "numeric";
-    return `${d.toLocaleDateString([], opts)} ${hm}`;
+  // one way to write a time on every page (the hub's pages, these, the lab's sidebar): local,
+  // 24-hour, "14:05" today, "Tue 14:05" within six days, else "3 Nov 14:05" (with the year
+  // when not this one); the zone is said once, below the page (#gb-zone)
+  const clockFmt = new Intl.DateTimeFormat("en-GB", {
+    year: "numeric", month: "short", day: "numeric", weekday: "short",
+    hour: "2-digit", minute: "2-digit", hourCycle: "h23",
+  });
+  function parts(ms) {
+    return Object.fromEntries(clockFmt.formatToParts(new Date(ms)).map((p) => [p.type, p.value]));
   }
+  function clock(t, now) {
+    const d = parts(t * 1000), n = parts(now * 1000), hm = `${d.hour}:${d.minute}`;
+    if (d.year === n.year && d.month === n.month && d.day === n.day) return hm;
+    if (Math.abs(t - now) < 6 * 86400) return `${d.weekday} ${hm}`;
+    return `${d.day} ${d.month}${d.year !== n.year ? ` ${d.year}` : ""} ${hm}`;
+  }
+  function zoneText() {
+    const off = -new Date().getTimezoneOffset(), a = Math.abs(off);
+    const utc = `UTC${off < 0 ? "-" : "+"}${String(Math.floor(a / 60)).padStart(2, "0")}:${String(a % 60).padStart(2, "0")}`;
+    return tz && tz !== "UTC" && tz !== "Etc/UTC" ? `${tz} (${utc})` : "UTC";
+  }
+  for (const el of document.querySelectorAll(".gb-zone")) el.textContent = `Times are local: ${zoneText()}`;
   function renderTimes() {
     const now = Date.now() / 1000;
     for (const el of document.querySelectorAll("time[data-t]")) {
@@ -47,7 +61,7 @@
         ? `${relative(t, now)} (${clock(t, now)})`
         : `${clock(t, now)} (${relative(t, now)})`;
       el.setAttribute("datetime", new Date(t * 1000).toISOString());
-      el.title = new Date(t * 1000).toLocaleString();
+      el.title = `${clock(t, now)} ${zoneText()}`;
     }
   }
   renderTimes();
@@ -58,7 +72,24 @@
     const c = document.cookie.split("; ").find((x) => x.startsWith("_xsrf="));
     return c ? decodeURIComponent(c.slice(6)) : "";
   }
-  async function call(method, path, body) {
+  // JupyterHub sets a fresh XSRF token (the _xsrf cookie) only on a page view: a page kept
+  // open across a browser restart (or a new login in another tab) holds a stale one, and its
+  // changes are refused as if logged out. Viewing this page again in a hidden frame renews it
+  // (through the hub's login, which is still valid); a fetch cannot.
+  function renewXsrf() {
+    return new Promise((done) => {
+      const f = document.createElement("iframe");
+      f.hidden = true;
+      f.setAttribute("aria-hidden", "true");
+      const end = () => { clearTimeout(timer); f.remove(); done(); };
+      const timer = setTimeout(end, 15000);
+      f.addEventListener("load", end);
+      f.src = location.pathname + location.search;
+      document.body.appendChild(f);
+    });
+  }
+  const loggedOut = /missing, invalid or expired token/;
+  async function call(method, path, body, renewed = false) {
     const sep = path.includes("?") ? "&" : "?";
     const r = await fetch(`${api}${path}${sep}tz=${encodeURIComponent(tz)}`, {
       method,
@@ -70,8 +101,12 @@
     try { data = await r.json(); } catch (e) { data = null; }
     if (!r.ok) {
       let msg = (data && data.message) || `${r.status} ${r.statusText}`;
-      if (r.status === 403 && /missing, invalid or expired token/.test(msg)) {
-        msg = "Not done: you are no longer logged in (you logged out, or your login expired). Reload the page to log in again.";
+      if (r.status === 403 && loggedOut.test(msg)) {
+        if (!renewed) {  // a stale token: renew it and try once more
+          await renewXsrf();
+          return call(method, path, body, true);
+        }
+        msg = "Not done: you are no longer logged in (you logged out, or your login expired). Reload the page to log in again, then repeat this change.";
       }
       throw new Error(msg);
     }

@@ -1,23 +1,23 @@
 """Words for people: times, durations and requests as the spawn form and the queue page say
-them (local time of the hub, never epochs)."""
+them (relative times: a clock time is written by the browser, in its local time)."""
 
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 
 def when(ts: float | None, now: float | None = None) -> str:
+    """'in ~12 min', 'in ~2.5 h': relative only. The clock time is the browser's to write
+    (its local time, in the pages' one format); the hub's zone is not the reader's."""
     if ts is None:
         return "unknown (when running sessions end)"
     now = time.time() if now is None else now
     delta = ts - now
     if delta <= 1:
         return "now"
-    at = datetime.fromtimestamp(ts).astimezone().strftime("%H:%M %Z")
     if delta < 3600:
-        return f"in ~{max(1, round(delta / 60))} min ({at})"
-    return f"in ~{delta / 3600:.1f} h ({at})"
+        return f"in ~{max(1, round(delta / 60))} min"
+    return f"in ~{delta / 3600:.1f} h"
 
 
 def hours(seconds: float) -> str:

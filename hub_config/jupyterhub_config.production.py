@@ -78,9 +78,9 @@ c.BudgetSpawner.gpu_idle_utilisation = 5.0     # ... at or below this GPU utilis
 c.BudgetSpawner.heartbeat_interval = 30        # charge checkpoints; preemption reaction time
 # the spawn form's live quote and the queue page (place in the queue, "Leave queue")
 from jupyter_gpubudget.hub.form import TEMPLATES as GPUBUDGET_TEMPLATES  # noqa: E402
-from jupyter_gpubudget.hub.handlers import extra_handlers  # noqa: E402
+from jupyter_gpubudget.hub.handlers import register_handlers  # noqa: E402
 
-c.JupyterHub.extra_handlers = extra_handlers()
+register_handlers()  # (c.JupyterHub.extra_handlers works too, with a deprecation warning)
 c.JupyterHub.template_paths = [str(GPUBUDGET_TEMPLATES)]
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 120

@@ -47,7 +47,8 @@ from pathlib import Path
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.hub import demo_setup
 from jupyter_gpubudget.hub.form import TEMPLATES as GPUBUDGET_TEMPLATES
-from jupyter_gpubudget.hub.handlers import extra_handlers as gpubudget_handlers
+from jupyter_gpubudget.hub.handlers import admin_landing
+from jupyter_gpubudget.hub.handlers import register_handlers as register_gpubudget_handlers
 from jupyter_gpubudget.service.auth import CUSTOM_SCOPES
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
@@ -121,6 +122,8 @@ else:
 # ---------------------------------------------------------------- the hub itself
 c.JupyterHub.bind_url = f"http://{HUB_IP}:{HUB_PORT}"
 c.JupyterHub.hub_port = int(env("GPUBUDGET_HUB_API_PORT", "8081"))
+# a server that leaves the queue never had a route: removing it is not an error in the log
+c.JupyterHub.proxy_class = "jupyter_gpubudget.hub.proxy.QuietProxy"
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env('GPUBUDGET_PROXY_API_PORT', '8001')}"
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
@@ -136,6 +139,9 @@ c.JupyterHub.tornado_settings = {"slow_spawn_timeout": float(env("GPUBUDGET_SLOW
 c.JupyterHub.authenticator_class = "jupyter_gpubudget.hub.demo_auth.DemoAuthenticator"
 c.Authenticator.allowed_users = users
 c.Authenticator.admin_users = set(budgets.admins)
+# an admin lands on the gpubudget admin pages (accounts, queue, nodes); everyone else on the
+# spawn form or their running server
+c.JupyterHub.default_url = admin_landing(sorted(budgets.admins))
 c.JupyterHub.template_vars = {
     "announcement_login": (
         "<b>gpubudget DEMO</b> — not secure. Log in as one of "
@@ -247,7 +253,7 @@ c.BudgetSpawner.snapshot_on_preempt = env("GPUBUDGET_SNAPSHOT_ON_PREEMPT", "1") 
 c.Spawner.poll_interval = int(env("GPUBUDGET_POLL_INTERVAL", "30"))
 # the spawn form's live quote (a hub handler: the page has only the hub's cookie) and the
 # queue page (JupyterHub's spawn-pending page with the place in the queue and "Leave queue")
-c.JupyterHub.extra_handlers = gpubudget_handlers()
+register_gpubudget_handlers()
 c.JupyterHub.template_paths = [str(GPUBUDGET_TEMPLATES)]
 c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]

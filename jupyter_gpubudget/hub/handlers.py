@@ -8,13 +8,15 @@ where JupyterHub itself would let a page-view GET pass without one) or a token, 
 ``servers`` scope for that user (the same right as starting the server), and asks the service
 for *one* quote with the user's own spawner, whose token stays in the hub.
 
-Register it in ``jupyterhub_config.py``::
+Register them in ``jupyterhub_config.py``::
 
-    from jupyter_gpubudget.hub.handlers import extra_handlers
-    c.JupyterHub.extra_handlers = extra_handlers()
+    from jupyter_gpubudget.hub.handlers import register_handlers
+    register_handlers()
 
-(JupyterHub logs that ``extra_handlers`` is deprecated; it still works in JupyterHub 6. Without
-it the form works, but its quote is the one computed when the page was rendered.)
+(they join JupyterHub's own API handlers, which every hub loads: ``c.JupyterHub.extra_handlers
+= extra_handlers()`` does the same, but JupyterHub logs a deprecation warning for it at every
+start. Without them the form works, but its quote is the one computed when the page was
+rendered.)
 
 ``EndedHandler`` (``GET /hub/api/gpubudget/users/{name}/ended``) is authenticated the same way
 (``read:servers`` for the user) and answers the service's ``/workloads/me/ended`` for that user:
@@ -29,6 +31,7 @@ from urllib.parse import quote
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import needs_scope
+from jupyterhub.utils import url_path_join
 from tornado import web
 
 from jupyter_gpubudget.service.validate import Invalid, quote_slice
@@ -114,6 +117,33 @@ class EndedHandler(_Base):
         self.finish(json.dumps(answer))
 
 
+def admin_landing(admins: list[str], service: str = "gpubudget"):  # noqa: ANN201
+    """For ``c.JupyterHub.default_url``: where a user lands after logging in (and at the hub's
+    root) when nothing else is asked for (``?next=``): the budgets' admins on the service's
+    admin pages, everyone else where JupyterHub sends them (their server, or the spawn
+    form)."""
+    names = frozenset(admins)
+
+    def landing(handler) -> str | None:  # noqa: ANN001
+        user = handler.current_user
+        if user is not None and user.name in names:
+            return url_path_join(handler.base_url, "services", service) + "/"
+        return None
+
+    return landing
+
+
 def extra_handlers() -> list[tuple[str, type]]:
     """For ``c.JupyterHub.extra_handlers``."""
     return [(QUOTE_ROUTE, QuoteHandler), (ENDED_ROUTE, EndedHandler)]
+
+
+def register_handlers() -> None:
+    """Add the handlers to JupyterHub's own API handlers (``jupyterhub.apihandlers
+    .default_handlers``, served under the hub's prefix like ``/hub/api/users``); call it in
+    ``jupyterhub_config.py``. Twice adds them once."""
+    from jupyterhub import apihandlers
+
+    for route in extra_handlers():
+        if route not in apihandlers.default_handlers:
+            apihandlers.default_handlers.append(route)

@@ -98,6 +98,10 @@ def normalise_slice(opts: dict) -> dict:
     return out
 
 
+def _options_applied_at_start(spawner: Spawner, options: dict) -> None:
+    """JupyterHub's ``apply_user_options`` hook: nothing to do before ``start``."""
+
+
 class BudgetSpawner(Spawner):
     """Queues the session in the gpubudget service, then starts it with a backend spawner."""
 
@@ -263,6 +267,13 @@ class BudgetSpawner(Spawner):
     def _default_form(self) -> Any:
         return render_form
 
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Any:
+        """The options are this spawner's own: ``start`` checks and applies them (an unknown
+        one is refused, naming it). Without a hook JupyterHub (5.3+) logs "Received unhandled
+        user_options" at every spawn."""
+        return _options_applied_at_start
+
     async def get_options_form(self) -> Any:
         """No form when the server comes back from hibernation: the spawn resumes it."""
         if self.hibernated.get("snapshot"):
@@ -321,7 +332,7 @@ class BudgetSpawner(Spawner):
 
     def quote_url(self) -> str:
         """Where the spawn form's page asks the hub for a quote (``handlers.QuoteHandler``,
-        registered through ``c.JupyterHub.extra_handlers``)."""
+        registered by ``handlers.register_handlers``)."""
         base = self.hub.base_url if getattr(self, "hub", None) is not None else "/hub/"
         return base.rstrip("/") + QUOTE_ROUTE.replace("([^/]+)", urlquote(self.user.name, ""))
 

@@ -103,6 +103,23 @@ export function formatClock(ms: number, nowMs: number, o: IClockOptions = {}): s
   return `${t.day} ${t.month} ${hm}`;
 }
 
+/**
+ * The zone every time in the sidebar is written in, said once: "Europe/Berlin (UTC+01:00)",
+ * "UTC". `offsetMinutes` is east of UTC (-Date.getTimezoneOffset()).
+ */
+export function formatZone(timeZone: string | undefined, offsetMinutes: number): string {
+  if (!timeZone || timeZone === 'UTC' || timeZone === 'Etc/UTC') {
+    return offsetMinutes === 0 ? 'UTC' : formatOffset(offsetMinutes);
+  }
+  return `${timeZone} (${formatOffset(offsetMinutes)})`;
+}
+
+function formatOffset(offsetMinutes: number): string {
+  const a = Math.abs(offsetMinutes);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return `UTC${offsetMinutes < 0 ? '-' : '+'}${two(Math.floor(a / 60))}:${two(a % 60)}`;
+}
+
 /** "14:05 (in 12 min)" */
 export function formatWhen(ms: number, nowMs: number, o: IClockOptions = {}): string {
   return `${formatClock(ms, nowMs, o)} (${formatRelative((ms - nowMs) / 1000)})`;

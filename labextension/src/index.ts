@@ -18,7 +18,13 @@ import iconSvg from '../style/icon.svg';
 import { Fetcher, GpuBudgetClient } from './api';
 import { BudgetModel } from './model';
 import { BudgetPanel } from './sidebar';
-import { DEFAULT_SETTINGS, ISettings, normalizeSettings, NoticeTracker } from './state';
+import {
+  DEFAULT_SETTINGS,
+  ISettings,
+  needsLauncher,
+  normalizeSettings,
+  NoticeTracker
+} from './state';
 import { BudgetStatus } from './statusbar';
 
 const PLUGIN_ID = 'jupyter-gpubudget:plugin';
@@ -144,6 +150,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
     void app.restored.then(() => model.refresh());
     if (labShell) {
+      // the lab opens on a Launcher: a layout restored with terminals alone gets one in
+      // front (an empty main area gets JupyterLab's own)
+      void app.restored.then(() => {
+        const kinds = [...labShell.widgets('main')].map(w =>
+          w.node.querySelector('.jp-Launcher') || w.hasClass('jp-Launcher')
+            ? ('launcher' as const)
+            : w.node.querySelector('.jp-Terminal') || w.hasClass('jp-Terminal')
+              ? ('terminal' as const)
+              : ('other' as const)
+        );
+        if (needsLauncher(kinds) && app.commands.hasCommand('launcher:create')) {
+          void app.commands.execute('launcher:create');
+        }
+      });
       // figures may be stale after the panel was hidden for a while
       labShell.currentChanged.connect(() => {
         if (panel.isVisible && Date.now() - model.snapshot.receivedAt > 5000) {

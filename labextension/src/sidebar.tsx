@@ -22,10 +22,12 @@ import {
   formatRelative,
   formatWhen,
   formatWindow,
+  formatZone,
   clusterName,
   placementFraction,
   placementWhere,
   sliceName,
+  spokenDuration,
   standingWords
 } from './format';
 import { BudgetModel } from './model';
@@ -201,12 +203,16 @@ function SessionSection(props: IProps) {
           {fraction > 0 && started !== null && (
             <span className="jp-GpuBudget-muted">
               {' '}
-              ({formatFraction(fraction, s.placement)} × {formatDuration((now - started) / 1000)})
+              ({formatFraction(fraction, s.placement)} × {spokenDuration((now - started) / 1000)})
             </span>
           )}
         </Row>
         <Row label="Backed" title="Backed: the project's grant covers this session's protected time">
-          {s.backed ? 'yes: the grant covers its protected time' : 'no: unbacked, preempted first'}
+          {!s.backed
+            ? 'no: unbacked, preempted first'
+            : v.phase === 'unprotected'
+              ? `the grant covers it, but it is not protected now (${v.why})`
+              : 'yes: the grant covers its protected time'}
         </Row>
       </dl>
     </Section>
@@ -401,7 +407,7 @@ function WorkItem(props: IProps & { w: IWorkload }) {
       w.protected_left_s !== null ? Math.max(0, w.protected_left_s - (now - snap.receivedAt) / 1000) : 0;
     detail =
       (started !== null ? `started ${formatClock(started, now)}` : 'running') +
-      (protectedLeft >= 1 ? `, protected ${formatDuration(protectedLeft)} more` : ', unprotected') +
+      (protectedLeft >= 1 ? `, protected ${spokenDuration(protectedLeft)} more` : ', unprotected') +
       `, ${formatGpuHours(costSoFar(w, snap, now))} so far`;
   }
   return (
@@ -481,7 +487,7 @@ function EndedItem(props: { w: IEndedWorkload; offsetMs: number; now: number }) 
         <strong>{formatGpuHours(w.charged_gpu_hours)}</strong> charged to {w.project}
         <span className="jp-GpuBudget-muted">
           {' '}
-          ({formatDuration(w.ran_s)} on {fraction > 0 ? formatFraction(fraction, w.placement) : 'no GPU'}
+          ({spokenDuration(w.ran_s)} on {fraction > 0 ? formatFraction(fraction, w.placement) : 'no GPU'}
           {ended !== null ? `, ended ${formatClock(ended, now)}` : ''})
         </span>
       </div>
@@ -756,7 +762,14 @@ export function BudgetView(props: IProps) {
       )}
       {updated && (
         <footer className="jp-GpuBudget-muted">
-          Updated {updated}; refreshes every {props.settings.refreshInterval} s.
+          Updated {updated}; refreshes every {props.settings.refreshInterval} s.{' '}
+          <span className="jp-GpuBudget-zone">
+            Times are local:{' '}
+            {formatZone(
+              Intl.DateTimeFormat().resolvedOptions().timeZone,
+              -new Date(props.now).getTimezoneOffset()
+            )}
+          </span>
         </footer>
       )}
     </div>

@@ -454,3 +454,12 @@ export class NoticeTracker {
     return out;
   }
 }
+
+/**
+ * Whether the lab should open a Launcher when it starts: the main area it restored holds
+ * nothing but terminals (a layout left by an earlier visit) and no Launcher. An empty main
+ * area gets JupyterLab's own Launcher; a restored notebook is left in front.
+ */
+export function needsLauncher(kinds: ('launcher' | 'terminal' | 'other')[]): boolean {
+  return kinds.length > 0 && kinds.every(k => k === 'terminal');
+}

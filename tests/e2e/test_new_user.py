@@ -8,8 +8,8 @@
   precisely (a few minutes on a MIG slice is 0.00x GPU-h, never "0.00"), and the sidebar's
   history shows it on the next login;
 - the sidebar's 7-day chart caption is not clipped (1280x800, 1920x1080);
-- an admin, who lands on the spawn page, is offered the gpubudget admin pages there and on the
-  home page.
+- an admin lands on the gpubudget admin pages, and is offered them on the spawn page and the
+  home page too.
 
 Screenshots go to ``$GPUBUDGET_ARTIFACTS`` (default out/screenshots)."""
 
@@ -230,7 +230,8 @@ def test_the_usage_chart_caption_is_not_clipped(demo, browser, size):
 def test_an_admin_is_offered_the_admin_pages(demo, browser):
     page = _page(browser)
     _login(page, demo, "admin")
-    page.wait_for_url("**/hub/spawn**")  # where an admin lands
+    page.wait_for_url("**/services/gpubudget/**")  # where an admin lands
+    page.goto(demo.url + "/hub/spawn")
     link = page.locator("#gpubudget-admin-link")
     assert link.is_visible()
     _shot(page, "new-user-admin-spawn.png")

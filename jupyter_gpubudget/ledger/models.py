@@ -239,3 +239,40 @@ class NodeHealthRow(Base):
     changed_by: Mapped[str] = mapped_column(String(200), default="")
     changed_at: Mapped[float] = mapped_column(Float)
     drained_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class BusyChargeRow(Base):
+    """What the devices of one charge interval measured (``ledger/busy.py``): of the
+    ``measured_ms`` milli-GPU-seconds of the interval a sampler watched, ``busy_ms`` were
+    computing (device utilisation, MIG GPM samples or per-process utilisation, scaled by the
+    slice). An interval with no row was never measured: its busy time is unknown, not 0."""
+
+    __tablename__ = "busy_charges"
+    __table_args__ = (Index("ix_busy_charges_last", "last"),)
+    charge: Mapped[int] = mapped_column(ForeignKey("charge_intervals.id"), primary_key=True)
+    workload: Mapped[str] = mapped_column(String(64), index=True)
+    project: Mapped[str] = mapped_column(String(200))
+    user: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20), default="")
+    measured_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    busy_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    first: Mapped[float] = mapped_column(Float)
+    last: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(20), default="")  # device, gpm, process
+
+
+class UsageHourlyRow(Base):
+    """Charged and busy GPU time per project, per user, per clock hour, kept past the usage
+    window (``usage_history_days``): what usage reports read. ``charged_ms`` is added when an
+    interval closes (as ``usage_rollups``); ``measured_ms``/``busy_ms`` as samples arrive.
+    ``hour`` is an integer (UNIX seconds, a multiple of 3600) so that reports bucket it into
+    local days and weeks with integer arithmetic in SQL."""
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (Index("ix_usage_hourly_hour", "hour"),)
+    project: Mapped[str] = mapped_column(String(200), primary_key=True)
+    user: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    charged_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    measured_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    busy_ms: Mapped[float] = mapped_column(Float, default=0.0)

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 from sqlalchemy.sql.dml import Update
 
-from . import rollups
+from . import busy, rollups
 from .models import (
     AccountRow,
     ChargeRow,
@@ -593,6 +593,7 @@ class Ledger:
                                      closed_by=closed_by)).rowcount
             if done:  # closed here, exactly once: its usage joins the hourly rollups
                 rollups.add(s, c.project, c.milli, c.start, max(end, c.start))
+                busy.add_charged(s, c.project, c.user, c.milli, c.start, max(end, c.start))
                 s.execute(update(DeviceClaimRow).where(DeviceClaimRow.charge == c.id,
                                                        DeviceClaimRow.end.is_(None))
                           .values(end=max(end, c.start)))
@@ -686,6 +687,19 @@ class Ledger:
             for project, milli, start, end in rows:
                 out[project] = out.get(project, 0.0) + milli * (end - start)
             return out
+
+    # ------------------------------------------------------------ busy time and reports
+    def record_busy(self, samples: Iterable[tuple[str, float, float, float, str]],
+                    s: Session | None = None) -> int:
+        """Record busy samples ``(workload, start, end, busy fraction, source)`` beside
+        the charge intervals they fall in (``ledger/busy.py``). Returns how many counted."""
+        with self.tx(s, changes_state=False) as s:
+            return sum(busy.record(s, w, a, b, f, src) for w, a, b, f, src in samples)
+
+    def prune_usage_history(self, before: float, s: Session | None = None) -> int:
+        """Drop hourly usage rollups and busy figures older than ``before`` (retention)."""
+        with self.tx(s, changes_state=False) as s:
+            return busy.prune(s, before)
 
     # ------------------------------------------------------------ audit and notices
     def record_decision(self, *, now: float, kind: str, workload: str | None = None,

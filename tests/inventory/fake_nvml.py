@@ -288,6 +288,62 @@ class FakeNvml:
         return self._gpu(h).get("slowdown", 90)
 
 
+    # --- utilisation (the busy sampler, ``inventory/busy.py``) -----------------------
+    # A GPU may carry ``util`` (percent: its device utilisation), ``gpm`` (False: no GPM
+    # on it) and ``procs`` ({pid: SM percent} of MPS clients); a MIG instance ``util``
+    # (percent: its GPM graphics activity). None of them: NVML says "Not Supported".
+    NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        g = self._gpu(h)
+        if h[0] != "gpu" or g.get("util") is None or g.get("mig"):
+            raise NVMLError_NotSupported("Not Supported")
+        return SimpleNamespace(gpu=g["util"], memory=0)
+
+    def nvmlGpmSampleAlloc(self):
+        return SimpleNamespace(gpu=None, gi=None, busy_s=None)
+
+    def nvmlGpmSampleFree(self, sample):
+        sample.gpu = None
+
+    def nvmlGpmMigSampleGet(self, h, gi, sample):
+        g = self._gpu(h)
+        if g.get("gpm") is False:
+            raise NVMLError_NotSupported("Not Supported")
+        inst = self._instance(("gi", h[1], gi))
+        if inst.get("util") is None:
+            raise NVMLError_NotSupported("Not Supported")
+        # a counter of busy time, as GPM's are: what the next sample differs by
+        self.gpm_clock = getattr(self, "gpm_clock", 0.0) + 1.0
+        inst["_busy"] = inst.get("_busy", 0.0) + inst["util"] / 100
+        sample.gpu, sample.gi, sample.busy_s, sample.t = h[1], gi, inst["_busy"], self.gpm_clock
+        sample.n = inst.setdefault("_n", 0) + 1
+        inst["_n"] = sample.n
+
+    class c_nvmlGpmMetricsGet_t:  # noqa: N801 - pynvml's own name
+        def __init__(self):
+            self.metrics = [SimpleNamespace(metricId=0, value=0.0) for _ in range(4)]
+
+    def nvmlGpmMetricsGet(self, mg):
+        a, b = mg.sample1, mg.sample2
+        if a.gpu is None or b.gpu is None or (a.gpu, a.gi) != (b.gpu, b.gi):
+            raise NVMLError("Invalid Argument")
+        steps = max(1, b.n - a.n)
+        for m in mg.metrics[:mg.numMetrics]:
+            m.value = 100.0 * (b.busy_s - a.busy_s) / steps
+        return mg
+
+    def nvmlDeviceGetProcessUtilization(self, h, last_seen):
+        g = self._gpu(h)
+        if "procs" not in g:
+            raise NVMLError_NotSupported("Not Supported")
+        self.proc_clock = getattr(self, "proc_clock", 0) + 1_000_000
+        return [SimpleNamespace(pid=pid, smUtil=sm, memUtil=0, encUtil=0, decUtil=0,
+                                timeStamp=self.proc_clock)
+                for pid, sm in g["procs"].items()]
+
+
 def hgx_h200(mig_gpus=(6, 7)) -> list[dict]:
     """Eight H200s on NVSwitch; the given ones in MIG mode with a mixed layout."""
     gpus = []

@@ -414,6 +414,22 @@ class LocalBackend(Backend):
     def _dir(self, workload: str, attempt: int) -> Path:
         return self.jobs_root / workload / str(attempt)
 
+    def pids(self, workload: str, attempt: int) -> frozenset[int] | None:
+        """The attempt's processes (its cgroup's, else its recorded pid), for the busy
+        sampler's per-process utilisation of MPS shares; None when not known."""
+        pid = read_record(self._dir(workload, attempt) / "pid", self._records_uid)
+        if pid is None:
+            return None
+        cg = pid.get("cgroup")
+        if isinstance(cg, str) and cg:
+            try:
+                return frozenset(cgroups.parse_procs(
+                    (Path(cg) / "cgroup.procs").read_text()))
+            except OSError:
+                return None
+        p = pid.get("pid")
+        return frozenset((p,)) if isinstance(p, int) and p > 1 else None
+
     def status(self, workload: str, attempt: int) -> BackendStatus:
         st = self._status(workload, attempt)
         if st.alive:

@@ -247,3 +247,23 @@ def sample_into(ledger: Any, sampler: BusySampler, running: Callable[[], Iterabl
     """One tick: read the running workloads, sample them, record the samples."""
     samples = sampler.tick(running(), now)
     return ledger.record_busy(samples) if samples else 0
+
+
+def running_here(ledger: Any, backend: Any = None) -> list[Running]:
+    """The running workloads with an open charge interval, with their processes where the
+    backend can tell (``LocalBackend.pids``)."""
+    opens = {c.workload: c for c in ledger.open_charges()}
+    pids_of = getattr(backend, "pids", None)
+    out = []
+    for w in ledger.workloads(states=("running",)):
+        c = opens.get(w.id)
+        if c is None:
+            continue
+        pids = None
+        if pids_of is not None:
+            try:
+                pids = pids_of(w.id, c.seq)
+            except Exception:  # noqa: BLE001 - records unreadable: per-process unknown
+                pids = None
+        out.append(Running(w.id, list(w.placement or []), float(c.start), pids))
+    return out

@@ -288,6 +288,17 @@ class GpuBudgetService(Application):
                           ).tag(config=True)
     health_interval = Float(30.0, help="Seconds between health checks of every source."
                             ).tag(config=True)
+    busy_interval = Float(30.0, help="Seconds between samples of how busy the running "
+                          "workloads' GPUs on this machine are (NVML: device utilisation, "
+                          "MIG GPM samples, per-process utilisation of MPS shares), kept as "
+                          "busy GPU-hours for usage reports; 0: no sampling (busy time is "
+                          "then reported unknown).").tag(config=True)
+    busy_nvml_module = Unicode("pynvml", help="Module providing the NVML API for busy "
+                               "sampling (nvidia-ml-py's 'pynvml'); a stand-in for tests."
+                               ).tag(config=True)
+    usage_history_days = Float(400.0, help="Days of hourly usage history (charged and busy "
+                               "GPU time per project and per user) kept for usage reports, "
+                               "well past the usage window.").tag(config=True)
     session_utilisation_max_age = Float(600.0, help="Seconds a session's reported GPU "
                                         "utilisation stays in /metrics without a newer "
                                         "report.").tag(config=True)
@@ -766,6 +777,47 @@ class GpuBudgetService(Application):
                 self.kick()
             await asyncio.sleep(self.health_interval)
 
+    async def _busy_timer(self) -> None:
+        """Sample how busy the running workloads' GPUs on this machine are (on the health
+        thread) and prune usage history past ``usage_history_days`` (``inventory/busy.py``)."""
+        import importlib
+
+        from jupyter_gpubudget.inventory.busy import BusySampler, running_here, sample_into
+
+        node = socket.gethostname()
+        sampler: BusySampler | None = None
+        if self.busy_interval > 0 and node in {n.name for n in self.inventory.nodes}:
+            try:
+                sampler = BusySampler(importlib.import_module(self.busy_nvml_module),
+                                      node=node, max_gap=max(300.0, 3 * self.busy_interval))
+            except ImportError as e:
+                self.log.info("busy sampling off: %s (busy GPU time is reported unknown)", e)
+        else:
+            self.log.info("busy sampling off: %s (busy GPU time is reported unknown)",
+                          "busy_interval is 0" if self.busy_interval <= 0 else
+                          f"this machine ({node}) is not a node of the inventory")
+        pruned = [0.0]
+
+        def tick() -> None:
+            now = self.clock()
+            if sampler is not None and sampler.off is None:
+                sample_into(self.ledger, sampler, lambda: running_here(self.ledger,
+                                                                       self.backend), now)
+                if sampler.off is not None:
+                    self.log.info("busy sampling off: %s (busy GPU time is reported "
+                                  "unknown)", sampler.off)
+            if now - pruned[0] > 3600:
+                self.ledger.prune_usage_history(now - self.usage_history_days * 86400)
+                pruned[0] = now
+
+        aloop = asyncio.get_running_loop()
+        while True:
+            try:
+                await aloop.run_in_executor(self.health_pool, tick)
+            except Exception:  # noqa: BLE001 - the ledger may be busy: try again later
+                self.log.exception("busy sampling failed")
+            await asyncio.sleep(self.busy_interval if self.busy_interval > 0 else 3600)
+
     def make_app(self) -> web.Application:
         secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET") or secrets.token_hex(32)
         return web.Application(routes(self.service_prefix, self),
@@ -840,7 +892,7 @@ class GpuBudgetService(Application):
         except Exception:  # reported by /healthz; the timer keeps trying
             self.log.exception("first scheduling cycle failed")
         self._resume_event = asyncio.Event()
-        tasks = [self._timer(), reaper(self), self._health_timer()]
+        tasks = [self._timer(), reaper(self), self._health_timer(), self._busy_timer()]
         if self.local_tokens is None:
             tasks.append(reconcile_with_hub(self))
             if self.resume_through_hub:  # a requeued session's server comes back through the hub

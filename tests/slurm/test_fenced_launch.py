@@ -274,3 +274,40 @@ def test_a_launch_later_than_its_commit_is_charged_from_the_launch(replicas, slu
     row = a.ledger.get(wid)
     assert row.started_at == iv.start and row.backend_ref
     cluster.wait("the job in squeue", lambda: alive_jobs(cluster, wid))
+
+
+class Crash(BaseException):
+    """The service process dies here (nothing after it runs)."""
+
+
+def test_a_job_whose_service_died_between_decision_and_launch_is_requeued(replicas,
+                                                                          slurm_accounts):
+    """The service dies after committing a start and before sbatch; restarted (the same
+    replica, after the start grace), it finds no trace of the attempt in Slurm: the job
+    never ran, so — resumable or not — it is requeued, charged nothing, and started again as
+    attempt 2 (not ended ``failed``)."""
+    a, _b = replicas
+    cluster = slurm_accounts
+    a.lead()
+    wid = submit(a.ledger)  # not resumable
+    real = a.ledger.start
+
+    def start_then_die(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        real(*args, **kw)
+        raise Crash
+
+    a.ledger.start = start_then_die
+    with pytest.raises(Crash):
+        a.loop.cycle()
+    assert a.ledger.get(wid).state == "running" and alive_jobs(cluster, wid) == []
+    time.sleep(START_GRACE)
+    restarted = Replica(a.engine.url.render_as_string(hide_password=False), "a")
+    try:
+        restarted.lead()  # reconcile: the attempt is settled
+        row = restarted.ledger.get(wid)
+        assert row.state in ("pending", "running"), (row.state, row.reason)
+        first = [c for c in restarted.ledger.charges(workload=wid) if c.seq == 1][0]
+        assert first.end == first.start  # never ran: nothing charged
+        cycles_until(restarted, lambda: alive_jobs(cluster, wid) == [f"gpubudget.{wid}.2"])
+    finally:
+        restarted.engine.dispose()

@@ -428,7 +428,44 @@ def operator_paths() -> dict:
                     q("limit", "At most this many (1..1000)", {"type": "integer"})],
             extra={"400": "Bad filter"})},
         "/audit": {"get": _audit_op(tz, q)},
+        "/reports": {"get": _reports_op(tz, q)},
     }
+
+
+def _reports_op(tz: dict, q: Any) -> dict:
+    """``GET /reports`` (handlers/reports.py): where an account subtree's GPU-hours went."""
+    num = {"type": ["number", "null"]}
+    figs = {"charged_gpu_h": {"type": "number"}, "busy_gpu_h": num, "measured_gpu_h": num,
+            "idle_gpu_h": num, "idle_share": num}
+    op = _op("Charged, busy (null: unknown, nothing measured), idle GPU-hours and grant for "
+             "an account subtree over a period, a line per user inside each project, waits "
+             "p50/p90 by kind, preemptions suffered and the sessions that held GPUs idle "
+             "longest. Admins: any account; managers: the accounts they manage and below; "
+             "anyone else: their own projects' totals and their own line only",
+             _resp("The report", {"type": "object", "properties": {
+                 "account": {"type": "string"}, "from": {"type": "number"},
+                 "to": {"type": "number"}, "by": {"type": "string"},
+                 "totals": {"type": "object", "properties": figs},
+                 "projects": {"type": "array", "items": {"type": "object", "properties": {
+                     "project": {"type": "string"}, **figs,
+                     "grant_gpu_h": num, "preemptions": {"type": "integer"},
+                     "users": {"type": "array", "items": {"type": "object"}}}}},
+                 "periods": {"type": "array", "items": {"type": "object"}},
+                 "waits": {"type": "object"},
+                 "idle_sessions": {"type": "array", "items": {"type": "object"}}}}),
+             params=[tz,
+                     q("account", "This account and everything below it (required)"),
+                     q("from", "First day (2025-03-01) or date and time, in tz"),
+                     q("to", "Last day, included (or a date and time: the end), in tz"),
+                     q("period", "day, week or month (instead of from/to), holding at"),
+                     q("at", "A date within the period (default: today in tz)"),
+                     q("by", "day, week (figures per local day or Monday week and project) "
+                             "or user (default)"),
+                     q("format", "json (default) or csv (every cell that would start a "
+                                 "spreadsheet formula is prefixed with ')")],
+             extra={"400": "Bad period, zone, account or option (the field is named)"})
+    op["responses"]["200"]["content"]["text/csv"] = {"schema": {"type": "string"}}
+    return op
 
 
 def _audit_op(tz: dict, q: Any) -> dict:

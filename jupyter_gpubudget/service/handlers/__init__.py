@@ -13,6 +13,7 @@ from . import (
     jobs,
     operator,
     pages,
+    reports,
     sessions,
     snapshots,
     system,
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
 MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
-           pages)
+           reports, pages)
 
 
 def routes(prefix: str, svc: GpuBudgetService) -> list:

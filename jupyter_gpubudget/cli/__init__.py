@@ -1,5 +1,5 @@
 """`gpubudget` — the command line, one module per command group: hub, demo, budgets,
-simulate, submit/jobs/cancel/logs, snapshot, service, slurm."""
+simulate, submit/jobs/cancel/logs, snapshot, report, service, slurm."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..core.yamlnodes import ConfigError
-from . import budgets, demo, hub, jobs, service, simulate, slurm, snapshots
+from . import budgets, demo, hub, jobs, report, service, simulate, slurm, snapshots
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_slurm_parser(sub)
     jobs.register(sub)
     snapshots.register(sub)
+    report.add_report_parser(sub)
     service.add_service_parser(sub)
     return p
 

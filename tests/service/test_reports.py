@@ -157,3 +157,27 @@ def test_who_sees_what(svc, tokens):
 def test_the_openapi_document_lists_reports(svc):
     st, doc = http("GET", f"{svc.api}/openapi.json")
     assert st == 200 and "/reports" in doc["paths"]
+
+
+def test_gpubudget_report_prints_the_table_and_writes_csv_and_png(svc, tokens, tmp_path, capsys):
+    from jupyter_gpubudget.cli import main
+
+    span = _span()
+    png, out_csv = tmp_path / "report.png", tmp_path / "report.csv"
+    rc = main(["report", "physics", f"--from={span['from']}", f"--to={span['to']}",
+               "--tz=Europe/Berlin", "--by=user", f"--csv={out_csv}", f"--plot={png}",
+               f"--url={svc.base}", f"--token={tokens['root']}"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "lattice" in out and "astro" in out and "bob" in out and "unknown" in out
+    assert f"{2 * DAYS:,.1f}" in out  # lattice's charged GPU-h
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert [x for x in rows if x["row"] == "total"]
+    # refusals are said, with the service's reason
+    rc = main(["report", "physics", "--from=2025-03-02", "--to=2025-03-01",
+               f"--url={svc.base}", f"--token={tokens['root']}"])
+    assert rc == 1 and "ends before it starts" in capsys.readouterr().err
+    rc = main(["report", "biology", "--period=week", f"--url={svc.base}",
+               f"--token={tokens['bob']}"])
+    assert rc == 1 and "403" in capsys.readouterr().err

@@ -314,10 +314,12 @@ def pod_plan(node: str, slices: list[dict], naming: Naming) -> PodPlan:
 
 def node_affinity(nodes: Iterable[str]) -> dict:
     """A required node affinity on the nodes' names (``metadata.name``, not a label that an
-    admin might have changed)."""
+    admin might have changed): one term per node, the terms ORed. The API server refuses a
+    ``metadata.name`` field selector with more than one value."""
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": sorted(set(nodes))}]}]}}}
+            {"key": "metadata.name", "operator": "In", "values": [n]}]}
+            for n in sorted(set(nodes))]}}}
 
 
 def pin(spec: dict, nodes: list[str], naming: Naming, uses_dra: bool) -> None:

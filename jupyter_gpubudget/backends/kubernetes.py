@@ -374,6 +374,7 @@ class KubernetesBackend(Backend):
         self.core = client.CoreV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
         self.resource = client.ResourceV1Api(self.api_client)
+        await self._check_access()
         sel = f"{ko.MANAGED_BY[0]}={ko.MANAGED_BY[1]}"
         self.jobs, self.pods, self.nodes = _Cache("jobs"), _Cache("pods"), _Cache("nodes")
         ns = self.namespace
@@ -390,6 +391,61 @@ class KubernetesBackend(Backend):
         await asyncio.wait_for(asyncio.gather(self.jobs.synced.wait(), self.pods.synced.wait(),
                                               self.nodes.synced.wait()),
                                self.request_timeout)
+
+    def needed_access(self) -> list[tuple[str, str, str, bool]]:
+        """What this backend does in the cluster, as (verb, resource, API group, namespaced):
+        the rules hub_config/z2jh/rbac.yaml grants the service's account."""
+        need = [(v, "jobs", "batch", True) for v in ("create", "delete", "get", "list", "watch")]
+        need += [(v, "pods", "", True) for v in ("list", "watch")]
+        need += [(v, "nodes", "", False) for v in ("list", "watch")]
+        if self.cordon_nodes:
+            need.append(("patch", "nodes", "", False))
+        if self.placement_cfg.mode == "dra":
+            need += [(v, "resourceclaimtemplates", "resource.k8s.io", True)
+                     for v in ("create", "delete")]
+        return need
+
+    async def _check_access(self) -> None:
+        """Ask the API server (SelfSubjectAccessReview) whether these credentials may do all
+        the backend does; refuse to start, naming each missing verb, rather than fail later
+        (a watch the account may not open would leave the backend blind, retrying)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        authz = client.AuthorizationV1Api(self.api_client)
+
+        async def allowed(verb: str, res: str, group: str, namespaced: bool) -> bool:
+            attrs = {"verb": verb, "resource": res, "group": group}
+            if namespaced:
+                attrs["namespace"] = self.namespace
+            r = await authz.create_self_subject_access_review(
+                {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                 "spec": {"resourceAttributes": attrs}}, _request_timeout=self.request_timeout)
+            return bool(r.status and r.status.allowed)
+
+        need = self.needed_access()
+        try:
+            got = await asyncio.gather(*(allowed(*n) for n in need))
+        except ApiException as e:  # 401: a wrong or expired token
+            raise RuntimeError(f"kubernetes backend: the API server refused these credentials: "
+                               f"{e.status} {_api_message(e)}") from None
+        missing = [f"{verb} {res}{'.' + group if group else ''}"
+                   + (f" in namespace {self.namespace}" if namespaced else " (cluster-wide)")
+                   for (verb, res, group, namespaced), ok in zip(need, got, strict=True)
+                   if not ok]
+        if not missing:
+            return
+        who = "these credentials"
+        try:
+            me = await client.AuthenticationV1Api(self.api_client).create_self_subject_review(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                _request_timeout=self.request_timeout)
+            who = me.status.user_info.username or who
+        except Exception:  # noqa: BLE001 - the name only makes the message clearer
+            pass
+        raise RuntimeError(f"kubernetes backend: {who} may not {'; '.join(missing)}. Grant "
+                           "these verbs to the service's account (hub_config/z2jh/rbac.yaml "
+                           "lists what the service needs)")
 
     async def _reflect(self, cache: _Cache, list_fn: Callable, kw: dict,
                        on_event: Callable[[str, dict], None] | None = None) -> None:
@@ -565,7 +621,7 @@ class KubernetesBackend(Backend):
             except ApiException as e:
                 if e.status != 409:  # 409: created before a restart of the service
                     raise RuntimeError(f"creating {o['kind']} {o['metadata']['name']}: "
-                                       f"{e.status} {e.reason}") from None
+                                       f"{e.status} {_api_message(e)}") from None
         self.log.info("kubernetes backend: created Job(s) %s", ", ".join(names))
         return ",".join(names)
 
@@ -694,6 +750,15 @@ class KubernetesBackend(Backend):
                                         _content_type="application/merge-patch+json",
                                         _request_timeout=self.request_timeout))
         self.log.info("kubernetes backend: uncordoned node %s", node)
+
+
+def _api_message(e: Any) -> str:
+    """The API server's own words for a refused request (its Status message names the verb,
+    resource and user on a 403), else the HTTP reason."""
+    try:
+        return str(json.loads(e.body).get("message") or e.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(e.reason)
 
 
 def _terminal(job: dict) -> bool:

@@ -1,5 +1,6 @@
-"""Fixtures for the Kubernetes backend tests: an in-process fake API server (never a
-Kubernetes cluster) with GPU nodes labelled as GPU feature discovery labels them."""
+"""Fixtures for the Kubernetes backend tests: an in-process fake API server with GPU nodes
+labelled as GPU feature discovery labels them (the test_fake_api_*.py tests), and one real
+control plane per test session (``k8s``, tests/fixtures/k8s.py; the test_real_*.py tests)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,85 @@ def backend(api, kubecfg):
         kw.setdefault("stop_grace", 2)
         kw.setdefault("request_timeout", 10)
         b = KubernetesBackend(log=logging.getLogger("test.k8s"), **kw)
+        made.append(b)
+        return b
+    yield make
+    for b in made:
+        b.close()
+
+
+# ---------------------------------------------------------------------------- a real cluster
+
+
+@pytest.fixture(scope="session")
+def k8s(tmp_path_factory):
+    """ONE real control plane for the whole test session (tests/fixtures/k8s.py: etcd,
+    kube-apiserver, kube-scheduler, kube-controller-manager; kwok for the kubelets), with
+    hub_config/z2jh/rbac.yaml applied: the service's static token is its service account
+    ``jhub/gpubudget``. Not skipped under CI=true: missing binaries fail, naming them."""
+    from tests.fixtures.k8s import find_bin_dir, start_control_plane
+
+    bins, why = find_bin_dir()
+    require(bins is not None, why)
+    cp = start_control_plane(bins, tmp_path_factory.mktemp("k8s"))
+    try:
+        apply_rbac(cp)
+        yield cp
+    finally:
+        cp.stop()
+
+
+def rbac_docs() -> list[dict]:
+    import yaml
+
+    from tests.fixtures.k8s import ROOT
+
+    return [d for d in yaml.safe_load_all((ROOT / "hub_config" / "z2jh" / "rbac.yaml")
+                                          .read_text()) if d]
+
+
+def rbac_path(doc: dict) -> str:
+    kind = doc["kind"].lower() + "s"
+    ns = doc["metadata"].get("namespace")
+    base = "/apis/rbac.authorization.k8s.io/v1"
+    return f"{base}/namespaces/{ns}/{kind}" if ns else f"{base}/{kind}"
+
+
+def apply_rbac(cp, docs: list[dict] | None = None) -> None:  # noqa: ANN001
+    """Create (or replace) the documented RBAC objects, as ``kubectl apply`` would."""
+    from tests.fixtures.k8s import KubeError
+
+    for doc in docs if docs is not None else rbac_docs():
+        path = rbac_path(doc)
+        try:
+            cp.admin.create(path, doc)
+        except KubeError as e:
+            if e.status != 409:
+                raise
+            cur = cp.admin.get(f"{path}/{doc['metadata']['name']}")
+            cp.admin.request("PUT", f"{path}/{doc['metadata']['name']}",
+                             {**doc, "metadata": {**doc["metadata"],
+                                                  "resourceVersion":
+                                                  cur["metadata"]["resourceVersion"]}})
+
+
+@pytest.fixture
+def real_backend(k8s):
+    """KubernetesBackend as the service runs it: the service account's token (kubeconfig),
+    namespace jhub."""
+    from jupyter_gpubudget.backends.kubernetes import KubernetesBackend
+    from tests.fixtures.k8s import NAMESPACE
+
+    made = []
+
+    def make(**kw):  # noqa: ANN003, ANN202
+        kw.setdefault("kubeconfig", str(k8s.service_kubeconfig))
+        kw.setdefault("config_source", "kubeconfig")
+        kw.setdefault("namespace", NAMESPACE)
+        kw.setdefault("watch_timeout", 5)
+        kw.setdefault("stop_grace", 2)
+        kw.setdefault("request_timeout", 10)
+        b = KubernetesBackend(log=logging.getLogger("test.k8s.real"), **kw)
         made.append(b)
         return b
     yield make

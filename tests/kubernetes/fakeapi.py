@@ -614,6 +614,9 @@ class FakeApiServer:
             if self.token is not None and \
                     request.headers.get("Authorization") != f"Bearer {self.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
+            review = self._review(request.method, request.path)
+            if review is not None:  # the one token may do everything
+                return web.json_response(review, status=201)
             kind, ns, name, sub = self._route(request.path)
             if request.method == "GET" and name is None:
                 if request.query.get("watch", "").lower() in ("1", "true"):
@@ -644,6 +647,19 @@ class FakeApiServer:
         except (ValueError, KeyError, TypeError) as e:
             err = ApiError(400, "BadRequest", f"bad request: {e}")
             return web.json_response(err.status(), status=400)
+
+    @staticmethod
+    def _review(method: str, path: str) -> dict | None:
+        """SelfSubjectAccessReview (always allowed) and SelfSubjectReview answers."""
+        if method != "POST":
+            return None
+        if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
+            return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                    "spec": {}, "status": {"allowed": True}}
+        if path == "/apis/authentication.k8s.io/v1/selfsubjectreviews":
+            return {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                    "status": {"userInfo": {"username": "fake-admin"}}}
+        return None
 
     def _route(self, path: str) -> tuple[Kind, str | None, str | None, str | None]:
         parts = [p for p in path.split("/") if p]

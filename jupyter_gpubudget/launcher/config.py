@@ -150,7 +150,7 @@ def make_config(jobs_root: str, raw: dict | None = None, where: str = "defaults"
         raise bad("path", "expected absolute directories separated by ':'")
     env = raw.get("env", {})
     if not isinstance(env, dict) or not all(
-            isinstance(k, str) and ENV_KEY.match(k) and isinstance(v, str) and not bad_text(v)
+            isinstance(k, str) and ENV_KEY.fullmatch(k) and isinstance(v, str) and not bad_text(v)
             for k, v in env.items()):
         raise bad("env", "expected a mapping of variable names to strings")
     workdir = raw.get("workdir", "{home}")

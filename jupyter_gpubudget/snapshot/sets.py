@@ -63,12 +63,12 @@ class Sets:
 
     # ------------------------------------------------------------ paths
     def new_id(self, session: str) -> str:
-        if not SESSION_RE.match(session or ""):
+        if not SESSION_RE.fullmatch(session or ""):
             raise SnapshotError("bad_input", f"session: {session!r} is not a valid session id")
         return f"{session}--{time.time_ns() // 1_000_000:x}-{secrets.token_hex(3)}"
 
     def path(self, set_id: str) -> str:
-        m = ID_RE.match(set_id or "")
+        m = ID_RE.fullmatch(set_id or "")
         if not m:
             raise SnapshotError("not_found", f"not a snapshot id: {set_id!r}")
         return os.path.join(self.root, m.group(1), f"{set_id}.json")

@@ -130,7 +130,7 @@ class Store(LoggingConfigurable):
         return os.path.join(self.root, "snapshots", session)
 
     def manifest_path(self, snapshot_id: str) -> str:
-        m = ID_RE.match(snapshot_id)
+        m = ID_RE.fullmatch(snapshot_id)
         if not m:
             raise SnapshotError("not_found", f"not a snapshot id: {snapshot_id!r}")
         return os.path.join(self._session_dir(m.group(1)), f"{snapshot_id}.json")
@@ -154,7 +154,7 @@ class Store(LoggingConfigurable):
 
     # ------------------------------------------------------------ taking a snapshot
     def begin(self, session: str, project: str, method: str) -> Staging:
-        if not SESSION_RE.match(session or ""):
+        if not SESSION_RE.fullmatch(session or ""):
             raise SnapshotError("bad_input", f"session: {session!r} is not a valid session id "
                                 "(letters, digits, . _ -; at most 48)")
         if method not in ("criu", "namespace"):

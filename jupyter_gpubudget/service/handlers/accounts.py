@@ -101,7 +101,7 @@ _TZ = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$")
 
 def time_zone(name: str) -> ZoneInfo:
     """An IANA zone name (``Europe/Berlin``, ``UTC``) or a 400 naming the field ``tz``."""
-    if len(name) > 64 or not _TZ.match(name):
+    if len(name) > 64 or not _TZ.fullmatch(name):
         raise ApiError(400, f"tz: {name[:64]!r} is not an IANA time zone name such as "
                             "'Europe/Berlin' or 'UTC'", "tz")
     try:

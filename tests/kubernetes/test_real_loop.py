@@ -1,0 +1,62 @@
+"""The service's own scheduling loop (ledger on SQLite, the pure core deciding) applying its
+decisions through KubernetesBackend against the real control plane (tests/fixtures/k8s.py says
+which parts are real; kwok plays the kubelets: a pod ends only when its job says
+``GPUBUDGET_TEST_EXIT``), on an inventory discovered from two real Node objects: an unbacked
+job runs on the idle GPUs; a backed gang preempts it (its Job deleted, its pods gone), runs as
+an Indexed Job on the core's nodes — bound there by the real scheduler, its pods made by the
+real job controller — and ends done; the preempted job is requeued and starts again."""
+
+from __future__ import annotations
+
+import time
+
+from jupyter_gpubudget.backends import k8s_objects as ko
+from jupyter_gpubudget.ledger import Ledger
+from tests.fixtures.k8s import EXIT_ENV, NAMESPACE
+from tests.kubernetes.test_fake_api_loop import make_loop, run_until
+
+
+def submit(ledger: Ledger, project: str, user: str, gpus: int, env: dict) -> str:
+    return ledger.submit(project=project, user=user, kind="batch", now=time.time(),
+                         request={"kind": "gpu", "gpus": gpus}, command=["python", "-c", "pass"],
+                         env=env, backend="kubernetes", min_runtime=0.0, resumable=True).id
+
+
+def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, real_backend,
+                                                                         tmp_path):
+    # the inventory: the two nodes the selector names (16 GPUs)
+    b = real_backend(node_selector="kubernetes.io/hostname in (gpu-a,gpu-b)")
+    ledger, loop = make_loop(tmp_path, b)
+    assert loop.inventory.gpu_count == 16 and loop.inventory.source == "kubernetes"
+
+    def running(wid: str) -> list[dict]:
+        return [p for p in k8s.admin.items(f"/api/v1/namespaces/{NAMESPACE}/pods",
+                                           f"{ko.L_WORKLOAD}={wid}")
+                if p["status"].get("phase") == "Running"]
+
+    # bob's project has no grant: his job runs unbacked on the idle cluster, all 16 GPUs
+    slow = submit(ledger, "scratch", "bob", 16, {})
+    run_until(loop, lambda: ledger.get(slow).state == "running", "unbacked job starts", 90)
+    assert not ledger.get(slow).backed
+    run_until(loop, lambda: len(running(slow)) == 2, "its 2 pods run", 90)
+
+    # alice's backed gang of 16 needs the whole inventory: the core preempts bob's job
+    gang = submit(ledger, "lattice", "alice", 16, {EXIT_ENV: "0"})
+    run_until(loop, lambda: ledger.get(gang).state in ("running", "done"), "gang starts", 90)
+    row = ledger.get(slow)
+    assert row.state == "pending" and row.preemptions == 1  # requeued (resumable)
+    assert k8s.admin.items(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
+                           f"{ko.L_WORKLOAD}={slow},{ko.L_ATTEMPT}=1") == []
+
+    run_until(loop, lambda: ledger.get(gang).state == "done", "gang done", 90)
+    placed = {s["node"] for s in ledger.get(gang).placement}
+    pods = k8s.admin.items(f"/api/v1/namespaces/{NAMESPACE}/pods", f"{ko.L_WORKLOAD}={gang}")
+    assert {p["spec"]["nodeName"] for p in pods} == placed == {"gpu-a", "gpu-b"}
+    assert all(p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+               for p in pods)
+    assert ledger.get(gang).exit_code == 0
+    # and bob's requeued job starts again once the GPUs are free
+    run_until(loop, lambda: ledger.get(slow).state == "running", "requeued job restarts", 90)
+    run_until(loop, lambda: len(running(slow)) == 2, "its pods run again", 90)
+    loop.cancel(slow, by="test")
+    assert not running(slow)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote_to_bytes
 
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from tornado import web
 
@@ -37,6 +37,10 @@ T = TypeVar("T")
 
 #: what a busy, locked, read-only or unreachable ledger raises: answered 503 + Retry-After
 LEDGER_DOWN = (OperationalError, InterfaceError, PoolTimeout)
+#: what a write whose transaction the database ended raises besides: PostgreSQL's
+#: ``idle_in_transaction_session_timeout`` and ``in_failed_sql_transaction`` are class 25
+#: (invalid transaction state), which the driver reports as an internal error
+TX_ENDED = (*LEDGER_DOWN, InternalError)
 
 
 class ApiError(Exception):
@@ -145,17 +149,34 @@ class BaseHandler(web.RequestHandler):
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` — anything that touches the ledger — on the service's database
         threads, never on the event loop; a busy, read-only or unreachable ledger becomes
-        ``503 {"message": "ledger unavailable: ..."}`` with ``Retry-After`` (health shows it)."""
+        ``503 {"message": "ledger unavailable: ..."}`` with ``Retry-After`` (health shows it).
+
+        In a write (any method but GET, HEAD, OPTIONS) a database error is what a paused
+        leader meets when it wakes up: the database ended its transaction (nothing of it was
+        committed) and another replica may lead by now. Every write handler answers it 503, as
+        a write to a standby is: ``not_leader`` (naming the leader) when this replica no longer
+        leads, else ``ledger unavailable``; a client retries either way. Any other database
+        error of a replica that still leads is a fault of ours (500)."""
         generation = self.svc.ledger.generation
         try:
             out = await asyncio.get_running_loop().run_in_executor(self.svc.db_pool, fn, *args)
-        except LEDGER_DOWN as e:
-            reason = str(getattr(e, "orig", None) or e).splitlines()[0][:300]
-            self.svc.ledger_failed(reason)
-            raise ApiError(503, f"ledger unavailable: {reason}", retry_after=5) from None
+        except (*LEDGER_DOWN, DBAPIError) as e:
+            raise self.ledger_error(e) from None
         if self.svc.ledger.generation != generation:  # a write went through: writable again
             self.svc.ledger_ok()
         return out
+
+    def ledger_error(self, e: Exception) -> Exception:
+        """What :meth:`db` answers for a database error ``e`` (see there)."""
+        write = self.request.method not in READ_METHODS
+        if write and not self.svc.is_leader:
+            return not_leader_error(self.svc.not_leader())
+        ended = e.connection_invalidated if isinstance(e, DBAPIError) else False
+        if not isinstance(e, TX_ENDED if write else LEDGER_DOWN) and not ended:
+            return e
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0][:300]
+        self.svc.ledger_failed(reason)
+        return ApiError(503, f"ledger unavailable: {reason}", retry_after=5)
 
     # ---------------------------------------------------------------- helpers
     async def caller(self) -> Caller:

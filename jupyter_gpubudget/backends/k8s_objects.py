@@ -690,6 +690,7 @@ def check_manifest(obj: dict) -> list[str]:
     """What schema validation misses and a real API server (or the device plugin) refuses:
     extended resources must be domain-prefixed and whole numbers, with requests equal to
     limits; one MIG resource type per container; label values and object names valid;
+    a node field selector (``matchFields``) with exactly one value;
     nodeName not combined with resource claims; claims referenced by containers declared in
     the pod. Returns the problems (empty: fine)."""
     errs: list[str] = []
@@ -737,6 +738,15 @@ def check_manifest(obj: dict) -> list[str]:
             if cl.get("name") not in declared:
                 errs.append(f"{where}: claim {cl.get('name')!r} is not in spec.resourceClaims")
     spec = _pod_spec(obj)
+    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+             .get("nodeSelectorTerms") or [])
+    for i, t in enumerate(terms):
+        for j, f in enumerate(t.get("matchFields") or []):
+            if f.get("operator") in ("In", "NotIn") and len(f.get("values") or []) != 1:
+                errs.append(f"nodeSelectorTerms[{i}].matchFields[{j}]: a node field selector "
+                            f"takes exactly one value with {f.get('operator')} (one term per "
+                            "node instead)")
     if spec.get("nodeName") and spec.get("resourceClaims"):
         errs.append("spec.nodeName bypasses the scheduler, which must allocate the resource "
                     "claims: pin with node affinity instead")

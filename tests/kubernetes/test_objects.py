@@ -348,6 +348,11 @@ def _pod(limits: dict, requests: dict | None = None, **spec) -> dict:  # noqa: A
     (_pod({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-2g.20gb": "1"}), "more than one MIG"),
     (_pod({}, nodeName="h1", resourceClaims=[{"name": "gpu", "resourceClaimName": "x"}]),
      "nodeName"),
+    # the real API server refuses this (seen in test_real_scheduling.py's gang)
+    (_pod({}, affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                "values": ["h1", "h2"]}]}]}}}),
+     "exactly one value"),
 ])
 def test_own_checks_catch_what_the_schema_misses(pod, complaint):
     kv.validate(pod, "1.34", strict=True)  # the schema accepts it...

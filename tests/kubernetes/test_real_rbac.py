@@ -130,3 +130,45 @@ def test_a_wrong_token_is_refused_at_once(k8s, real_backend, tmp_path):
     b = real_backend(kubeconfig=str(bad))
     with pytest.raises(RuntimeError, match="refused these credentials: 401 Unauthorized"):
         b.discover_inventory()
+
+
+def test_in_cluster_with_a_real_service_account_token(k8s, tmp_path, monkeypatch):
+    """As the service's Deployment runs (hub_config/z2jh/gpubudget-service.yaml): its
+    ServiceAccount's token (a real one, from the TokenRequest API, signed by the API server's
+    service-account key), the cluster's CA and the namespace file, found through
+    KUBERNETES_SERVICE_HOST/PORT."""
+    import logging
+    import urllib.parse
+
+    from jupyter_gpubudget.backends.kubernetes import KubernetesBackend
+    from tests.fixtures.k8s import KubeError
+
+    try:
+        k8s.admin.create(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+                         {"metadata": {"name": "gpubudget"}})
+    except KubeError as e:
+        if e.status != 409:
+            raise
+    tr = k8s.admin.create(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/gpubudget/token",
+                          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                           "spec": {"expirationSeconds": 3600}})
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(tr["status"]["token"])
+    (sa / "ca.crt").write_bytes(k8s.ca_file.read_bytes())
+    (sa / "namespace").write_text(NAMESPACE)
+    u = urllib.parse.urlsplit(k8s.url)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", u.hostname)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(u.port))
+    b = KubernetesBackend(log=logging.getLogger("test.k8s.real"), config_source="auto",
+                          incluster_token_file=str(sa / "token"),
+                          incluster_ca_file=str(sa / "ca.crt"), request_timeout=10)
+    try:
+        assert b.namespace == NAMESPACE  # from the namespace file
+        assert b.discover_inventory().gpu_count == 32  # the access check passed, as the SA
+        b.launch(job("incluster000001", whole("gpu-c", 7), {EXIT_ENV: "0"}))
+        st = wait_for(lambda: (s := b.status("incluster000001", 1)).launched and not s.alive
+                      and s, "the Job to complete", 90)
+        assert st.exit_code == 0
+    finally:
+        b.close()

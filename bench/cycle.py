@@ -8,11 +8,21 @@ through the incremental path (starting at once when they fit) with a full cycle 
 arrivals, until 10,000 wait. Two weeks of charge history.
 
 Prints the median full-cycle time (``schedule(state, now)``, the pure entry point, state built
-from scratch each time as the service does), the median time for one arrival on the
-incremental path (``Scheduler.submit``), and placements per second (a full cycle that places
-10,000 workloads on the empty cluster). Last line: one JSON object.
+from scratch each time as the service does); the service's whole cycle (that schedule plus the
+forecast of start times it computes for quotes and the queue page, ``core.offer.forecast``
+with every slice choice as a probe); the same two on the state in which a tenth of the
+cluster's GPUs freed just before the cycle (running work chosen at random left), so that the
+timed cycle places and preempts — on the full cluster it decides nothing; the median time
+for one arrival on the incremental path (``Scheduler.submit``), and placements per second (a
+full cycle that places 10,000 workloads on the empty cluster). Each figure is a median of
+wall time and of CPU time (``time.process_time``: the machine may be shared). Last line: one
+JSON object.
 
-    python bench/cycle.py [--repeat 7] [--arrivals 200] [--seed 1]
+    python bench/cycle.py [--repeat 7] [--service-repeat 3] [--arrivals 200] [--seed 1]
+
+Another version of the package (an older checkout, to compare in one run on one machine):
+``PYTHONPATH=/path/to/checkout python bench/cycle.py`` — the script only falls back to its own
+checkout when the package is not found first.
 """
 
 from __future__ import annotations
@@ -26,17 +36,20 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# after PYTHONPATH (an older checkout to compare with), before nothing else of ours
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpubudget.core.accounts import load_budgets  # noqa: E402
 from jupyter_gpubudget.core.inventory import Inventory, make_node  # noqa: E402
 from jupyter_gpubudget.core.model import (  # noqa: E402
     HOUR,
     ChargeInterval,
+    Preempt,
     SliceRequest,
     Start,
     Workload,
 )
+from jupyter_gpubudget.core.offer import forecast, request_for, slice_choices  # noqa: E402
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule  # noqa: E402
 
 NOW = 30 * 24 * HOUR
@@ -115,9 +128,46 @@ def build_state(seed: int) -> ClusterState:
                         pending, charges)
 
 
+def freed_tenth(state: ClusterState, seed: int) -> ClusterState:
+    """``state`` after running work chosen at random left, freeing a tenth of the GPUs."""
+    rng = random.Random(seed + 7)
+    running = list(state.running)
+    rng.shuffle(running)
+    target = state.inventory.gpu_count * 1000 // 10
+    freed, gone = 0, set()
+    for w in running:
+        if freed >= target:
+            break
+        if w.placement is not None:
+            freed += w.placement.milli
+            gone.add(w.id)
+    return ClusterState(state.accounts, state.inventory, state.policy,
+                        [w for w in state.running if w.id not in gone], state.pending,
+                        state.charges)
+
+
+def timed(fn, repeat: int) -> tuple[float, float, object]:  # noqa: ANN001
+    """Median wall and CPU milliseconds of ``fn()`` over ``repeat`` runs, and its last result."""
+    wall, cpu, out = [], [], None
+    for _ in range(repeat):
+        gc.collect()  # the previous cycle's garbage, as a service collects between cycles
+        t, c = time.perf_counter(), time.process_time()
+        out = fn()
+        wall.append((time.perf_counter() - t) * 1000)
+        cpu.append((time.process_time() - c) * 1000)
+    return statistics.median(wall), statistics.median(cpu), out
+
+
+def service_cycle(state: ClusterState, probes: dict) -> tuple[list, object]:
+    """What the service computes once per cycle: the decisions and the forecast."""
+    return schedule(state, NOW), forecast(state, NOW, probes=probes)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--service-repeat", type=int, default=3,
+                    help="runs of the service's whole cycle (schedule + forecast)")
     ap.add_argument("--arrivals", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -130,18 +180,24 @@ def main() -> None:
           f"in use), {len(state.running)} running, {len(state.pending)} pending, "
           f"{len(state.accounts.projects())} projects  (built in {time.perf_counter() - t0:.1f} s)")
 
-    cycle_ms, cpu_ms, starts = [], [], 0
-    for _ in range(args.repeat):
-        gc.collect()  # the previous cycle's garbage, as a service collects between cycles
-        t, c = time.perf_counter(), time.process_time()
-        ds = schedule(state, NOW)
-        cycle_ms.append((time.perf_counter() - t) * 1000)
-        cpu_ms.append((time.process_time() - c) * 1000)
-        starts = sum(isinstance(d, Start) for d in ds)
-    full = statistics.median(cycle_ms)
-    print(f"full cycle:   median {full:7.1f} ms  (min {min(cycle_ms):.1f}, max {max(cycle_ms):.1f};"
-          f" CPU time median {statistics.median(cpu_ms):.1f} ms;"
+    full, full_cpu, ds = timed(lambda: schedule(state, NOW), args.repeat)
+    starts = sum(isinstance(d, Start) for d in ds)
+    print(f"full cycle:    median {full:7.1f} ms  (CPU time median {full_cpu:.1f} ms;"
           f" {starts} starts, {len(ds) - starts} other decisions)")
+    probes = {c["key"]: request_for(c["key"]) for c in slice_choices(state.inventory)}
+    svc, svc_cpu, _ = timed(lambda: service_cycle(state, probes), args.service_repeat)
+    print(f"service cycle: median {svc:7.1f} ms  (CPU time median {svc_cpu:.1f} ms;"
+          f" schedule + forecast of {len(probes)} slice shapes)")
+
+    freed = freed_tenth(state, args.seed)
+    fr, fr_cpu, ds = timed(lambda: schedule(freed, NOW), args.repeat)
+    fr_starts = sum(isinstance(d, Start) for d in ds)
+    fr_preempts = sum(isinstance(d, Preempt) for d in ds)
+    print(f"a tenth freed: {len(state.running) - len(freed.running)} running left first;"
+          f" full cycle median {fr:7.1f} ms (CPU {fr_cpu:.1f} ms; {fr_starts} starts,"
+          f" {fr_preempts} preemptions, {len(ds) - fr_starts - fr_preempts} other decisions)")
+    fsvc, fsvc_cpu, _ = timed(lambda: service_cycle(freed, probes), args.service_repeat)
+    print(f"               service cycle median {fsvc:7.1f} ms (CPU {fsvc_cpu:.1f} ms)")
 
     sched = Scheduler.from_state(state)
     sched.cycle(NOW)
@@ -166,9 +222,17 @@ def main() -> None:
     print(f"placement:    {placed} workloads placed on the empty cluster in {dt * 1000:.0f} ms "
           f"= {pps:,.0f} placements/s")
     print(f"ratios:       full cycle {full / 200:.2f}× of the 200 ms target; "
-          f"arrival {inc / 10:.3f}× of the 10 ms target")
-    print(json.dumps({"full_cycle_ms_p50": round(full, 2), "incremental_ms_p50": round(inc, 3),
-                      "placements_per_s": round(pps)}))
+          f"arrival {inc / 10:.3f}× of the 10 ms target; service cycle {svc / full:.1f}× "
+          f"the full cycle")
+    print(json.dumps({"full_cycle_ms_p50": round(full, 2),
+                      "full_cycle_cpu_ms_p50": round(full_cpu, 2),
+                      "service_cycle_ms_p50": round(svc, 2),
+                      "service_cycle_cpu_ms_p50": round(svc_cpu, 2),
+                      "freed_cycle_ms_p50": round(fr, 2), "freed_cycle_cpu_ms_p50": round(fr_cpu, 2),
+                      "freed_service_cycle_ms_p50": round(fsvc, 2),
+                      "freed_service_cycle_cpu_ms_p50": round(fsvc_cpu, 2),
+                      "freed_starts": fr_starts, "freed_preemptions": fr_preempts,
+                      "incremental_ms_p50": round(inc, 3), "placements_per_s": round(pps)}))
 
 
 if __name__ == "__main__":

@@ -280,6 +280,10 @@ def _place_gang(cluster: Cluster, req: SliceRequest, end: float,
     ``nvlink`` gang's ranks on a node in one NVLink domain, idle MIG-mode GPUs only for
     ``any``."""
     need = req.gpus
+    buckets = cluster.whole_buckets
+    if not (cluster.gang_on_mig and level == "any") and sum(
+            k * len(buckets[k]) for k in range(1, len(buckets))) < need:
+        return None  # fewer free whole GPUs than it needs, usable or not: nothing to search
     cands: list[tuple[NodeCap, list[int]]] = []
     for k in range(len(cluster.whole_buckets) - 1, 0, -1):
         for idx in cluster.whole_buckets[k]:

@@ -15,6 +15,7 @@ this code.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -318,15 +319,22 @@ class Scheduler:
                            | ({self.lane.until} if self.lane.held else set()))
         failed: set[tuple[object, ...]] = set()
         q = self.waiting
+        # memo_key and WorkQueue.current inlined: this loop visits the whole queue once per
+        # departure, and a forecast (offer.py) runs it a hundred times per cycle
+        pending, seqs, reservations = q.pending, q.seq, self.reservations
+        known, predict_long = self.predictor.predicted_long, self.predict_long
+        lease = self.policy.backfill_lease > 0
         for _, seq, wid in list(q.order):
             if not res_times and len(failed) >= len(q.shape_count):
                 break  # no shape fits any more
-            w = q.current(wid, seq)
-            if w is None:
-                continue
-            end = now + self.predict_long(w)
-            memo = memo_key(w, end, res_times, self.policy)
-            own = wid in self.reservations
+            w = pending.get(wid)
+            if w is None or seqs.get(wid) != seq:
+                continue  # a stale entry
+            pl = known.get(wid)
+            end = now + (pl if pl is not None else predict_long(w))
+            memo = (w.request.shape, bisect_left(res_times, end) if res_times else 0,
+                    lease and leasable(w, self.policy))
+            own = wid in reservations
             if memo in failed and not own:
                 continue
             p = self._place(w, end, now)

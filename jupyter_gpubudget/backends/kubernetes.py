@@ -424,11 +424,14 @@ class KubernetesBackend(Backend):
             return bool(r.status and r.status.allowed)
 
         need = self.needed_access()
-        try:
-            got = await asyncio.gather(*(allowed(*n) for n in need))
-        except ApiException as e:  # 401: a wrong or expired token
-            raise RuntimeError(f"kubernetes backend: the API server refused these credentials: "
-                               f"{e.status} {_api_message(e)}") from None
+        # every review ends before any failure is raised (none is left pending)
+        got = await asyncio.gather(*(allowed(*n) for n in need), return_exceptions=True)
+        for g in got:
+            if isinstance(g, ApiException):  # 401: a wrong or expired token
+                raise RuntimeError(f"kubernetes backend: the API server refused these "
+                                   f"credentials: {g.status} {_api_message(g)}") from None
+            if isinstance(g, BaseException):
+                raise g
         missing = [f"{verb} {res}{'.' + group if group else ''}"
                    + (f" in namespace {self.namespace}" if namespaced else " (cluster-wide)")
                    for (verb, res, group, namespaced), ok in zip(need, got, strict=True)

@@ -112,6 +112,12 @@ class PageHandler(HubOAuthenticated, BaseHandler):
                 raise ApiError(503, "JupyterHub cannot confirm your login right now; "
                                     "reload the page in a moment") from None
             self._hub_auth_user_cache = self.check_hub_user(model) if model else None
+        if self.get_argument("gb-renew-xsrf", None) is not None:
+            # gpubudget.js renewing a stale XSRF token (a page view in a hidden frame): an
+            # empty page, never a redirect to the hub's login (which may not be framed)
+            if self._hub_auth_user_cache:
+                self.xsrf_token  # noqa: B018 - sets the _xsrf cookie of this login
+            self.finish("")
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "text/html; charset=UTF-8")

@@ -74,8 +74,8 @@
   }
   // JupyterHub sets a fresh XSRF token (the _xsrf cookie) only on a page view: a page kept
   // open across a browser restart (or a new login in another tab) holds a stale one, and its
-  // changes are refused as if logged out. Viewing this page again in a hidden frame renews it
-  // (through the hub's login, which is still valid); a fetch cannot.
+  // changes are refused as if logged out. A page view of the service in a hidden frame renews
+  // it while the login is valid (a fetch cannot); the service answers it with an empty page.
   function renewXsrf() {
     return new Promise((done) => {
       const f = document.createElement("iframe");
@@ -84,12 +84,21 @@
       const end = () => { clearTimeout(timer); f.remove(); done(); };
       const timer = setTimeout(end, 15000);
       f.addEventListener("load", end);
-      f.src = location.pathname + location.search;
+      f.src = `${boot.prefix}?gb-renew-xsrf=1`;
       document.body.appendChild(f);
     });
   }
   const loggedOut = /missing, invalid or expired token/;
+  // before a change: a stale token is found with a read (a refused write may have its
+  // connection closed before its answer, which then reads as the service being down)
+  async function freshXsrf() {
+    const r = await fetch(`${api}/workloads/me/ended?limit=1`, {
+      headers: { "X-XSRFToken": xsrf() }, credentials: "same-origin", cache: "no-store",
+    }).catch(() => null);
+    if (r && r.status === 403) await renewXsrf();
+  }
   async function call(method, path, body, renewed = false) {
+    if (method !== "GET" && !renewed) await freshXsrf();
     const sep = path.includes("?") ? "&" : "?";
     const r = await fetch(`${api}${path}${sep}tz=${encodeURIComponent(tz)}`, {
       method,

@@ -54,7 +54,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
         return 2
     env = hub_env(args)
     host = "localhost" if args.ip in ("127.0.0.1", "0.0.0.0", "") else args.ip
-    from ..hub.demo_setup import DEMO_PREFIX, SERVICE_USER, isolation_problem
+    from ..hub.demo_setup import DEMO_PREFIX, SERVICE_USER, demo_home_root, isolation_problem
 
     Path(env["GPUBUDGET_HUB_DIR"]).mkdir(parents=True, exist_ok=True)
     problem = ("GPUBUDGET_ISOLATION=0" if env.get("GPUBUDGET_ISOLATION") == "0" else
@@ -65,7 +65,8 @@ def cmd_hub(args: argparse.Namespace) -> int:
     if problem is None:
         who = (f"  Unix accounts: the service runs as '{SERVICE_USER}'; each user's server and "
                f"jobs as '{DEMO_PREFIX}<user>'\n  (created if missing; a sudoers drop-in lets "
-               f"'{SERVICE_USER}' run the job launcher).")
+               f"'{SERVICE_USER}' run the job launcher), homes in {demo_home_root()}.\n"
+               "  `make clean-demo` removes them (stop the hub first).")
     else:
         who = (f"  ISOLATION IS OFF ({problem}):\n  the service, servers and jobs all run as "
                "your own Unix user. Fine on your own machine, never on a shared one.")

@@ -15,7 +15,9 @@ from typing import Any
 
 from jupyter_gpubudget.backends import devices as dev
 
-log = logging.getLogger("gpubudget.hub")
+#: JupyterHub's own log (this runs inside the hub): a logger of its own, without a handler,
+#: printed its notes bare, as if they were warnings
+log = logging.getLogger("JupyterHub").getChild("gpubudget")
 _told_declared = False
 
 
@@ -32,7 +34,7 @@ def placement_env(placement: list[dict], discovery: Any = None,
     built = dev.build(placement, devices, mps_pipes)
     if built.declared and not _told_declared:
         _told_declared = True
-        log.warning("gpubudget: %s", dev.DECLARED_NOTE)
+        log.info("gpubudget: %s", dev.DECLARED_NOTE)  # what the demo is made of: a note
     return {**built.env, "GPUBUDGET_PLACEMENT": json.dumps(placement, sort_keys=True)}
 
 

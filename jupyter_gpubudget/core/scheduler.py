@@ -318,12 +318,10 @@ class Scheduler:
         res_times = sorted({at for at, _ in self.reservations.values()}
                            | ({self.lane.until} if self.lane.held else set()))
         failed: set[tuple[object, ...]] = set()
-        q = self.waiting
-        # memo_key and WorkQueue.current inlined: this loop visits the whole queue once per
-        # departure, and a forecast (offer.py) runs it a hundred times per cycle
+        q = self.waiting  # memo_key and q.current inlined: a forecast runs this 100× a cycle
         pending, seqs, reservations = q.pending, q.seq, self.reservations
-        known, predict_long = self.predictor.predicted_long, self.predict_long
-        lease = self.policy.backfill_lease > 0
+        known, predict_long, lease = (self.predictor.predicted_long, self.predict_long,
+                                      self.policy.backfill_lease > 0)
         for _, seq, wid in list(q.order):
             if not res_times and len(failed) >= len(q.shape_count):
                 break  # no shape fits any more

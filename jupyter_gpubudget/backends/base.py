@@ -140,6 +140,14 @@ class Backend(LoggingConfigurable):
         memory: the replica that launched it may be another one."""
         return []
 
+    def started(self, workload: str, attempt: int) -> tuple[str, float] | None:
+        """``(reference, start)`` of an attempt the engine runs, from the engine's own
+        records (the local launcher's ``pid`` record, Slurm's job start), or None while it
+        has not started or where the engine does not say. A replica that takes over reads it
+        for an attempt it finds running with no launch recorded (launched late by the
+        replica that led before): its charge starts when the engine started it."""
+        return None
+
     def stop_orphan(self, workload: str, attempt: int) -> None:
         """Stop an orphan (see :meth:`orphans`). It is swept every scheduling cycle, so an
         engine that stops asynchronously only asks here and does not wait; by default the

@@ -430,6 +430,14 @@ class LocalBackend(Backend):
         p = pid.get("pid")
         return frozenset((p,)) if isinstance(p, int) and p > 1 else None
 
+    def started(self, workload: str, attempt: int) -> tuple[str, float] | None:
+        """The job's pid and when the launcher started it (its ``pid`` record)."""
+        rec = read_record(self._dir(workload, attempt) / "pid", self._records_uid)
+        at = rec.get("launched_at") if rec is not None else None
+        if rec is None or not isinstance(at, (int, float)) or isinstance(at, bool):
+            return None
+        return str(rec.get("pid")), float(at)
+
     def status(self, workload: str, attempt: int) -> BackendStatus:
         st = self._status(workload, attempt)
         if st.alive:

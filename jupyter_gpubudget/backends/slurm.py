@@ -337,6 +337,20 @@ class SlurmBackend(Backend):
             return BackendStatus(True)
         return BackendStatus(False, launched=False)
 
+    def started(self, workload: str, attempt: int) -> tuple[str, float] | None:
+        """The job id and Slurm's start of the attempt's job (squeue's, else sacct's Start),
+        once it left PENDING."""
+        name = job_name(self.job_name_prefix, workload, attempt)
+        try:
+            recs = [j for j in self.queue() if j.name == name] or self.accounting([name])
+        except SlurmError:
+            return None
+        ran = [j for j in recs if j.start is not None and j.state != "PENDING"]
+        if not ran:
+            return None
+        first = min(ran, key=lambda j: j.start or 0.0)
+        return first.job_id, float(first.start or 0.0)
+
     def stop(self, workload: str, attempt: int) -> BackendStatus:
         name = job_name(self.job_name_prefix, workload, attempt)
         jobs = self._alive_jobs(name, fresh=True)

@@ -133,6 +133,8 @@ class SchedulingLoop:
         #: False on a standby replica (:meth:`follow`): the view is computed, nothing written
         self.applying = True
         self._orphans_told: set[tuple[str, int]] = set()  # orphans recorded (once each)
+        #: running attempts whose launch is on record (launched here, or checked once)
+        self._launch_known: set[tuple[str, int]] = set()
 
     def cluster_of(self, nodes: tuple[str, ...]) -> str | None:
         """The named cluster of a placement's nodes (one: a gang never spans clusters)."""
@@ -296,11 +298,46 @@ class SchedulingLoop:
                 continue
             if st.alive:
                 alive.append(row.id)
+                if (row.id, iv.seq) not in self._launch_known:
+                    self._adopt_start(row, iv)
                 if st.unsupervised:
                     self._monitor_lost(row.id, iv.seq, now)
             else:
                 self._settle(row, st)
         return alive
+
+    def _adopt_start(self, row: WorkloadRow, iv) -> None:  # noqa: ANN001
+        """A running attempt whose launch this replica did not record: launched by the
+        replica that led before (at a takeover), possibly late — it was paused between
+        committing the start and calling the engine, and the engine started the job after
+        this replica took over, within the start grace. With no launch on record its charge
+        still starts at the commit; it is moved to the engine's own start (the launcher's
+        ``pid`` record, Slurm's job start), as :meth:`_launched` does for a launch of ours,
+        and protection counts from then. Checked once per attempt (again while the engine
+        does not say yet)."""
+        key = (row.id, iv.seq)
+        full = self.ledger.get(row.id)
+        if full is None or full.state != "running" or full.backend_ref:
+            self._launch_known.add(key)  # its launch was recorded by whoever launched it
+            return
+        try:
+            found = self.backend.started(row.id, iv.seq)
+        except Exception:  # noqa: BLE001 - the engine may be away: next cycle
+            self.log.exception("reading when %s attempt %d started failed", row.id, iv.seq)
+            return
+        charge = self.ledger.open_interval(row.id)
+        if found is None or charge is None or charge.seq != iv.seq:
+            return
+        ref, at = found
+        shift = at - charge.start
+        protected = None if full.protected_until is None or shift <= 0 \
+            else full.protected_until + shift
+        self._launched(row.id, charge.id, ref, at, protected)
+        self._launch_known.add(key)
+        if shift > 0:
+            self.log.info("%s attempt %d: launched late by the replica that led before; "
+                          "charged from the engine's start, %.3f s after its start was "
+                          "committed", row.id, iv.seq, shift)
 
     @property
     def start_grace(self) -> float:
@@ -492,6 +529,7 @@ class SchedulingLoop:
                 raise
             self._launched(row.id, charge.id, ref, launched_at, protected if shift > 0
                            else None)
+            self._launch_known.add((row.id, charge.seq))
             self._reserved.pop(row.id, None)
             if self.on_start:
                 self.on_start(row, now)

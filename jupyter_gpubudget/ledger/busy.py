@@ -12,10 +12,21 @@ unmeasured: a report shows its busy time as unknown, never as 0.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select, update
+import math
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from .models import BusyChargeRow, ChargeRow, UsageHourlyRow, WorkloadRow
+from .models import (
+    WAIT_BUCKETS,
+    BusyChargeRow,
+    ChargeRow,
+    UsageDailyRow,
+    UsageHourlyRow,
+    WaitDailyRow,
+    WorkloadRow,
+)
 from .rollups import split_by_hour
 
 
@@ -34,22 +45,78 @@ def add_hourly(s: Session, project: str, user: str, milli: float, start: float, 
     if end <= start or milli <= 0:
         return
     insert = _insert(s)
-    t = UsageHourlyRow.__table__.c
+    days: dict[int, dict[str, float]] = {}
     for hour, ms, _stop in split_by_hour(milli, start, end):
         vals = {"charged_ms": ms if charged else 0.0,
                 "measured_ms": 0.0 if busy is None else ms,
                 "busy_ms": 0.0 if busy is None else ms * busy}
-        stmt = insert(UsageHourlyRow).values(project=project, user=user, hour=int(hour), **vals)
+        h = int(hour)
+        _upsert(s, insert, UsageHourlyRow, ["project", "user", "hour"], vals,
+                project=project, user=user, hour=h, hod=h % 86400 // 3600)
+        day = days.setdefault(h // 86400, dict.fromkeys(vals, 0.0))
+        for k, v in vals.items():
+            day[k] += v
+    for d, vals in days.items():
+        _upsert(s, insert, UsageDailyRow, ["project", "user", "day"], vals, project=project,
+                user=user, day=d)
+
+
+def _upsert(s: Session, insert: Any, model: Any, keys: list[str], vals: dict[str, float],
+            _add: dict[str, int] | None = None, **ident: Any) -> None:
+    """Insert the row or add ``vals`` (and ``_add``) to the one there."""
+    t = model.__table__.c
+    stmt = insert(model).values(**ident, **vals)
+    added = {k: v for k, v in vals.items() if v}
+    added.update(_add or {})
+    s.execute(stmt.on_conflict_do_update(
+        index_elements=keys,
+        set_={k: getattr(t, k) + getattr(stmt.excluded, k) for k in added}
+        or {keys[0]: getattr(t, keys[0])}))
+
+
+def wait_bucket(seconds: float) -> int:
+    """A wait's half-octave bucket (``WaitDailyRow``): 0 .. WAIT_BUCKETS − 1."""
+    return min(WAIT_BUCKETS - 1, int(math.floor(2 * math.log2(1 + max(0.0, seconds)))))
+
+
+def bucket_seconds(bucket: int) -> float:
+    """The middle of a bucket's range of waits, in seconds (geometric)."""
+    return max(0.0, 2 ** ((bucket + 0.5) / 2) - 1)
+
+
+def wait_of(s: Session, workload: str, seq: int, start: float) -> tuple[str, float] | None:
+    """(kind, seconds) the workload waited before its ``seq``-th interval began at
+    ``start``: since it was submitted, or since a preemption closed the one before."""
+    row = s.execute(select(WorkloadRow.kind, WorkloadRow.submitted_at)
+                    .where(WorkloadRow.id == workload)).first()
+    if row is None:
+        return None
+    since = row[1]
+    if seq > 1:
+        prev = s.execute(select(ChargeRow.end).where(ChargeRow.workload == workload,
+                                                     ChargeRow.seq == seq - 1)).scalar()
+        since = prev if prev is not None else since
+    return row[0], max(0.0, start - since)
+
+
+def add_closed(s: Session, c: Any, end: float, closed_by: str) -> None:
+    """What a closed interval ``c`` adds to the reports' rollups (in the transaction that
+    closes it): its charge hour by hour, the preemption that closed it, its wait."""
+    add_hourly(s, c.project, c.user, c.milli, c.start, end, charged=True)
+    insert = _insert(s)
+    if closed_by == "preempt":
+        _upsert(s, insert, UsageDailyRow, ["project", "user", "day"], {}, project=c.project,
+                user=c.user, day=int(end) // 86400, preemptions=1,
+                _add={"preemptions": 1})
+    w = wait_of(s, c.workload, c.seq, c.start)
+    if w is not None:
+        col = f"w{wait_bucket(w[1])}"
+        t = WaitDailyRow.__table__.c
+        stmt = insert(WaitDailyRow).values(project=c.project, day=int(c.start) // 86400,
+                                           kind=w[0], **{col: 1})
         s.execute(stmt.on_conflict_do_update(
-            index_elements=["project", "user", "hour"],
-            set_={k: getattr(t, k) + getattr(stmt.excluded, k) for k, v in vals.items() if v}
-            or {"charged_ms": t.charged_ms}))
-
-
-def add_charged(s: Session, project: str, user: str, milli: float, start: float,
-                end: float) -> None:
-    """A closed interval's charge, hour by hour (in the transaction that closes it)."""
-    add_hourly(s, project, user, milli, start, end, charged=True)
+            index_elements=["project", "day", "kind"],
+            set_={col: func.coalesce(t[col], 0) + 1}))
 
 
 def record(s: Session, workload: str, start: float, end: float, busy: float,
@@ -95,5 +162,7 @@ def prune(s: Session, before: float) -> int:
     retention, ``usage_history_days``). Returns the number of hourly rows removed."""
     n = s.execute(delete(UsageHourlyRow).where(UsageHourlyRow.hour < int(before) - 3600)
                   ).rowcount or 0
+    s.execute(delete(UsageDailyRow).where(UsageDailyRow.day < int(before) // 86400))
+    s.execute(delete(WaitDailyRow).where(WaitDailyRow.day < int(before) // 86400))
     s.execute(delete(BusyChargeRow).where(BusyChargeRow.last < before))
     return n

@@ -20,10 +20,19 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import func, literal_column, select
+from sqlalchemy import BigInteger, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from .models import BusyChargeRow, ChargeRow, DecisionRow, UsageHourlyRow, WorkloadRow
+from .busy import bucket_seconds, wait_of
+from .models import (
+    WAIT_BUCKETS,
+    BusyChargeRow,
+    ChargeRow,
+    UsageDailyRow,
+    UsageHourlyRow,
+    WaitDailyRow,
+    WorkloadRow,
+)
 
 HOUR = 3600
 MS_PER_H = 1000.0 * 3600.0  # milli-GPU-seconds in a GPU-hour
@@ -41,12 +50,15 @@ class Figures:
         self.measured_ms += m
         self.busy_ms += b
 
+    def empty(self) -> bool:  # what moved between periods leaves rounding dust, not 0
+        return abs(self.charged_ms) < 1e-3 and abs(self.measured_ms) < 1e-3
+
     def json(self) -> dict[str, Any]:
-        charged = self.charged_ms / MS_PER_H
-        if self.measured_ms <= 0:
+        charged = max(0.0, self.charged_ms / MS_PER_H)
+        if self.measured_ms <= 1e-3:
             return {"charged_gpu_h": charged, "busy_gpu_h": None, "measured_gpu_h": 0.0,
                     "idle_gpu_h": None, "idle_share": None}
-        measured, busy = self.measured_ms / MS_PER_H, self.busy_ms / MS_PER_H
+        measured, busy = self.measured_ms / MS_PER_H, max(0.0, self.busy_ms / MS_PER_H)
         idle = max(0.0, measured - busy)
         return {"charged_gpu_h": charged, "busy_gpu_h": busy, "measured_gpu_h": measured,
                 "idle_gpu_h": idle, "idle_share": idle / measured}
@@ -126,30 +138,13 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
     account's) grant in GPU-hours per ``window``, None where it has none."""
     projects = list(scope.projects)
     only = scope.only_user
-    h = UsageHourlyRow.__table__.c
     lo, hi = (int(start) // HOUR) * HOUR, int(end)
     per_user: dict[tuple[str, str], Figures] = {}
     per_period: dict[tuple[str, float], Figures] = {}
     if projects:
+        _totals(s, projects, lo, hi, per_user)
         if by in ("day", "week"):
-            for a, b, off in offset_stretches(lo, hi, tz):
-                k = _bucket_expr(h.hour, off, by).label("k")
-                q = (select(h.project, h.user, k, func.sum(h.charged_ms),
-                            func.sum(h.measured_ms), func.sum(h.busy_ms))
-                     .where(h.hour >= a, h.hour < b, h.project.in_(projects))
-                     .group_by(h.project, h.user, k))
-                for p, u, kk, c, m, bz in s.execute(q):
-                    per_user.setdefault((p, u), Figures()).add(c or 0, m or 0, bz or 0)
-                    if only is None or u == only:
-                        ps = _bucket_start(int(kk), off, by, tz)
-                        per_period.setdefault((p, ps), Figures()).add(c or 0, m or 0, bz or 0)
-        else:
-            q = (select(h.project, h.user, func.sum(h.charged_ms), func.sum(h.measured_ms),
-                        func.sum(h.busy_ms))
-                 .where(h.hour >= lo, h.hour < hi, h.project.in_(projects))
-                 .group_by(h.project, h.user))
-            for p, u, c, m, bz in s.execute(q):
-                per_user.setdefault((p, u), Figures()).add(c or 0, m or 0, bz or 0)
+            _series(s, projects, only, lo, hi, tz, by, per_period)
         # what runs now: charged until now (closed intervals joined the rollups already)
         c = ChargeRow.__table__.c
         for p, u, milli, a0 in s.execute(
@@ -193,6 +188,7 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
         "idle_sessions": _idle_sessions(s, projects, only, start, end, idle_top),
         "computed_at": now}
     if by in ("day", "week"):
+        per_period = {k: f for k, f in per_period.items() if not f.empty()}
         starts = sorted({ps for _, ps in per_period})
         out["periods"] = [{
             "start": ps, "start_local": datetime.fromtimestamp(ps, tz).isoformat(),
@@ -201,64 +197,169 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
     return out
 
 
+_SUMS = ("charged_ms", "measured_ms", "busy_ms")
+
+
+def _days(lo: int, hi: int) -> tuple[int, int]:
+    """The whole UTC days inside ``[lo, hi)``: their first and end (UNIX seconds)."""
+    a = -(-lo // 86400) * 86400
+    b = (hi // 86400) * 86400
+    return (a, b) if a < b else (hi, hi)
+
+
+def _totals(s: Session, projects: list[str], lo: int, hi: int,
+            per_user: dict[tuple[str, str], Figures]) -> None:
+    """Per (project, user) over ``[lo, hi)``: whole UTC days from the daily rollups, the
+    hours before and after them from the hourly ones."""
+    h, d = UsageHourlyRow.__table__.c, UsageDailyRow.__table__.c
+    a, b = _days(lo, hi)
+    parts = []
+    if a < b:
+        parts.append(select(d.project, d.user, *(func.sum(d[k]) for k in _SUMS))
+                     .where(d.day >= a // 86400, d.day < b // 86400, d.project.in_(projects))
+                     .group_by(d.project, d.user))
+    for x, y in ((lo, a), (b, hi)) if a < b else ((lo, hi),):
+        if x < y:
+            parts.append(select(h.project, h.user, *(func.sum(h[k]) for k in _SUMS))
+                         .where(h.hour >= x, h.hour < y, h.project.in_(projects))
+                         .group_by(h.project, h.user))
+    for q in parts:
+        for p, u, c, m, bz in s.execute(q):
+            per_user.setdefault((p, u), Figures()).add(c or 0, m or 0, bz or 0)
+
+
+def _series(s: Session, projects: list[str], only: str | None, lo: int, hi: int,
+            tz: ZoneInfo, by: str, per_period: dict[tuple[str, float], Figures]) -> None:
+    """Per (project, local day or week) over ``[lo, hi)``, one stretch of constant UTC offset
+    at a time: a whole UTC day counts in the local period its noon falls in, then the hours
+    that belong to a neighbouring local day (its ``hod`` band: 1 or 2 hours a day in Europe)
+    move there; the stretch's partial days are read by the hour."""
+    h, d = UsageHourlyRow.__table__.c, UsageDailyRow.__table__.c
+    starts: dict[tuple[int, int], float] = {}
+
+    def add(p: str, k: Any, off: int, c: Any, m: Any, bz: Any, sign: float = 1.0) -> None:
+        key = (int(k), off)
+        ps = starts.get(key)
+        if ps is None:
+            ps = starts[key] = _bucket_start(int(k), off, by, tz)
+        per_period.setdefault((p, ps), Figures()).add(sign * (c or 0), sign * (m or 0),
+                                                      sign * (bz or 0))
+
+    for x, y, off in offset_stretches(lo, hi, tz):
+        a, b = _days(x, y)
+        qs = []
+        if a < b:
+            k = _bucket_expr(cast(d.day, BigInteger) * literal_column("86400")
+                             + literal_column("43200"), off, by)
+            q = (select(d.project, k.label("k"), *(func.sum(d[c]) for c in _SUMS))
+                 .where(d.day >= a // 86400, d.day < b // 86400, d.project.in_(projects)))
+            qs.append((q.where(d.user == only) if only is not None else q)
+                      .group_by(d.project, k))
+            band = [o for o in range(24) if (o * 3600 + off) // 86400 != 0]
+            if band:  # hours of these UTC days that belong to a neighbouring local day
+                mid = _bucket_expr(h.hour - (h.hour % literal_column("86400"))
+                                   + literal_column("43200"), off, by)
+                own = _bucket_expr(h.hour, off, by)
+                q = (select(h.project, mid.label("mid"), own.label("own"),
+                            *(func.sum(h[c]) for c in _SUMS))
+                     .where(h.hod.in_(band), h.hour >= a, h.hour < b,
+                            h.project.in_(projects)))
+                q = (q.where(h.user == only) if only is not None else q).group_by(
+                    h.project, mid, own)
+                for p, km, ko, c, m, bz in s.execute(q):
+                    if km != ko:
+                        add(p, km, off, c, m, bz, -1.0)
+                        add(p, ko, off, c, m, bz)
+        for u, v in ((x, a), (b, y)) if a < b else ((x, y),):
+            if u < v:
+                k = _bucket_expr(h.hour, off, by)
+                q = (select(h.project, k.label("k"), *(func.sum(h[c]) for c in _SUMS))
+                     .where(h.hour >= u, h.hour < v, h.project.in_(projects)))
+                qs.append((q.where(h.user == only) if only is not None else q)
+                          .group_by(h.project, k))
+        for q in qs:
+            for p, k, c, m, bz in s.execute(q):
+                add(p, k, off, c, m, bz)
+
+
 def _grant(hours: float | None, start: float, end: float, window: float) -> dict[str, Any]:
     if hours is None:
         return {"grant_gpu_h": None}
     return {"grant_gpu_h": hours * (end - start) / window, "grant_gpu_h_per_window": hours}
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
+def _pct(hist: list[tuple[float, int]], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of values given as (value, count)."""
+    total = sum(n for _, n in hist)
+    if total == 0:
         return None
-    xs = sorted(xs)
-    i = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
-    return xs[i]
+    rank = min(total - 1, max(0, int(round(q * (total - 1)))))
+    seen = 0
+    for v, n in sorted(hist):
+        seen += n
+        if seen > rank:
+            return float(v)
+    return float(max(v for v, _ in hist))
 
 
 def _waits_and_preemptions(s: Session, projects: list[str], only: str | None, start: float,
                            end: float) -> tuple[dict, int, dict[str, int]]:
-    w = WorkloadRow.__table__.c
-    waits: dict[str, list[float]] = {}
-    if projects:
-        q = (select(w.kind, w.started_at - w.submitted_at)
-             .where(w.project.in_(projects), w.started_at >= start, w.started_at < end))
-        if only is not None:
-            q = q.where(w.user == only)
-        for kind, wait in s.execute(q):
-            waits.setdefault(kind, []).append(max(0.0, float(wait)))
-    d = DecisionRow.__table__.c
-    by_project: dict[str, int] = {}
-    if projects:
-        q2 = (select(w.project, func.count())
-              .select_from(DecisionRow.__table__.join(WorkloadRow.__table__,
-                                                       d.workload == w.id))
-              .where(d.kind == "preempt", d.at >= start, d.at < end,
-                     w.project.in_(projects)).group_by(w.project))
-        if only is not None:
-            q2 = q2.where(w.user == only)
-        by_project = {p: int(n) for p, n in s.execute(q2)}
-    return ({k: {"count": len(v), "p50_s": _pct(v, 0.5), "p90_s": _pct(v, 0.9)}
-             for k, v in sorted(waits.items())}, sum(by_project.values()), by_project)
+    """Waits before the intervals that began in the period (the projects', by UTC day of
+    their start, to within a quarter octave; what runs now counted exactly) and preemptions
+    suffered (by UTC day of the preemption; a researcher: their own)."""
+    if not projects:
+        return {}, 0, {}
+    lo_day, hi_day = int(start) // 86400, -(-int(end) // 86400)
+    wt = WaitDailyRow.__table__.c
+    hist: dict[str, list[tuple[float, int]]] = {}
+    for kind, *counts in s.execute(
+            select(wt.kind, *(func.sum(wt[f"w{b}"]) for b in range(WAIT_BUCKETS)))
+            .where(wt.day >= lo_day, wt.day < hi_day, wt.project.in_(projects))
+            .group_by(wt.kind)):
+        hist.setdefault(kind, []).extend((bucket_seconds(b), int(n)) for b, n in
+                                         enumerate(counts) if n)
+    c = ChargeRow.__table__.c
+    for seq, wid, a in s.execute(select(c.seq, c.workload, c.start).where(
+            c.end.is_(None), c.project.in_(projects), c.start >= lo_day * 86400,
+            c.start < hi_day * 86400)):
+        got = wait_of(s, wid, seq, a)
+        if got is not None:
+            hist.setdefault(got[0], []).append((got[1], 1))
+    d = UsageDailyRow.__table__.c
+    q = (select(d.project, func.sum(d.preemptions))
+         .where(d.day >= lo_day, d.day < hi_day, d.project.in_(projects))
+         .group_by(d.project))
+    if only is not None:
+        q = q.where(d.user == only)
+    by_project = {p: int(n or 0) for p, n in s.execute(q) if n}
+    return ({k: {"count": sum(n for _, n in v), "p50_s": _pct(v, 0.5), "p90_s": _pct(v, 0.9)}
+             for k, v in sorted(hist.items())}, sum(by_project.values()), by_project)
 
 
 def _idle_sessions(s: Session, projects: list[str], only: str | None, start: float,
                    end: float, top: int) -> list[dict]:
-    """The interactive sessions whose measured slices sat idle longest (per session, over
-    its charge intervals that overlap the period)."""
+    """The interactive sessions whose measured slices sat idle longest, over their charge
+    intervals that overlap the period: the ``4 × top`` idlest intervals name the sessions
+    (a top-k read, no grouping of the whole period), whose intervals are then summed."""
     if not projects or top <= 0:
         return []
     b = BusyChargeRow.__table__.c
-    idle = func.sum(b.measured_ms - b.busy_ms).label("idle")
-    q = (select(b.workload, b.user, b.project, idle, func.sum(b.measured_ms),
-                func.sum(b.busy_ms))
-         .where(b.kind == "interactive", b.project.in_(projects), b.last > start,
-                b.first < end)
-         .group_by(b.workload, b.user, b.project).order_by(idle.desc()).limit(top))
+    idle = (b.measured_ms - b.busy_ms).label("idle")
+    where = [b.kind == "interactive", b.project.in_(projects), b.last > start, b.first < end]
     if only is not None:
-        q = q.where(b.user == only)
-    rows = s.execute(q).all()
+        where.append(b.user == only)
+    wids = list(dict.fromkeys(s.execute(select(b.workload).where(*where)
+                                        .order_by(idle.desc()).limit(4 * top)).scalars()))
+    if not wids:
+        return []
+    rows = s.execute(select(b.workload, b.user, b.project, func.sum(b.measured_ms - b.busy_ms),
+                            func.sum(b.measured_ms), func.sum(b.busy_ms))
+                     .where(*where, b.workload.in_(wids))
+                     .group_by(b.workload, b.user, b.project)).all()
+    rows.sort(key=lambda r: -(r[3] or 0))
+    rows = rows[:top]
     names = dict(s.execute(select(WorkloadRow.id, WorkloadRow.name)
-                           .where(WorkloadRow.id.in_([r[0] for r in rows]))).tuples().all()) if rows else {}
+                           .where(WorkloadRow.id.in_([r[0] for r in rows]))).tuples().all())
     return [{"workload": wid, "name": names.get(wid, ""), "user": u, "project": p,
              "idle_gpu_h": max(0.0, (i or 0) / MS_PER_H), "measured_gpu_h": (m or 0) / MS_PER_H,
              "busy_gpu_h": (bz or 0) / MS_PER_H} for wid, u, p, i, m, bz in rows]

@@ -593,7 +593,7 @@ class Ledger:
                                      closed_by=closed_by)).rowcount
             if done:  # closed here, exactly once: its usage joins the hourly rollups
                 rollups.add(s, c.project, c.milli, c.start, max(end, c.start))
-                busy.add_charged(s, c.project, c.user, c.milli, c.start, max(end, c.start))
+                busy.add_closed(s, c, max(end, c.start), closed_by)
                 s.execute(update(DeviceClaimRow).where(DeviceClaimRow.charge == c.id,
                                                        DeviceClaimRow.end.is_(None))
                           .values(end=max(end, c.start)))

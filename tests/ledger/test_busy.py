@@ -151,3 +151,99 @@ def test_idle_sessions_longest_first(ledger):
     assert [e["workload"] for e in r["idle_sessions"]][0] == idle
     assert r["idle_sessions"][0]["idle_gpu_h"] == pytest.approx(3.0)
     assert len(r["idle_sessions"]) == 2
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York", "Asia/Tokyo"])
+def test_local_days_and_weeks_across_clock_changes_equal_a_brute_force_sum(ledger, zone):
+    import random
+
+    from jupyter_gpubudget.ledger.reports import period_start
+    from jupyter_gpubudget.ledger.rollups import split_by_hour
+
+    tz = ZoneInfo(zone)
+    rnd = random.Random(7)
+    base = datetime(2025, 3, 1, tzinfo=tz).timestamp()  # the spring change inside
+    runs = []
+    t = base
+    for _ in range(60):
+        t += rnd.uniform(3600, 40000)
+        user, project = rnd.choice([("bob", "lattice"), ("carol", "lattice"), ("dave", "astro")])
+        dur = rnd.uniform(600, 30000)
+        runs.append((user, project, t, t + dur))
+        run(ledger, user, project, 0, t, t + dur, 0.5, step=dur)
+        t += dur
+    start = datetime(2025, 3, 3, tzinfo=tz).timestamp()
+    end = datetime(2025, 4, 14, tzinfo=tz).timestamp()
+    for by in ("day", "week"):
+        want: dict[tuple[str, float], float] = {}
+        for _u, p, a, b in runs:
+            for hour, ms, _ in split_by_hour(1000, a, b):
+                if start <= hour < end:
+                    k = (p, period_start(hour, tz, by).timestamp())
+                    want[k] = want.get(k, 0.0) + ms / 3.6e6
+        r = rep(ledger, start=start, end=end, by=by, tz=tz)
+        got = {(e["project"], datetime.fromisoformat(per["start_local"]).timestamp()):
+               e["charged_gpu_h"] for per in r["periods"] for e in per["projects"]}
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert got[k] == pytest.approx(v, abs=1e-6), (by, k)
+        assert r["totals"]["charged_gpu_h"] == pytest.approx(sum(want.values()), abs=1e-6)
+        assert r["totals"]["busy_gpu_h"] == pytest.approx(sum(want.values()) / 2, abs=1e-6)
+
+
+def test_waits_and_preemptions_suffered(ledger):
+    place = [{"node": "n1", "gpu": 0, "milli": 1000}]
+    w = ledger.submit(project="lattice", user="bob", kind="batch", request=GPU,
+                      now=T0 + 3600 - 120)
+    ledger.start(w.id, placement=place, milli=1000, backed=True, protected_until=None,
+                 now=T0 + 3600)
+    ledger.stop(w.id, now=T0 + 7200, state="pending", closed_by="preempt")  # requeued
+    ledger.start(w.id, placement=place, milli=1000, backed=True, protected_until=None,
+                 now=T0 + 7200 + 1800)
+    ledger.stop(w.id, now=T0 + 10800, state="done", closed_by="exit")
+    s = ledger.submit(project="astro", user="dave", kind="interactive", request=GPU,
+                      now=T0 + 3600)
+    ledger.start(s.id, placement=[{"node": "n1", "gpu": 1, "milli": 1000}], milli=1000,
+                 backed=True, protected_until=None, now=T0 + 3600 + 5)  # still running
+    r = rep(ledger, now=T0 + 4 * 3600)
+    p = {e["project"]: e for e in r["projects"]}
+    assert p["lattice"]["preemptions"] == 1 and p["astro"]["preemptions"] == 0
+    assert r["totals"]["preemptions"] == 1
+    waits = r["waits"]["batch"]
+    assert waits["count"] == 2  # before the first interval and after the preemption
+    assert waits["p50_s"] == pytest.approx(120, rel=0.2)  # half an octave
+    assert waits["p90_s"] == pytest.approx(1800, rel=0.2)
+    assert r["waits"]["interactive"] == {"count": 1, "p50_s": 5, "p90_s": 5}  # runs now
+    assert rep(ledger, only="carol", projects=("lattice",))["totals"]["preemptions"] == 0
+
+
+def test_the_migration_rolls_up_the_history_already_there(db_url):
+    from sqlalchemy import text
+
+    upgrade(db_url, "0010")
+    engine = connect(db_url)
+    try:
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO accounts (name, parent, members, managers, is_project, "
+                           "updated_at) VALUES ('p', NULL, '[]', '[]', true, 0)"))
+            c.execute(text("INSERT INTO workloads (id, name, project, \"user\", kind, state, "
+                           "request, min_runtime, resumable, backend, submitted_at, backed, "
+                           "preemptions, reason) VALUES ('w', '', 'p', 'u', 'batch', 'done', "
+                           "'{}', 0, false, 'local', 3000, false, 1, '')"))
+            for seq, (start, end, by) in enumerate([(3600.0, 9000.0, "preempt"),
+                                                    (9120.0, 9300.0, "exit")], 1):
+                c.execute(text("INSERT INTO charge_intervals (workload, seq, project, \"user\", "
+                               "milli, start, \"end\", checkpoint, closed_by) VALUES "
+                               f"('w', {seq}, 'p', 'u', 500, {start}, {end}, {end}, '{by}')"))
+        upgrade(db_url)
+        led = Ledger(engine)
+        with led.ro() as s:
+            r = report(s, account="p", scope=Scope(["p"]), start=0, end=86400, tz=UTC,
+                       by="day", now=86400, grants={}, window=WEEK)
+        assert r["totals"]["charged_gpu_h"] == pytest.approx(0.5 * (5400 + 180) / 3600)
+        assert r["totals"]["busy_gpu_h"] is None  # nothing measured the history
+        assert r["totals"]["preemptions"] == 1
+        assert r["waits"]["batch"]["count"] == 2
+        assert r["waits"]["batch"]["p90_s"] == pytest.approx(600, rel=0.2)
+    finally:
+        engine.dispose()

@@ -79,7 +79,7 @@ def test_a_month_of_history_past_the_window_with_busy_unknown_where_unmeasured(s
     assert r["totals"]["charged_gpu_h"] == pytest.approx(4 * DAYS)
     assert r["totals"]["measured_gpu_h"] == pytest.approx(2 * DAYS)
     assert r["waits"]["batch"]["count"] == 3 * DAYS
-    assert r["waits"]["batch"]["p50_s"] == pytest.approx(60)
+    assert r["waits"]["batch"]["p50_s"] == pytest.approx(60, rel=0.2)  # half an octave
     # the usage window (7 days) holds far less than the report
     st, u = http("GET", f"{svc.api}/accounts/lattice/usage", tokens["root"])
     assert st == 200

@@ -72,6 +72,13 @@ class Workload:
     #: asked to stop (preemption under way) and still holding its slice: never placed over,
     #: never preempted again; work waiting for its slice waits for it to be released
     stopping: bool = False
+    #: a task of a job array (the array's id) and how many of its tasks may run at once
+    #: (0: no cap): core/holds.py keeps the rest waiting
+    array: str | None = None
+    array_max: int = 0
+    #: work that must finish first, and how (afterok, afterany, afternotok: core/holds.py)
+    after: tuple[str, ...] = ()
+    after_kind: str = "afterok"
 
     @property
     def running(self) -> bool:

@@ -28,6 +28,7 @@ from .capacity import Cluster, Gpu
 from .cycle import CycleState, memo_key, preempt_for, reclaim, reserve_gang
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
 from .drains import LossBudget, drain_nodes
+from .holds import runnable
 from .inventory import Inventory
 from .lane import ShortLane
 from .model import (
@@ -162,7 +163,7 @@ class Scheduler:
                 continue
             s.running[w.id] = w
         s.cluster = load_running(s.cluster, s.running, s.inconsistent, s._fresh_cluster)
-        for w in state.pending:
+        for w in runnable(state.pending, state.running, state.finished):  # holds.py
             s._enqueue(w, key=INF, bulk=True)
         s.waiting.order.sort()
         s.loss.losses.extend(sorted(state.recent_losses))

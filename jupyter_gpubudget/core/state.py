@@ -8,7 +8,7 @@ work into the capacity model; :func:`paused_gc` runs a cycle without the cyclic 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -33,6 +33,9 @@ class ClusterState:
     #: (time, GPU-hours thrown away) of each preemption in the last ``LOSS_WINDOW``
     #: (``Policy.finish_drain_budget``; the service reads them from its decision log)
     recent_losses: Sequence[tuple[float, float]] = ()
+    #: work that pending work runs after (``Workload.after``) and has ended: whether it
+    #: succeeded (core/holds.py)
+    finished: Mapping[str, bool] = field(default_factory=dict)
 
 
 @contextmanager

@@ -51,13 +51,13 @@ def add_hourly(s: Session, project: str, user: str, milli: float, start: float, 
                 "measured_ms": 0.0 if busy is None else ms,
                 "busy_ms": 0.0 if busy is None else ms * busy}
         h = int(hour)
-        _upsert(s, insert, UsageHourlyRow, ["project", "user", "hour"], vals,
+        _upsert(s, insert, UsageHourlyRow, ["hour", "project", "user"], vals,
                 project=project, user=user, hour=h, hod=h % 86400 // 3600)
         day = days.setdefault(h // 86400, dict.fromkeys(vals, 0.0))
         for k, v in vals.items():
             day[k] += v
     for d, vals in days.items():
-        _upsert(s, insert, UsageDailyRow, ["project", "user", "day"], vals, project=project,
+        _upsert(s, insert, UsageDailyRow, ["day", "project", "user"], vals, project=project,
                 user=user, day=d)
 
 
@@ -105,7 +105,7 @@ def add_closed(s: Session, c: Any, end: float, closed_by: str) -> None:
     add_hourly(s, c.project, c.user, c.milli, c.start, end, charged=True)
     insert = _insert(s)
     if closed_by == "preempt":
-        _upsert(s, insert, UsageDailyRow, ["project", "user", "day"], {}, project=c.project,
+        _upsert(s, insert, UsageDailyRow, ["day", "project", "user"], {}, project=c.project,
                 user=c.user, day=int(end) // 86400, preemptions=1,
                 _add={"preemptions": 1})
     w = wait_of(s, c.workload, c.seq, c.start)
@@ -115,7 +115,7 @@ def add_closed(s: Session, c: Any, end: float, closed_by: str) -> None:
         stmt = insert(WaitDailyRow).values(project=c.project, day=int(c.start) // 86400,
                                            kind=w[0], **{col: 1})
         s.execute(stmt.on_conflict_do_update(
-            index_elements=["project", "day", "kind"],
+            index_elements=["day", "project", "kind"],
             set_={col: func.coalesce(t[col], 0) + 1}))
 
 

@@ -88,6 +88,15 @@ class WorkloadRow(Base):
     #: the named cluster (docs/service.md, "Several clusters"): the one it asked for while
     #: it waits (None: wherever it starts sooner), the one it started on once it runs
     cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: a task of a job array: the array's id (tasks are ``<array>_<index>``), its index and
+    #: how many of the array's tasks may run at once (0: no cap)
+    array_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_max: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: the workloads it runs after (ids, space-separated; an array as its tasks) and how:
+    #: afterok, afterany, afternotok (core/holds.py)
+    after: Mapped[str | None] = mapped_column(Text, nullable=True)
+    after_kind: Mapped[str | None] = mapped_column(String(20), nullable=True)
 
 
 class ChargeRow(Base):
@@ -248,7 +257,9 @@ class BusyChargeRow(Base):
     slice). An interval with no row was never measured: its busy time is unknown, not 0."""
 
     __tablename__ = "busy_charges"
-    __table_args__ = (Index("ix_busy_charges_last", "last"),)
+    #: the idlest sessions of a period are read from this index alone
+    __table_args__ = (Index("ix_busy_charges_kind_last", "kind", "last", "first", "project",
+                            "user", "workload", "measured_ms", "busy_ms"),)
     charge: Mapped[int] = mapped_column(ForeignKey("charge_intervals.id"), primary_key=True)
     workload: Mapped[str] = mapped_column(String(64), index=True)
     project: Mapped[str] = mapped_column(String(200))
@@ -269,11 +280,11 @@ class UsageHourlyRow(Base):
     local days and weeks with integer arithmetic in SQL."""
 
     __tablename__ = "usage_hourly"
-    __table_args__ = (Index("ix_usage_hourly_hour", "hour"),
-                      Index("ix_usage_hourly_hod", "hod", "hour"))
+    #: the key starts with the time: a period's rows are one range of it
+    __table_args__ = (Index("ix_usage_hourly_hod", "hod", "hour"),)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     project: Mapped[str] = mapped_column(String(200), primary_key=True)
     user: Mapped[str] = mapped_column(String(200), primary_key=True)
-    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     #: the hour of the UTC day (0..23): a report in a zone off UTC reads only the hours its
     #: local days take from a neighbouring UTC day (``ledger/reports.py``)
     hod: Mapped[int] = mapped_column(Integer, default=0)
@@ -287,10 +298,9 @@ class UsageDailyRow(Base):
     report reads one row per project, user and day, and hours only at its edges."""
 
     __tablename__ = "usage_daily"
-    __table_args__ = (Index("ix_usage_daily_day", "day"),)
+    day: Mapped[int] = mapped_column(Integer, primary_key=True)
     project: Mapped[str] = mapped_column(String(200), primary_key=True)
     user: Mapped[str] = mapped_column(String(200), primary_key=True)
-    day: Mapped[int] = mapped_column(Integer, primary_key=True)
     charged_ms: Mapped[float] = mapped_column(Float, default=0.0)
     measured_ms: Mapped[float] = mapped_column(Float, default=0.0)
     busy_ms: Mapped[float] = mapped_column(Float, default=0.0)
@@ -306,9 +316,8 @@ class WaitDailyRow(Base):
     project, day and kind, to within 19 %."""
 
     __tablename__ = "wait_daily"
-    __table_args__ = (Index("ix_wait_daily_day", "day"),)
-    project: Mapped[str] = mapped_column(String(200), primary_key=True)
     day: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project: Mapped[str] = mapped_column(String(200), primary_key=True)
     kind: Mapped[str] = mapped_column(String(20), primary_key=True)
     for _b in range(40):  # WAIT_BUCKETS
         locals()[f"w{_b}"] = mapped_column(Integer, default=0)
@@ -316,3 +325,15 @@ class WaitDailyRow(Base):
 
 
 WAIT_BUCKETS = 40
+
+
+class NoticePrefRow(Base):
+    """How a user wants notices delivered outside JupyterLab (``service/delivery.py``): a
+    webhook URL that gets each notice as JSON, an e-mail address, or both. No row: notices
+    are only shown in JupyterLab."""
+
+    __tablename__ = "notice_prefs"
+    user: Mapped[str] = mapped_column(String(200), primary_key=True)
+    webhook: Mapped[str | None] = mapped_column(Text, nullable=True)
+    email: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    changed_at: Mapped[float] = mapped_column(Float)

@@ -31,38 +31,38 @@ def upgrade() -> None:
         sa.Column('last', sa.Float(), nullable=False),
         sa.Column('source', sa.String(20), nullable=False, server_default=''))
     op.create_index('ix_busy_charges_workload', 'busy_charges', ['workload'])
-    op.create_index('ix_busy_charges_last', 'busy_charges', ['last'])
+    op.create_index('ix_busy_charges_kind_last', 'busy_charges',
+                    ['kind', 'last', 'first', 'project', 'user', 'workload', 'measured_ms',
+                     'busy_ms'])
+    # the keys start with the time: a period's rows are one range of it
     hourly = op.create_table(
         'usage_hourly',
+        sa.Column('hour', sa.BigInteger(), nullable=False),
         sa.Column('project', sa.String(200), nullable=False),
         sa.Column('user', sa.String(200), nullable=False),
-        sa.Column('hour', sa.BigInteger(), nullable=False),
         sa.Column('hod', sa.Integer(), nullable=False, server_default='0'),
         sa.Column('charged_ms', sa.Float(), nullable=False, server_default='0'),
         sa.Column('measured_ms', sa.Float(), nullable=False, server_default='0'),
         sa.Column('busy_ms', sa.Float(), nullable=False, server_default='0'),
-        sa.PrimaryKeyConstraint('project', 'user', 'hour'))
-    op.create_index('ix_usage_hourly_hour', 'usage_hourly', ['hour'])
+        sa.PrimaryKeyConstraint('hour', 'project', 'user'))
     op.create_index('ix_usage_hourly_hod', 'usage_hourly', ['hod', 'hour'])
     daily = op.create_table(
         'usage_daily',
+        sa.Column('day', sa.Integer(), nullable=False),
         sa.Column('project', sa.String(200), nullable=False),
         sa.Column('user', sa.String(200), nullable=False),
-        sa.Column('day', sa.Integer(), nullable=False),
         sa.Column('charged_ms', sa.Float(), nullable=False, server_default='0'),
         sa.Column('measured_ms', sa.Float(), nullable=False, server_default='0'),
         sa.Column('busy_ms', sa.Float(), nullable=False, server_default='0'),
         sa.Column('preemptions', sa.Integer(), nullable=False, server_default='0'),
-        sa.PrimaryKeyConstraint('project', 'user', 'day'))
-    op.create_index('ix_usage_daily_day', 'usage_daily', ['day'])
+        sa.PrimaryKeyConstraint('day', 'project', 'user'))
     waits = op.create_table(
         'wait_daily',
-        sa.Column('project', sa.String(200), nullable=False),
         sa.Column('day', sa.Integer(), nullable=False),
+        sa.Column('project', sa.String(200), nullable=False),
         sa.Column('kind', sa.String(20), nullable=False),
         *(sa.Column(f'w{b}', sa.Integer(), nullable=True) for b in range(40)),
-        sa.PrimaryKeyConstraint('project', 'day', 'kind'))
-    op.create_index('ix_wait_daily_day', 'wait_daily', ['day'])
+        sa.PrimaryKeyConstraint('day', 'project', 'kind'))
     from jupyter_gpubudget.ledger.busy import wait_bucket
     from jupyter_gpubudget.ledger.rollups import split_by_hour
 
@@ -107,13 +107,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index('ix_wait_daily_day', table_name='wait_daily')
     op.drop_table('wait_daily')
-    op.drop_index('ix_usage_daily_day', table_name='usage_daily')
     op.drop_table('usage_daily')
     op.drop_index('ix_usage_hourly_hod', table_name='usage_hourly')
-    op.drop_index('ix_usage_hourly_hour', table_name='usage_hourly')
     op.drop_table('usage_hourly')
-    op.drop_index('ix_busy_charges_last', table_name='busy_charges')
+    op.drop_index('ix_busy_charges_kind_last', table_name='busy_charges')
     op.drop_index('ix_busy_charges_workload', table_name='busy_charges')
     op.drop_table('busy_charges')

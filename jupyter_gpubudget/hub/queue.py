@@ -136,7 +136,8 @@ async def _progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
                                      "free_now": free, "hint": hint,
                                      "project": s.get("project"),
                                      "request": ask(s.get("request")),
-                                     "session": s.get("id")}}
+                                     "session": s.get("id"),
+                                     "snapshot": (sp._resuming or {}).get("snapshot")}}
         await _changed(sp)
     if sp._phase in ("starting", "restoring", "restored", "running"):
         s = sp._session
@@ -161,10 +162,20 @@ async def _progress(sp: BudgetSpawner) -> AsyncIterator[dict]:
 
 
 def resuming_words(r: dict) -> str:
+    """The queue page's words for a session that comes back from a snapshot: that it is a
+    resume with its saved kernels, and why it waits (the snapshot's id is in the event's
+    ``gpubudget.snapshot``, not in the words)."""
+    reason = r.get("reason") or ""
     why = {"preempted": "preempted", "restore asked by its user": "restored on request",
-           "resumed by its user": "hibernated"}.get(r.get("reason") or "", "saved")
-    return f"Resuming your session ({why}; its kernels were saved in snapshot " \
-           f"{r.get('snapshot')})."
+           "resumed by its user": "hibernated"}.get(reason, "saved")
+    waits = {"preempted": "It was preempted to free its slice, so it waits for a slice "
+                          "again like any request",
+             "resumed by its user": "Its slice was released while it hibernated, so it "
+                                    "waits for a slice like any request"}.get(
+        reason, "It waits for a slice like any request")
+    return (f"Resuming your session ({why}): a resume with your saved kernels, not a fresh "
+            f"server. {waits}; once it gets one (possibly on another node) the kernels are "
+            "restored before the page reconnects.")
 
 
 async def restoring(sp: BudgetSpawner) -> AsyncIterator[dict]:

@@ -43,6 +43,7 @@ from jupyter_gpubudget.ledger.models import GrantRow
 
 from . import budgets_copy
 from .base import LEDGER_DOWN, ApiError
+from .delivery import notice_delivery
 from .handlers import routes
 from .health import (
     CommandHealthSource,
@@ -892,7 +893,8 @@ class GpuBudgetService(Application):
         except Exception:  # reported by /healthz; the timer keeps trying
             self.log.exception("first scheduling cycle failed")
         self._resume_event = asyncio.Event()
-        tasks = [self._timer(), reaper(self), self._health_timer(), self._busy_timer()]
+        tasks = [self._timer(), reaper(self), self._health_timer(), self._busy_timer(),
+                 notice_delivery(self)]  # (a webhook or relay that fails delays nothing else)
         if self.local_tokens is None:
             tasks.append(reconcile_with_hub(self))
             if self.resume_through_hub:  # a requeued session's server comes back through the hub

@@ -188,7 +188,17 @@ def openapi_document(api_prefix: str) -> dict:
             params=[_path_param("name"), *LOG_PARAMS],
             extra={"404": "No such job, attempt or kept output", "400": "Bad offset or limit",
                    "409": "The output cannot be read"})},
-        "/notices": {"get": _op("Preemption notices for my workloads", _resp("Notices"))},
+        "/notices": {"get": _op("Preemption notices for my workloads, in words (title, body, "
+                                "details)", _resp("Notices"))},
+        "/notices/settings": {
+            "get": _op("Where my notices go besides JupyterLab, and failed deliveries",
+                       _resp("Notice settings")),
+            "put": _op("Send my notices to a webhook and / or an e-mail address",
+                       _resp("Notice settings"), body={
+                           "type": "object", "additionalProperties": False, "properties": {
+                               "webhook": {"type": ["string", "null"], "format": "uri"},
+                               "email": {"type": ["string", "null"], "format": "email"}}}),
+            "delete": _op("Notices only in JupyterLab again", _resp("Notice settings"))},
         "/usage/events": {"post": _op(
             "Usage reported by an external backend (admins)", _resp("Applied"), body=EVENT,
             params=[IDEM], extra={"404": "No such workload", "409": "Wrong state"})},

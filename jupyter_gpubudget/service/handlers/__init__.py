@@ -11,6 +11,7 @@ from . import (
     audit,
     events,
     jobs,
+    notices,
     operator,
     pages,
     reports,
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
 MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
-           reports, pages)
+           reports, notices, pages)
 
 
 def routes(prefix: str, svc: GpuBudgetService) -> list:

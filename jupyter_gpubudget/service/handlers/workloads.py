@@ -7,6 +7,8 @@ from jupyter_gpubudget.ledger.store import TERMINAL
 
 from ..auth import Denied
 from ..base import ApiError, BaseHandler
+from ..delivery import is_notice, notice_of
+from ..notices import server_label
 from ..views import workload_json
 
 
@@ -94,13 +96,25 @@ class NoticesHandler(BaseHandler):
     async def get(self) -> None:
         c = await self.caller()
         c.require_read()
-        notices = await self.db(self.svc.ledger.notices_for, c.name)
-        self.send({"notices": [
-            {"kind": d.kind, "workload": w.id, "name": w.name, "project": w.project, "at": d.at,
-             "reason": d.reason, "requeued": d.kind == "requeue"
-             or bool((d.detail or {}).get("requeued")),
-             "state": w.state}
-            for d, w in notices]})
+        ledger = self.svc.ledger
+
+        def read() -> list[dict]:
+            out = []
+            for d, w in ledger.notices_for(c.name):
+                if not is_notice(d, w):
+                    continue
+                n = notice_of(ledger, d, w)
+                # ``reason`` carries the words (the sidebar shows it); the ids stay in details
+                out.append({"kind": d.kind, "workload": w.id,
+                            "name": server_label(w.name, w.user, w.kind), "project": w.project,
+                            "at": d.at, "reason": n.body, "title": n.title, "body": n.body,
+                            "cause": n.cause, "details": n.details,
+                            "decision_reason": d.reason,
+                            "requeued": d.kind == "requeue"
+                            or bool((d.detail or {}).get("requeued")), "state": w.state})
+            return out
+
+        self.send({"notices": await self.db(read)})
 
 
 API_ROUTES = [

@@ -21,6 +21,8 @@ from .config import LauncherConfig, LauncherError, load_config, make_config
 VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]] = {
     "launch": jobs.launch,
     "signal": jobs.signal_job,
+    "checkpoint": jobs.checkpoint_job,
+    "checkpoint-end": jobs.checkpoint_end,
     "fence": jobs.fence,
     "mps-acquire": mps.mps_acquire,
     "mps-release": mps.mps_release,

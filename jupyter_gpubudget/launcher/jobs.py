@@ -19,6 +19,18 @@ A job spec::
      "env": {"WANDB_MODE": "offline"},                     # the user's (refused names: policy)
      "job_env": {"CUDA_VISIBLE_DEVICES": "GPU-…", "GPUBUDGET_WORKLOAD": "a1b2", …},
      "time_limit": 3600, "grace": 10}
+
+Transparent checkpoints (``checkpoint: auto`` batch jobs): ``checkpoint WORKLOAD ATTEMPT``
+dumps the attempt's whole process tree with the snapshot helper (:mod:`..snapshot.criu`,
+every guard of a session's dump: the tree purely the job's account's, checked live and in the
+images) and leaves it stopped; ``checkpoint-end WORKLOAD ATTEMPT kill|resume`` ends it once
+its images are stored (its exit record then says ``checkpointed``) or lets it go on. A tree
+that cannot be dumped (a process that left it by ``setsid``, an open internet socket, a device
+CRIU refuses) is refused with the reason, written to the job's log too. A spec with
+``"restore": {"images_dir": DIR, "log": OLD_OUTPUT_LOG}`` starts the attempt from those images
+instead of its command: CRIU restores it as the job's account, into the attempt's cgroup, with
+the attempt's own ``output.log`` in place of the old one (the log continues there), as a child
+of the monitor (a child subreaper), which then watches it as it watches any job.
 """
 
 from __future__ import annotations
@@ -50,7 +62,9 @@ from .records import (
 
 MAX_SPEC_BYTES = 512 * 1024
 SPEC_KEYS = {"workload", "attempt", "user", "command", "env", "job_env", "time_limit", "grace",
-             "fence"}
+             "fence", "restore"}
+#: in an attempt's directory while its tree is being checkpointed: the exit then says so
+CHECKPOINTING = "checkpointing"
 #: the highest fencing token a service replica launched with (or raised by ``fence``):
 #: a launch carrying a lower one comes from a replica that no longer leads, and is refused
 FENCE_FILE = ".fence"
@@ -143,6 +157,16 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
     if fence is not None and (isinstance(fence, bool) or not isinstance(fence, int)
                               or not 0 <= fence < 2**62):
         raise LauncherError("fence: expected a whole number (the leader's fencing token)")
+    restore = raw.get("restore")
+    if restore is not None:
+        if not isinstance(restore, dict) or set(restore) != {"images_dir", "log"}:
+            raise LauncherError("restore: expected {images_dir, log}")
+        for k in ("images_dir", "log"):
+            v = restore[k]
+            if not isinstance(v, str) or not os.path.isabs(v) or bad_text(v) or len(v) > 4096 \
+                    or ":" in v or os.path.normpath(v) != v:
+                raise LauncherError(f"restore.{k}: expected an absolute, normal path")
+        restore = dict(restore)
     time_limit = _seconds(raw.get("time_limit"), "time_limit", 366 * 86400)
     grace = _seconds(raw.get("grace", 10.0), "grace", cfg.max_grace, allow_none=False)
     home = pw.pw_dir or "/"
@@ -157,7 +181,7 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
         raise LauncherError(f"workdir: {workdir!r} is not absolute")
     return {"workload": wid, "attempt": attempt, "pw": pw, "command": list(cmd), "env": full,
             "workdir": workdir, "time_limit": time_limit, "grace": grace, "umask": cfg.umask,
-            "fence": fence}
+            "fence": fence, "restore": restore}
 
 
 # ---------------------------------------------------------------------------- fencing
@@ -293,21 +317,26 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
     os.close(null)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only root (or the service's user) could send them
-    err_r, err_w = os.pipe()
-    job = os.fork()
-    if job == 0:
-        os.close(err_r)
-        _exec_job(spec, out_fd, err_w)  # never returns
-    os.close(err_w)
-    os.close(out_fd)
-    failure = b""
-    while chunk := os.read(err_r, 65536):  # EOF at the job's exec (close-on-exec)
-        failure += chunk
-    os.close(err_r)
     pw = spec["pw"]
     cg = spec["cgroup"]
+    if spec.get("restore"):
+        job, failure = _restore_job(spec, out_fd, log_fd)
+        os.close(out_fd)
+    else:
+        err_r, err_w = os.pipe()
+        job = os.fork()
+        if job == 0:
+            os.close(err_r)
+            _exec_job(spec, out_fd, err_w)  # never returns
+        os.close(err_w)
+        os.close(out_fd)
+        failure = b""
+        while chunk := os.read(err_r, 65536):  # EOF at the job's exec (close-on-exec)
+            failure += chunk
+        os.close(err_r)
     if failure:
-        os.waitpid(job, 0)
+        if job > 0:
+            os.waitpid(job, 0)
         if cg:
             cgroups.end(cg)
         msg = failure.decode(errors="replace")
@@ -323,8 +352,12 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
               "monitor_start": proc_starttime(os.getpid()), "launched_at": launched,
               "time_limit": spec["time_limit"], "cgroup": cg}
     write_record(adir / "pid", record, gid)
-    _note(log_fd, f"started {spec['command'][0]} as {pw.pw_name} (uid {pw.pw_uid}), pid {job}, "
-                  f"in {spec['workdir']}")
+    if spec.get("restore"):
+        _note(log_fd, f"restored the checkpointed job as {pw.pw_name} (uid {pw.pw_uid}), pid "
+                      f"{job}: it continues where it stopped")
+    else:
+        _note(log_fd, f"started {spec['command'][0]} as {pw.pw_name} (uid {pw.pw_uid}), pid "
+                      f"{job}, in {spec['workdir']}")
     os.write(report_fd, json.dumps({"pid": job}).encode())
     os.close(report_fd)
 
@@ -349,10 +382,74 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
     else:
         end_group(job, min(grace, 5.0))  # containment off: its process group only
     ended = time.time()  # the GPU was held until now
+    checkpointed = os.path.exists(adir / CHECKPOINTING)
     write_record(adir / "exit", {"exit_code": code, "ended_at": ended, "timed_out": timed_out,
-                                 "signal": -code if code < 0 else None}, gid)
-    _note(log_fd, f"ended with {code}" + (" (time limit)" if timed_out else ""))
+                                 "signal": -code if code < 0 else None,
+                                 "checkpointed": checkpointed}, gid)
+    _note(log_fd, f"ended with {code}" + (" (time limit)" if timed_out else "")
+          + (" (checkpointed: the next attempt continues from its images)"
+             if checkpointed else ""))
     return 0
+
+
+def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
+    """Restore the checkpointed job of ``spec["restore"]`` (in the monitor): (its pid, b"") or
+    (-1, why not). A forked child joins the attempt's cgroup and runs the snapshot helper's
+    restore (CRIU as the job's account; every task of the images must be that account's and
+    hold nothing it may not): what CRIU restores is born in the cgroup, and once CRIU exits it
+    is the monitor's child (a child subreaper), so it is waited for like a started job."""
+    import ctypes
+
+    from ..snapshot.criu import CriuError, criu_restore
+    from ..snapshot.criuimages import ImageError, task_creds
+
+    pw = spec["pw"]
+    images = spec["restore"]["images_dir"]
+    try:
+        uids = {u for t in task_creds(images) for u in t.uids}
+    except (ImageError, OSError) as e:
+        return -1, f"restore: the checkpoint's images cannot be read: {e}".encode()
+    if uids != {pw.pw_uid}:
+        return -1, (f"restore: the checkpoint holds processes of uids {sorted(uids)}, not only "
+                    f"{pw.pw_name}'s (uid {pw.pw_uid}): refused").encode()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        return -1, b"restore: the monitor cannot become a child subreaper"
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        try:
+            # the monitor ignores these; CRIU (which ends its helpers with SIGTERM) and the
+            # job must not inherit that
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            if spec["cgroup"]:
+                cgroups.join(spec["cgroup"])
+            os.environ.pop("SUDO_UID", None)  # the launcher acts for the job's account here
+            key = spec["restore"]["log"].lstrip("/")
+            pid = criu_restore(images, inherit={out_fd: key})
+            os.write(w, json.dumps({"pid": pid}).encode())
+        except CriuError as e:
+            os.write(w, json.dumps({"error": f"{e.reason}: {e.message}"
+                                    + (f"\n{e.log}" if e.log else "")}).encode()[:8000])
+        except BaseException as e:  # noqa: BLE001
+            os.write(w, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()[:8000])
+        os._exit(0)
+    os.close(w)
+    raw = b""
+    while chunk := os.read(r, 65536):
+        raw += chunk
+    os.close(r)
+    os.waitpid(child, 0)
+    try:
+        out = json.loads(raw or b"{}")
+    except ValueError:
+        out = {}
+    if "pid" not in out:
+        return -1, str(out.get("error", "restore: no answer")).encode()
+    _note(log_fd, f"restored from {images}")
+    return int(out["pid"]), b""
 
 
 def _exited(child: int, timeout: float | None) -> bool:
@@ -543,3 +640,180 @@ def _monitor_lost(adir: Path, cg: str, gid: int | None) -> dict:
     write_record(adir / "exit", rec, gid)
     cgroups.remove(cg)
     return rec
+
+
+# ---------------------------------------------------------------------------- checkpoint
+def _attempt_args(cfg: LauncherConfig, args: list[str], n: int, usage: str
+                  ) -> tuple[str, str, Path]:
+    if len(args) != n:
+        raise LauncherError(f"usage: {usage}")
+    wid, attempt_s = args[0], args[1]
+    if not WORKLOAD_ID.fullmatch(wid) or not attempt_s.isdigit() or not 1 <= int(attempt_s) <= 10**6:
+        raise LauncherError(f"{usage.split()[0]}: not a workload id and attempt")
+    secure_path(cfg.jobs_root, "jobs_root")
+    return wid, attempt_s, cfg.jobs_root / wid / attempt_s
+
+
+def _running_job(adir: Path, wid: str, attempt_s: str) -> dict | None:
+    """The attempt's pid record while its job runs (the same process as recorded), else None."""
+    rec = read_record(adir / "pid", trusted_uid=os.geteuid())
+    if rec is None:
+        return None
+    try:
+        pid, start, uid = int(rec["pid"]), str(rec["start"]), int(rec["uid"])
+    except (KeyError, TypeError, ValueError):
+        raise LauncherError("the pid record is damaged") from None
+    cg = rec.get("cgroup")
+    if pid <= 1 or (cg is not None and not (
+            isinstance(cg, str) and os.path.isabs(cg)
+            and os.path.basename(cg) == cgroups.job_name(wid, int(attempt_s)))):
+        raise LauncherError("the pid record is damaged")
+    if proc_starttime(pid) != start or proc_uid(pid) != uid:
+        return None
+    return {"pid": pid, "uid": uid, "cgroup": cg}
+
+
+def _inet_sockets(pids: list[int]) -> list[str]:
+    """The internet sockets (TCP, UDP) the processes hold: CRIU cannot take a connection to
+    another machine along with the job (it would come back closed)."""
+    inodes: dict[str, int] = {}
+    for p in pids:
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                t = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if t.startswith("socket:["):
+                inodes[t[8:-1]] = p
+    found = []
+    if not inodes:
+        return found
+    for p in pids[:1]:
+        for proto in ("tcp", "tcp6", "udp", "udp6"):
+            try:
+                with open(f"/proc/{p}/net/{proto}") as f:
+                    lines = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                cols = line.split()
+                if len(cols) > 9 and cols[9] in inodes:
+                    found.append(f"process {inodes[cols[9]]} holds a {proto} socket "
+                                 f"({cols[1]} -> {cols[2]})")
+    return found
+
+
+def _job_note(adir: Path, text: str) -> None:
+    """A line for the researcher in the job's own output (appended; a regular file only)."""
+    try:
+        fd = os.open(adir / "output.log", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        os.write(fd, f"\n[gpubudget {time.strftime('%H:%M:%S')}] {text}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def checkpoint_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
+    """``checkpoint WORKLOAD ATTEMPT``: dump the running attempt's process tree (everything in
+    its cgroup) with the snapshot helper and leave it stopped; ``{"checkpointed": true,
+    "images_dir", "bytes", "seconds", "gpu", "log"}`` (the images handed to the caller's
+    account), or ``{"checkpointed": false, "reason"}`` with the job running on as before."""
+    from ..snapshot.criu import CriuError, _tree, criu_dump
+
+    wid, attempt_s, adir = _attempt_args(cfg, args, 2, "checkpoint WORKLOAD ATTEMPT")
+    job = _running_job(adir, wid, attempt_s)
+    if job is None:
+        return {"checkpointed": False, "reason": "not running"}
+    log_fd = os.open(adir / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+
+    def refuse(why: str) -> dict:
+        _note(log_fd, f"not checkpointed: {why}")
+        _job_note(adir, f"this job could not be checkpointed ({why}); it is stopped and will "
+                        "start again from the beginning")
+        os.close(log_fd)
+        return {"checkpointed": False, "reason": why}
+
+    pid, cg = job["pid"], job["cgroup"]
+    tree = _tree(pid)
+    if cg:
+        try:
+            stray = sorted(set(cgroups.parse_procs((Path(cg) / "cgroup.procs").read_text()))
+                           - set(tree))
+        except OSError as e:
+            return refuse(f"its cgroup cannot be read ({e})")
+        if stray:
+            return refuse(f"process {stray[0]} left the job's process tree (setsid or a "
+                          "daemon): CRIU dumps one tree")
+    why = _inet_sockets(tree)
+    if why:
+        return refuse(f"{why[0]}: a connection to another machine cannot be checkpointed")
+    caller = os.environ.get("SUDO_UID", "")
+    caller_gid = os.environ.get("SUDO_GID", "")
+    owner = (int(caller), int(caller_gid or caller)) if caller.isdigit() else \
+        (os.getuid(), os.getgid())
+    os.environ.pop("SUDO_UID", None)  # the launcher acts for the job's account (checked above)
+    write_record(adir / CHECKPOINTING, {"at": time.time()}, cfg.gid)
+    try:
+        out = criu_dump(pid, keep_stopped=True, expect_uid=job["uid"], owner=owner,
+                        own_cgroup=bool(cg))
+    except (CriuError, OSError) as e:
+        _unlink(adir / CHECKPOINTING)
+        _kill(pid, signal.SIGCONT)  # never left stopped
+        if cg:
+            cgroups.signal_all(cg, signal.SIGCONT)
+        return refuse(f"{e.reason}: {e.message}" if isinstance(e, CriuError) else str(e))
+    _note(log_fd, f"checkpointed: {out['bytes']} bytes of images in {out['seconds']:.2f} s; "
+                  "stopped until they are stored")
+    os.close(log_fd)
+    return {"checkpointed": True, "images_dir": out["images_dir"], "bytes": out["bytes"],
+            "seconds": out["seconds"], "gpu": out["gpu"], "log": str(adir / "output.log"),
+            "pid": pid}
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def checkpoint_end(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dict:
+    """``checkpoint-end WORKLOAD ATTEMPT kill|resume``: end a checkpointed attempt (its images
+    are stored: its exit record says ``checkpointed``) or let it go on (they could not be)."""
+    wid, attempt_s, adir = _attempt_args(cfg, args, 3,
+                                         "checkpoint-end WORKLOAD ATTEMPT kill|resume")
+    if args[2] not in ("kill", "resume"):
+        raise LauncherError("checkpoint-end: the third argument is kill or resume")
+    job = _running_job(adir, wid, attempt_s)
+    me = os.geteuid()
+    if job is None:
+        _unlink(adir / CHECKPOINTING)
+        return {"ended": False, "exit": read_record(adir / "exit", trusted_uid=me)}
+    pid, cg = job["pid"], job["cgroup"]
+    if args[2] == "resume":
+        _unlink(adir / CHECKPOINTING)
+        if cg:
+            cgroups.signal_all(cg, signal.SIGCONT)
+        _kill(pid, signal.SIGCONT)
+        _job_note(adir, "its checkpoint could not be stored: the job goes on")
+        return {"ended": False, "resumed": True}
+    _job_note(adir, "checkpointed: the job continues where it stopped when it runs again")
+    if cg:
+        cgroups.kill(cg)
+        cgroups.wait_empty(cg)
+    else:
+        _kill(pid, signal.SIGKILL)
+    exit_rec = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        exit_rec = read_record(adir / "exit", trusted_uid=me)
+        if exit_rec is not None:
+            break
+        time.sleep(0.02)
+    return {"ended": True, "exit": exit_rec}

@@ -200,13 +200,16 @@ def tree_problems(pid: int, uid: int, gids: set[int]) -> list[str]:
     return why
 
 
-def live_problems(pid: int, uid: int, gids: set[int]) -> list[str]:
+def live_problems(pid: int, uid: int, gids: set[int],
+                  handed: frozenset[tuple[int, int]] = frozenset()) -> list[str]:
     """Why the restored (still stopped) tree at ``pid`` holds more than ``uid`` may: another
     account's credentials, or an open or mapped file its account could not open as it is
     open now (a name that became a symlink or another file between the snapshot and the
     restore, reopened by CRIU by name). For an unprivileged caller CRIU opened everything with
     the caller's own rights, so the kernel already refused that; this is the second look, on
-    what the processes really hold, before they run."""
+    what the processes really hold, before they run. ``handed``: (device, inode) of files
+    root itself handed to the tree (``--inherit-fd``, a batch job's log): not reopened by
+    name, so not the caller's to open."""
     from .criuimages import may_access
 
     why = tree_problems(pid, uid, gids)
@@ -222,6 +225,8 @@ def live_problems(pid: int, uid: int, gids: set[int]) -> list[str]:
                 if not target.startswith("/"):
                     continue  # pipes, sockets, anonymous inodes: nothing reopened by name
                 st = os.stat(link)
+                if (st.st_dev, st.st_ino) in handed:
+                    continue
                 with open(f"/proc/{p}/fdinfo/{fd}") as f:
                     flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
             except (OSError, StopIteration, ValueError, IndexError):
@@ -397,19 +402,21 @@ USER_CRIU_OPTS = ["--unprivileged", "--no-default-config", "--tcp-close"]
 _USER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
-def _run_criu(binary: str, args: list[str], timeout: float, user: int | None, cwd: str
-              ) -> subprocess.CompletedProcess:
+def _run_criu(binary: str, args: list[str], timeout: float, user: int | None, cwd: str,
+              pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
     """Run ``criu ARGS`` in ``cwd``: as root (``user`` None), or as the account ``user`` in
-    CRIU's unprivileged mode (:func:`user_criu_argv`)."""
+    CRIU's unprivileged mode (:func:`user_criu_argv`). ``pass_fds``: open files CRIU is
+    given (``--inherit-fd``)."""
     if user is None:
         return subprocess.run([binary, *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd)
+                              timeout=timeout, cwd=cwd, pass_fds=pass_fds)
     fd = os.open(binary, os.O_RDONLY | os.O_CLOEXEC)
     try:
         argv = user_criu_argv(fd, user)
         os.set_inheritable(fd, True)
         return subprocess.run([*argv, *args, *USER_CRIU_OPTS], capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd, env=_USER_ENV, pass_fds=(fd,),
+                              timeout=timeout, cwd=cwd, env=_USER_ENV,
+                              pass_fds=(fd, *pass_fds),
                               stdin=subprocess.DEVNULL)
     finally:
         os.close(fd)
@@ -504,7 +511,8 @@ def _new_images_dir(pid: int, uid: int | None = None) -> str:
 def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = False,
               keep_stopped: bool = False, expect_uid: int | None = None,
               owner: tuple[int, int] | None = None, criu: str | None = None,
-              cuda_checkpoint: str | None = None, timeout: float = 600) -> dict:
+              cuda_checkpoint: str | None = None, timeout: float = 600,
+              own_cgroup: bool = False) -> dict:
     """Dump the process tree rooted at ``pid`` (a kernel) into ``images_dir`` (created, mode
     0700; None: a fresh one, which is always the case for an unprivileged caller). The kernel
     is gone afterwards, unless ``leave_running`` (it runs on) or
@@ -544,7 +552,8 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
     images_dir = _check_dir(images_dir, must_exist=False)
     try:
         return _dump(pid, images_dir, leave_running, keep_stopped, caller, owner, criu,
-                     cuda_checkpoint, timeout, only, gids, user=caller or None)
+                     cuda_checkpoint, timeout, only, gids, user=caller or None,
+                     own_cgroup=own_cgroup)
     except BaseException:
         if created:  # nobody else knows where it is: not left behind
             shutil.rmtree(images_dir, ignore_errors=True)
@@ -554,8 +563,10 @@ def criu_dump(pid: int, images_dir: str | None = None, *, leave_running: bool = 
 def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, caller: int,
           owner: tuple[int, int] | None, criu: str | None, cuda_checkpoint: str | None,
           timeout: float, only: int | None = None, gids: set[int] | None = None,
-          user: int | None = None) -> dict:
-    """``user``: CRIU runs as this account (an unprivileged caller's), in a directory of its
+          user: int | None = None, own_cgroup: bool = False) -> dict:
+    """``own_cgroup``: the tree has a cgroup of its own (a batch job's), which is not saved:
+    its restore goes into the cgroup its launcher gives it (``--manage-cgroups=ignore``).
+    ``user``: CRIU runs as this account (an unprivileged caller's), in a directory of its
     own inside ``images_dir`` (which only root may enter); the images are moved up into
     ``images_dir`` once CRIU is done, and only then read, checked and sealed."""
     binary = find_criu(criu)
@@ -587,6 +598,8 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
         argv += ["--tcp-established", "--network-lock", NETWORK_LOCK]
     if leave_running:
         argv.append("--leave-running")
+    if own_cgroup:
+        argv.append("--manage-cgroups=ignore")
     try:
         p = _run_criu(binary, argv, timeout, user, work)
         if user is not None:
@@ -666,15 +679,29 @@ def criu_finish(pid: int, *, kill: bool, expect_uid: int | None = None) -> dict:
 
 def criu_restore(images_dir: str, *, criu: str | None = None,
                  cuda_checkpoint: str | None = None, gpu: bool = False,
-                 timeout: float = 600, seal_hex: str | None = None) -> int:
+                 timeout: float = 600, seal_hex: str | None = None,
+                 inherit: dict[int, str] | None = None) -> int:
     """Restore a dumped process tree, detached (its parent is init), with its TCP connections
     and listening sockets (the kernel's ZMQ ports); returns the root pid. ``gpu``: the dump
     carried GPU state, given back to the GPU with cuda-checkpoint after the restore. For an
     unprivileged caller the images must carry their dump's seal (``seal_hex``), checked on a
     private copy that is what CRIU restores, and CRIU runs as the caller's own account in its
     unprivileged mode (the module's docstring): every file is opened with the caller's rights,
-    its TCP connections come back closed."""
+    its TCP connections come back closed.
+
+    ``inherit`` (root callers only: the batch-job launcher): {open fd: the file's name as the
+    dump saw it, without its leading ``/``}; CRIU gives the restored tree that open file in
+    place of reopening the name (``--inherit-fd``): a requeued job's log on the node where it
+    lands. Those files are root's to hand out and are not held to the account's rights."""
     images_dir = _check_dir(images_dir, must_exist=True)
+    inherit = dict(inherit or {})
+    if inherit and caller_uid() != 0:
+        raise CriuError("bad_input", "inherit: only root hands open files to a restore")
+    for fd, key in inherit.items():
+        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 3 or not isinstance(
+                key, str) or not key or key.startswith("/") or "\x00" in key or ":" in key:
+            raise CriuError("bad_input", f"inherit: {fd!r}: {key!r} is not an open file and a "
+                            "relative name")
     binary = find_criu(criu)
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
@@ -682,7 +709,8 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
     if caller == 0:
         owner = _sole_owner(images_dir)
         if owner is None:  # root's own tree (or several accounts'): CRIU as root
-            return _restore(images_dir, binary, cuda_checkpoint, gpu, timeout)
+            return _restore(images_dir, binary, cuda_checkpoint, gpu, timeout,
+                            inherit=inherit)
         # one account's kernel, restored by root (a service running as root): with that
         # account's rights all the same, or the account could race root's open of its files
         box, private = _private_copy(images_dir)
@@ -690,7 +718,7 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
             _setpriv()
             _hand_over(private, owner)
             return _restore(private, binary, cuda_checkpoint, gpu, timeout, only=owner,
-                            gids=caller_gids(owner), user=owner)
+                            gids=caller_gids(owner), user=owner, inherit=inherit)
         finally:
             shutil.rmtree(box, ignore_errors=True)
     if not isinstance(seal_hex, str) or not re.fullmatch(r"[0-9a-f]{64}", seal_hex):
@@ -767,7 +795,7 @@ def _tcp_closed(images_dir: str) -> bool:
 
 def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: bool,
              timeout: float, only: int | None = None, gids: set[int] | None = None,
-             user: int | None = None) -> int:
+             user: int | None = None, inherit: dict[int, str] | None = None) -> int:
     """Restore from ``images_dir``: CRIU as root, or as the account ``user`` in its
     unprivileged mode (``images_dir`` is then that account's directory in a root-only box).
     ``only``: the restored tree is left stopped, checked for anything not ``only``'s, and
@@ -790,8 +818,15 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
                  ["--tcp-established", "--network-lock", NETWORK_LOCK])
     if only is not None:  # checked while stopped: it runs only once it holds nothing foreign
         argv.append("--leave-stopped")
+    handed = set()
+    if inherit:  # a batch job: restored into the cgroup its launcher put CRIU in, not its old one
+        argv.append("--manage-cgroups=ignore")
+    for fd, key in (inherit or {}).items():
+        argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        st = os.fstat(fd)
+        handed.add((st.st_dev, st.st_ino))
     try:
-        p = _run_criu(binary, argv, timeout, user, images_dir)
+        p = _run_criu(binary, argv, timeout, user, images_dir, tuple(inherit or ()))
     except subprocess.TimeoutExpired:
         raise CriuError("restore_failed", f"criu restore took over {timeout:.0f} s") from None
     if p.returncode != 0:
@@ -803,7 +838,7 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
     with os.fdopen(os.open(pidfile, os.O_RDONLY | os.O_NOFOLLOW)) as f:
         pid = int(f.read().strip())
     if only is not None:
-        why = live_problems(pid, only, gids or set())
+        why = live_problems(pid, only, gids or set(), frozenset(handed))
         if why:
             _kill_tree(pid)
             raise CriuError("unsafe", f"restore refused and the restored process killed: "

@@ -1,0 +1,163 @@
+"""Transparent checkpoints of batch jobs (``checkpoint: auto``) with the real CRIU and the real
+privileged launcher, as root, jobs running as a test account in their cgroups.
+
+Two launchers with their own jobs roots stand for two nodes. A job counts in a loop, printing
+each number and keeping the count in memory only; it is checkpointed at a random moment on one
+node and restored on the other, and must go on from where it stopped (not from 0), with its
+output continuing in the new attempt's log. The local backend does the same on a preemption:
+its ``stop`` checkpoints a resumable job into the snapshot store, its next ``launch`` restores
+it; the charge ends when the job was ended after its dump. A job that cannot be dumped (a
+process that left its tree with ``setsid``; an internet socket) falls back to the signal and
+says why in its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpubudget.hub import demo_setup
+from jupyter_gpubudget.snapshot.criu import find_criu
+from tests.fixtures.unixusers import PREFIX, ensure_accounts, shared_tmp
+from tests.security.conftest import require_root
+
+PY = sys.executable
+BOB = PREFIX + "bob"
+#: counts for ever, one number a line; the count lives in memory only
+COUNTER = ("import sys, time\n"
+           "i = 0\n"
+           "while True:\n"
+           "    print(i, flush=True)\n"
+           "    i += 1\n"
+           "    time.sleep(0.02)\n")
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    require_root()
+    if find_criu() is None:
+        pytest.fail("CRIU >= 4.1 is needed (make criu; GPUBUDGET_CRIU)")
+    demo_setup.ensure_service_user()
+    ensure_accounts(["bob"])
+    out = []
+    for name in ("node-a", "node-b"):
+        base = shared_tmp(f"gpubudget-ckpt-{name}-")
+        jobs = base / "jobs"
+        cfg = demo_setup.launcher_config(base, jobs, demo_setup.SERVICE_USER)
+        out.append({"base": base, "jobs": jobs, "cfg": cfg})
+    return out
+
+
+def launcher(cfg: Path, verb: str, *args: str, spec: dict | None = None) -> tuple[int, dict]:
+    r = subprocess.run([PY, "-I", "-m", "jupyter_gpubudget.launcher", "--config", str(cfg),
+                        verb, *args], input=json.dumps(spec or {}).encode(),
+                       capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    try:
+        return r.returncode, json.loads(r.stdout.decode().strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise AssertionError(f"no answer: {r.stdout!r} {r.stderr!r}") from None
+
+
+def counts(path: Path) -> list[int]:
+    return [int(x) for x in re.findall(r"^(\d+)$", path.read_text(), re.M)]
+
+
+def wait_for(cond, timeout: float = 30.0):  # noqa: ANN001
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def spec(wid: str, attempt: int, command: list[str] | None = None, **kw: object) -> dict:
+    return {"workload": wid, "attempt": attempt, "user": BOB,
+            "command": command or ["/usr/bin/python3", "-c", COUNTER], "grace": 2, **kw}
+
+
+def test_a_counting_job_resumes_its_count_on_another_node(nodes):
+    a, b = nodes
+    wid = f"ck{os.getpid():x}"
+    rc, out = launcher(a["cfg"], "launch", spec=spec(wid, 1))
+    assert rc == 0, out
+    log1 = a["jobs"] / wid / "1" / "output.log"
+    wait_for(lambda: len(counts(log1)) > 5)
+    time.sleep(random.uniform(0.2, 1.5))  # a random point of its count
+    rc, ck = launcher(a["cfg"], "checkpoint", wid, "1")
+    assert rc == 0 and ck["checkpointed"], ck
+    before = counts(log1)
+    time.sleep(0.3)
+    assert counts(log1) == before  # stopped while its images are stored
+    rc, end = launcher(a["cfg"], "checkpoint-end", wid, "1", "kill")
+    assert rc == 0 and end["ended"], end
+    assert end["exit"]["checkpointed"] is True
+    last = counts(log1)[-1]
+    try:
+        rc, out = launcher(b["cfg"], "launch", spec=spec(
+            wid, 2, restore={"images_dir": ck["images_dir"], "log": str(log1)}))
+        assert rc == 0, out
+        log2 = b["jobs"] / wid / "2" / "output.log"
+        wait_for(lambda: len(counts(log2)) > 5)
+    finally:
+        subprocess.run(["rm", "-rf", ck["images_dir"]], check=False)
+    resumed = counts(log2)
+    assert resumed[0] == last + 1, (last, resumed[:5])  # where it stopped, not from 0
+    assert resumed == list(range(last + 1, last + 1 + len(resumed)))
+    assert counts(log1)[-1] == last  # the old attempt's log is left as it was
+    # it runs as bob in the new attempt's cgroup, and the launcher stops it as any job
+    pid = json.loads((b["jobs"] / wid / "2" / "pid").read_text())
+    cg = Path(pid["cgroup"])
+    assert pid["pid"] in [int(x) for x in (cg / "cgroup.procs").read_text().split()]
+    assert os.stat(f"/proc/{pid['pid']}").st_uid == pid["uid"] != 0
+    rc, sig = launcher(b["cfg"], "signal", wid, "2", "2")
+    assert rc == 0 and sig["signalled"], sig
+    assert sig["exit"]["checkpointed"] is False
+    assert "restored the checkpointed job" in (b["jobs"] / wid / "2" / "launcher.log").read_text()
+
+
+def test_a_job_that_left_its_tree_is_not_dumped_and_says_why(nodes):
+    a, _ = nodes
+    wid = f"cs{os.getpid():x}"
+    rc, out = launcher(a["cfg"], "launch", spec=spec(
+        wid, 1, ["/bin/sh", "-c", "(setsid sleep 300 &); echo started; sleep 300"]))
+    assert rc == 0, out
+    log = a["jobs"] / wid / "1" / "output.log"
+    wait_for(lambda: "started" in log.read_text())
+    time.sleep(0.3)
+    rc, ck = launcher(a["cfg"], "checkpoint", wid, "1")
+    assert rc == 0 and ck["checkpointed"] is False, ck
+    assert "left the job's process tree" in ck["reason"]
+    assert "could not be checkpointed" in log.read_text()
+    assert "not checkpointed" in (a["jobs"] / wid / "1" / "launcher.log").read_text()
+    assert not (a["jobs"] / wid / "1" / "checkpointing").exists()
+    rc, sig = launcher(a["cfg"], "signal", wid, "1", "1")  # the fallback: signal, as before
+    assert rc == 0 and sig["signalled"] and sig["exit"]["checkpointed"] is False
+
+
+def test_a_job_with_an_internet_socket_falls_back(nodes):
+    a, _ = nodes
+    wid = f"cn{os.getpid():x}"
+    code = ("import socket, time\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "s.connect(('192.0.2.1', 9))\n"
+            "print('connected', flush=True)\n"
+            "time.sleep(300)\n")
+    rc, out = launcher(a["cfg"], "launch", spec=spec(wid, 1, ["/usr/bin/python3", "-c", code]))
+    assert rc == 0, out
+    log = a["jobs"] / wid / "1" / "output.log"
+    wait_for(lambda: "connected" in log.read_text())
+    rc, ck = launcher(a["cfg"], "checkpoint", wid, "1")
+    assert rc == 0 and ck["checkpointed"] is False, ck
+    assert "udp socket" in ck["reason"]
+    rc, sig = launcher(a["cfg"], "signal", wid, "1", "1")
+    assert rc == 0 and sig["signalled"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpubudget.hub.demo_setup import DEMO_PREFIX, SERVICE_USER
+from jupyter_gpubudget.hub.demo_setup import DEMO_PREFIX, SERVICE_USER, demo_home_root
 from jupyter_gpubudget.launcher.policy import SERVICE_ENV
 from tests.hub.hubproc import DemoHub, http, require, start_demo_hub
 
@@ -186,7 +186,9 @@ def test_notebook_servers_run_as_their_users_and_jupyterlab_loads(demo):
     uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
     assert uid == pwd.getpwnam(DEMO_PREFIX + "carol").pw_uid != 0
     env = proc_env(pid)
-    assert env["HOME"] == pwd.getpwnam(DEMO_PREFIX + "carol").pw_dir
+    # the account's home of this checkout's demo (demo_setup.demo_home_root), its own
+    home = demo_home_root() / (DEMO_PREFIX + "carol")
+    assert env["HOME"] == str(home) and home.stat().st_uid == uid
     assert (state(demo) / "spawner-token").read_text().strip() not in "\0".join(env.values())
     import urllib.request
 

@@ -22,6 +22,14 @@ an attempt has ended only when its cgroup is empty, whatever its processes did w
 and process groups. When the launcher's monitor of an attempt is gone (killed), the cgroup
 alone says whether it still runs: it is charged until it is found empty, and its exit code is
 recorded as unknown.
+
+Transparent checkpoints (``checkpoint_store`` set): a ``resumable`` job without a checkpoint
+of its own (``checkpoint: auto``, the default for resumable jobs) is not signalled when it is
+preempted: the launcher dumps its process tree with the CRIU helper, its images go into the
+snapshot store, the tree is ended, and the requeued attempt (on whichever node takes it) is
+restored from them instead of starting its command again. A job that cannot be dumped falls
+back to SIGTERM, grace, SIGKILL and a fresh start; its log says why. ``checkpoint: self``
+keeps the signal (the job saves its own progress).
 """
 
 from __future__ import annotations
@@ -50,8 +58,15 @@ from . import devices as dev
 from .base import Backend, BackendStatus, Launch, LogChunk, job_identity_env
 from .mps import CONTROL, LauncherMps, MpsDaemons, MpsUnavailable
 
+#: how a job's checkpoint mode reaches the backend (service/validate.py puts it in the job's
+#: env) and the job (the launcher sets it): ``auto`` or ``self``
+CHECKPOINT_ENV = "GPUBUDGET_CHECKPOINT"
 #: ended attempts remembered as released (their ends are reported a few times at most)
 RELEASED_KEPT = 4096
+
+
+#: what a task of a job array is told (the service puts them in the task's env)
+ARRAY_ENV = ("GPUBUDGET_ARRAY_INDEX", "GPUBUDGET_ARRAY_ID")
 
 
 class CommandError(ValueError):
@@ -129,9 +144,24 @@ class LocalBackend(Backend):
                        "looked up before allowed_commands is checked. Default: the launcher "
                        f"config's 'path', else {DEFAULT_JOB_PATH}.").tag(config=True)
 
+    checkpoint_store = Unicode("", help="Directory of the snapshot store for transparent "
+                                "checkpoints of batch jobs (checkpoint: auto): shared by the "
+                                "nodes a requeued job may land on. Empty: none; preempted jobs "
+                                "are signalled and start again.").tag(config=True)
+    checkpoint_timeout = Float(600.0, help="Seconds a job's dump may take before it is "
+                               "signalled instead.").tag(config=True)
+
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)
         self._cfg: dict = {}
+        #: (workload, attempt) -> (checkpoint mode, project) of the attempts launched here
+        self._modes: dict[tuple[str, int], tuple[str, str]] = {}
+        self._checkpoints = None
+        if self.checkpoint_store:
+            from jupyter_gpubudget.snapshot.jobsnap import JobCheckpoints
+            from jupyter_gpubudget.snapshot.store import Store
+
+            self._checkpoints = JobCheckpoints(Store(self.checkpoint_store, parent=self))
         if self.launcher_config:
             try:
                 self._cfg = json.loads(Path(self.launcher_config).read_text())
@@ -387,18 +417,43 @@ class LocalBackend(Backend):
         job_env = self.job_devices(launch.placement, holder)
         job_env.update({**job_identity_env(launch),
                         "GPUBUDGET_PLACEMENT": json.dumps(launch.placement)})
+        # a task of a job array: its index and array, set by the service at submission
+        # (a job's own env may not set GPUBUDGET_*: they go with the service's variables)
+        env = dict(launch.env)
+        job_env.update({k: env.pop(k) for k in ARRAY_ENV if k in env})
+        mode = env.pop(CHECKPOINT_ENV, None) or "auto"
+        if not launch.resumable or mode not in ("auto", "self"):
+            mode = "self"
+        job_env[CHECKPOINT_ENV] = mode
         spec = {"workload": launch.workload, "attempt": launch.attempt,
                 "user": self.unix_user(launch.user),
                 "command": self.resolve_command(list(launch.command)),
-                "env": {**self.extra_env, **launch.env}, "job_env": job_env,
+                "env": {**self.extra_env, **env}, "job_env": job_env,
                 "time_limit": launch.time_limit, "grace": self.stop_grace}
         if self.fence_token is not None:  # a stale replica's launch is refused
             spec["fence"] = self.fence_token
+        images = None
+        if mode == "auto" and self._checkpoints is not None:
+            try:
+                got = self._checkpoints.take(launch.workload)
+            except Exception as e:  # noqa: BLE001 - a bad checkpoint: the job starts afresh
+                self.log.error("%s: its checkpoint cannot be used (%s); it starts again",
+                               launch.workload, e)
+                got = None
+            if got is not None:
+                images = got[1]
+                spec["restore"] = {"images_dir": images, "log": got[2]["log"]}
         try:
             out = self._launcher("launch", spec=spec)
         except BaseException:
             self.release_devices(launch.workload, launch.attempt)
             raise
+        finally:
+            if images is not None:
+                shutil.rmtree(images, ignore_errors=True)
+        if images is not None and self._checkpoints is not None:
+            self._checkpoints.drop(launch.workload)  # restored (or started again: its log says)
+        self._modes[(launch.workload, launch.attempt)] = (mode, launch.project)
         self._watch.add(int(out["monitor_pid"]))
         self.log.info("launched %s attempt %d as %s, pid %s", launch.workload, launch.attempt,
                       out.get("user"), out["pid"])
@@ -497,7 +552,44 @@ class LocalBackend(Backend):
         return BackendStatus(False, rec.get("exit_code"), rec.get("ended_at") or seen,
                              timed_out=bool(rec.get("timed_out")), unsupervised=True)
 
+    def _checkpoint(self, workload: str, attempt: int) -> bool:
+        """Dump a ``checkpoint: auto`` attempt into the store and end it; False when it was
+        not (the launcher wrote why into the job's log): then it is signalled as before."""
+        mode, project = self._modes.get((workload, attempt), ("self", ""))
+        if mode != "auto" or self._checkpoints is None:
+            return False
+        try:
+            out = self._launcher("checkpoint", workload, str(attempt),
+                                 timeout=self.checkpoint_timeout + 60)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            self.log.error("checkpointing %s attempt %d: %s", workload, attempt, e)
+            return False
+        if not out.get("checkpointed"):
+            self.log.warning("%s attempt %d not checkpointed: %s; signalled instead", workload,
+                             attempt, out.get("reason"))
+            return False
+        images = str(out["images_dir"])
+        try:
+            sid = self._checkpoints.save(workload, project, images, {
+                "log": out["log"], "gpu": bool(out.get("gpu")), "attempt": attempt,
+                "dump_seconds": out.get("seconds")})
+        except Exception as e:  # noqa: BLE001 - not stored: it goes on, then is signalled
+            self.log.error("%s attempt %d: its checkpoint could not be stored (%s); "
+                           "signalled instead", workload, attempt, e)
+            self._launcher("checkpoint-end", workload, str(attempt), "resume")
+            return False
+        finally:
+            shutil.rmtree(images, ignore_errors=True)
+        self._launcher("checkpoint-end", workload, str(attempt), "kill",
+                       timeout=self.stop_grace + 60)
+        self.log.info("%s attempt %d checkpointed (snapshot %s, %s bytes, dump %.2f s)",
+                      workload, attempt, sid, out.get("bytes"), out.get("seconds") or 0.0)
+        return True
+
     def stop(self, workload: str, attempt: int) -> BackendStatus:
+        if self.status(workload, attempt).alive and self._checkpoint(workload, attempt):
+            st = self.status(workload, attempt)
+            return st if not st.alive else BackendStatus(False)
         if self.status(workload, attempt).alive:
             try:
                 self._launcher("signal", workload, str(attempt), f"{self.stop_grace:g}",

@@ -319,10 +319,22 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
         signal.signal(sig, signal.SIG_IGN)  # only root (or the service's user) could send them
     pw = spec["pw"]
     cg = spec["cgroup"]
+    restored = False
     if spec.get("restore"):
         job, failure = _restore_job(spec, out_fd, log_fd)
-        os.close(out_fd)
-    else:
+        if failure:  # the fallback: the command from its start, and the log says why
+            why = failure.decode(errors="replace").strip()
+            _note(log_fd, f"not restored ({why}): the job starts again from the beginning")
+            try:
+                os.write(out_fd, f"[gpubudget {time.strftime('%H:%M:%S')}] this job's "
+                         f"checkpoint could not be restored ({why.splitlines()[0][:500]}); it "
+                         "starts again from the beginning\n".encode())
+            except OSError:
+                pass
+        else:
+            restored = True
+            os.close(out_fd)
+    if not restored:
         err_r, err_w = os.pipe()
         job = os.fork()
         if job == 0:
@@ -352,7 +364,7 @@ def _monitor(spec: dict, adir: Path, gid: int | None, out_fd: int, log_fd: int,
               "monitor_start": proc_starttime(os.getpid()), "launched_at": launched,
               "time_limit": spec["time_limit"], "cgroup": cg}
     write_record(adir / "pid", record, gid)
-    if spec.get("restore"):
+    if restored:
         _note(log_fd, f"restored the checkpointed job as {pw.pw_name} (uid {pw.pw_uid}), pid "
                       f"{job}: it continues where it stopped")
     else:

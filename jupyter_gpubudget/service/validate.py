@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from jupyter_gpubudget.core.accounts import GRANT_DECIMALS, MAX_GRANT_HOURS, grant_in_steps
+from jupyter_gpubudget.core.holds import AFTER_KINDS
 from jupyter_gpubudget.core.model import INTERCONNECTS, SliceRequest
 from jupyter_gpubudget.core.offer import not_offered
 from jupyter_gpubudget.launcher.policy import (
@@ -38,9 +39,13 @@ _MIG = re.compile(r"^(?:mig:)?(\d+)g\.(\d+)gb$")
 _MPS = re.compile(r"^mps:(\d{1,6})(?::(\d{1,12}))?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
-JOB_FIELDS = {"command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
+JOB_FIELDS = {"checkpoint", "command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
               "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval",
-              "interconnect", "cluster"}
+              "interconnect", "cluster", "array", "max_running", "after", "after_kind"}
+#: the most tasks one job array may have
+MAX_ARRAY_TASKS = 10_000
+#: the most jobs one job may run after
+MAX_AFTER = 100
 GRANT_FIELDS = {"grant_hours", "share_pct", "note", "requested_by"}
 EVENT_FIELDS = {"workload", "event", "at", "project", "user", "milli", "kind", "placement"}
 
@@ -215,6 +220,79 @@ def _parse_slice(body: dict) -> SliceRequest:
                               interconnect=interconnect)
 
 
+_RANGE = re.compile(r"^(\d{1,6})(?:-(\d{1,6}))?$")
+
+
+def parse_array(value: Any) -> list[int]:
+    """A job array's indices: ``"0-99"``, ``"0-9,20,30-32"`` or a list of whole numbers,
+    each from 0 to 999999, no index twice, at most ``MAX_ARRAY_TASKS``."""
+    if isinstance(value, list):
+        if not value or not all(isinstance(i, int) and not isinstance(i, bool)
+                                for i in value):
+            raise Invalid("array", "expected indices such as '0-99' or a list of whole numbers")
+        out = list(value)
+    elif isinstance(value, str) and value.strip():
+        out = []
+        for part in value.replace(" ", "").split(","):
+            m = _RANGE.fullmatch(part)
+            if not m:
+                raise Invalid("array", f"{part[:40]!r} is not an index or a range such as "
+                                       "'0-99'")
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            if hi < lo:
+                raise Invalid("array", f"range {part!r} ends before it starts")
+            if hi - lo + 1 + len(out) > MAX_ARRAY_TASKS:
+                raise Invalid("array", f"at most {MAX_ARRAY_TASKS} tasks")
+            out.extend(range(lo, hi + 1))
+    else:
+        raise Invalid("array", "expected indices such as '0-99' or a list of whole numbers")
+    if len(out) > MAX_ARRAY_TASKS:
+        raise Invalid("array", f"at most {MAX_ARRAY_TASKS} tasks")
+    if any(not 0 <= i <= 999_999 for i in out):
+        raise Invalid("array", "indices are whole numbers from 0 to 999999")
+    if len(set(out)) != len(out):
+        raise Invalid("array", "an index is given twice")
+    return out
+
+
+def _parse_after(body: dict) -> tuple[list[str], str] | None:
+    kind = body.get("after_kind", "afterok")
+    if kind not in AFTER_KINDS:
+        raise Invalid("after_kind", f"expected one of {', '.join(AFTER_KINDS)}")
+    after = body.get("after")
+    if after is None:
+        if "after_kind" in body:
+            raise Invalid("after_kind", "only with 'after' (the jobs this one runs after)")
+        return None
+    if isinstance(after, str):
+        after = [after]
+    if not isinstance(after, list) or not after or not all(isinstance(a, str) for a in after):
+        raise Invalid("after", "expected a job id or a list of job or array ids")
+    if len(after) > MAX_AFTER:
+        raise Invalid("after", f"at most {MAX_AFTER} jobs")
+    for a in after:
+        if not _NAME.fullmatch(a):
+            raise Invalid("after", f"{a[:40]!r} is not a job id")
+    return list(dict.fromkeys(after)), kind
+
+
+def _checkpoint_env(body: dict, env: dict) -> dict:
+    """``checkpoint``: how a resumable job keeps its progress over a preemption: ``auto`` (the
+    default: its process tree is checkpointed and restored where it is requeued) or ``self``
+    (it saves its own: it gets SIGTERM, a grace period and GPUBUDGET_DUE_AT). Carried to the
+    backend in the job's environment as GPUBUDGET_CHECKPOINT=self (auto needs nothing)."""
+    mode = body.get("checkpoint")
+    if mode is None:
+        return env
+    if mode not in ("auto", "self"):
+        raise Invalid("checkpoint", "expected 'auto' (checkpointed for the job) or 'self' (the "
+                                    "job saves its own progress)")
+    if body.get("resumable") is not True:
+        raise Invalid("checkpoint", "only for a resumable job (resumable: true): a job that is "
+                                    "not requeued has nothing to resume")
+    return {**env, "GPUBUDGET_CHECKPOINT": "self"} if mode == "self" else env
+
+
 def parse_job(body: Any) -> dict:
     """A batch job from a REST body or a job YAML file (same fields)."""
     body = _check_keys(body, JOB_FIELDS)
@@ -241,9 +319,19 @@ def parse_job(body: Any) -> dict:
     if why:
         raise Invalid(*why)
     name = _text(body, "name", MAX_NAME_CHARS)
+    env = _checkpoint_env(body, env)
     tl = body.get("time_limit")
     ci = body.get("checkpoint_interval")
+    array = parse_array(body["array"]) if body.get("array") is not None else None
+    max_running = body.get("max_running")
+    if max_running is not None:
+        if array is None:
+            raise Invalid("max_running", "only with 'array' (how many of its tasks run at once)")
+        if isinstance(max_running, bool) or not isinstance(max_running, int) \
+                or not 1 <= max_running <= MAX_ARRAY_TASKS:
+            raise Invalid("max_running", f"expected a whole number from 1 to {MAX_ARRAY_TASKS}")
     return {
+        "array": array, "max_running": max_running or 0, "after": _parse_after(body),
         "command": command, "project": project, "kind": kind, "name": name, "env": env,
         "request": parse_slice(body),
         "min_runtime": duration(body.get("min_runtime", 0), "min_runtime"),

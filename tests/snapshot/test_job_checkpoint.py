@@ -161,3 +161,85 @@ def test_a_job_with_an_internet_socket_falls_back(nodes):
     assert "udp socket" in ck["reason"]
     rc, sig = launcher(a["cfg"], "signal", wid, "1", "1")
     assert rc == 0 and sig["signalled"]
+
+
+# ------------------------------------------------------------------ the local backend
+def _backend(jobs: Path, store: Path):  # noqa: ANN202
+    from jupyter_gpubudget.backends.local import LocalBackend
+    from tests.fixtures.unixusers import TEMPLATE
+
+    return LocalBackend(state_dir=str(jobs), checkpoint_store=str(store),
+                        unix_user_template=TEMPLATE, stop_grace=2)
+
+
+def _launch(wid: str, attempt: int, env: dict | None = None, resumable: bool = True):  # noqa: ANN202
+    from jupyter_gpubudget.backends.base import Launch
+
+    return Launch(wid, attempt, "bob", "lattice", ["/usr/bin/python3", "-c", COUNTER], [],
+                  env=env or {}, resumable=resumable)
+
+
+def test_the_backend_checkpoints_a_preempted_job_and_restores_it_on_another_node(nodes):
+    """What the service's loop does on a preemption of a resumable job (``stop``) and on its
+    next start (``launch`` of the next attempt, here on another node's backend)."""
+    require_root()
+    base = shared_tmp("gpubudget-ckpt-backend-")
+    store = base / "store"
+    node_a, node_b = _backend(base / "a", store), _backend(base / "b", store)
+    wid = f"cb{os.getpid():x}"
+    node_a.launch(_launch(wid, 1))
+    log1 = base / "a" / wid / "1" / "output.log"
+    wait_for(lambda: len(counts(log1)) > 5)
+    time.sleep(random.uniform(0.1, 2.0))  # preempted at a random point of its count
+    asked = time.time()
+    st = node_a.stop(wid, 1)
+    back = time.time()
+    assert not st.alive
+    # the charge of attempt 1 ends when its tree was ended after its dump: within the stop
+    assert st.ended_at is not None and asked <= st.ended_at <= back
+    exit1 = json.loads((base / "a" / wid / "1" / "exit").read_text())
+    assert exit1["checkpointed"] is True and exit1["ended_at"] == st.ended_at
+    last = counts(log1)[-1]
+    assert node_a._checkpoints.store.list(session=f"job-{wid}")  # in the snapshot store
+    node_b.launch(_launch(wid, 2))
+    log2 = base / "b" / wid / "2" / "output.log"
+    wait_for(lambda: len(counts(log2)) > 5)
+    resumed = counts(log2)
+    assert resumed[0] == last + 1, (last, resumed[:5])  # not from 0
+    # attempt 2 is charged from its own start, after attempt 1's end: never twice
+    started = node_b.started(wid, 2)
+    assert started is not None and started[1] >= st.ended_at
+    assert not node_b._checkpoints.store.list(session=f"job-{wid}")  # used, removed
+    st2 = node_b.stop(wid, 2)  # checkpointed again (a second preemption)
+    assert not st2.alive
+    assert json.loads((base / "b" / wid / "2" / "exit").read_text())["checkpointed"] is True
+    node_b._checkpoints.drop(wid)
+
+
+def test_checkpoint_self_keeps_the_signal(nodes):
+    base = shared_tmp("gpubudget-ckpt-self-")
+    node = _backend(base / "a", base / "store")
+    wid = f"cf{os.getpid():x}"
+    node.launch(_launch(wid, 1, env={"GPUBUDGET_CHECKPOINT": "self"}))
+    log1 = base / "a" / wid / "1" / "output.log"
+    wait_for(lambda: len(counts(log1)) > 2)
+    st = node.stop(wid, 1)
+    assert not st.alive
+    exit1 = json.loads((base / "a" / wid / "1" / "exit").read_text())
+    assert exit1["checkpointed"] is False and exit1["signal"] == 15  # SIGTERM, as before
+    assert not node._checkpoints.store.list(session=f"job-{wid}")
+    env = (base / "a" / wid / "1" / "launcher.log").read_text()
+    assert "checkpointed" not in env
+
+
+def test_the_checkpoint_field_is_checked():
+    from jupyter_gpubudget.service.validate import Invalid, parse_job
+
+    job = {"command": "python3 train.py", "project": "p", "resumable": True}
+    assert parse_job(job)["env"] == {}  # auto: the default for a resumable job
+    assert parse_job({**job, "checkpoint": "self"})["env"] == {"GPUBUDGET_CHECKPOINT": "self"}
+    for bad, why in (({**job, "checkpoint": "yes"}, "expected 'auto'"),
+                     ({**job, "resumable": False, "checkpoint": "auto"}, "resumable")):
+        with pytest.raises(Invalid, match=why) as e:
+            parse_job(bad)
+        assert e.value.field == "checkpoint"

@@ -243,6 +243,11 @@ class SchedulingLoop:
             state, reason, by = "failed", "lost: the process ended without an exit record", \
                 "reconcile"
         end = st.ended_at  # None: settle at the interval's last checkpoint
+        # the notice its user gets (once: where the backend did not enforce the limit, the
+        # reaper recorded it when it stopped the workload)
+        tell_timeout = by == "timeout" and not any(
+            d.kind == "timeout" and d.at >= (row.started_at or 0)
+            for d in self.ledger.decisions(workloads=[row.id], limit=5))
         try:
             with self.ledger.tx() as s:
                 self.ledger.stop(row.id, now=end, state=state, closed_by=by, reason=reason,
@@ -254,6 +259,9 @@ class SchedulingLoop:
                         reason=reason, s=s,
                         detail={"exit_code": None, "exit_code_known": False, "ended_at": end,
                                 "monitor_lost": st.unsupervised, "state": state})
+                if tell_timeout:
+                    self.ledger.record_decision(now=self.clock(), kind="timeout",
+                                                workload=row.id, reason=reason, s=s)
                 if intent == "preempting":  # the notice the interrupted preemption owed
                     self.ledger.record_decision(now=self.clock(), kind="preempt",
                                                 workload=row.id, reason="preempted",

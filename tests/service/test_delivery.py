@@ -177,7 +177,8 @@ def wait_for(pred, what, timeout=30.0):
 def test_service_unreachable_webhook_changes_nothing_else(hub, tokens, tmp_path, smtp):
     """In the real service: bob's webhook is unreachable. An admin cancels bob's job: the
     notice is stored and shown in words, mailed through the relay, the webhook's failure is
-    on bob's settings — and the next job still starts."""
+    on bob's settings — and the next job still starts. A job stopped at its time limit gets
+    its notice too (once); bob's own cancel gets none."""
     svc = ServiceProc(hub, tmp_path, f"sqlite:///{tmp_path / 'ledger.sqlite'}", extra_args=[
         "--NoticeDelivery.interval=0.2", "--NoticeDelivery.backoff=0.05",
         "--NoticeDelivery.webhook_tries=2", "--NoticeDelivery.smtp_host=127.0.0.1",
@@ -214,6 +215,19 @@ def test_service_unreachable_webhook_changes_nothing_else(hub, tokens, tmp_path,
         assert st == 201
         wait_for(lambda: http("GET", f"{svc.api}/workloads/{nxt['id']}", bob)[1]["state"]
                  == "running", "the next job to start")
+        # a job stopped at its time limit (the local launcher enforces it): one notice
+        assert http("DELETE", f"{svc.api}/jobs/{nxt['id']}", bob)[0] == 200  # hers: no notice
+        st, short = http("POST", svc.api + "/jobs", bob, {
+            "command": ["/bin/sleep", "60"], "project": "lattice", "gpus": 1,
+            "time_limit": "2s", "name": "short"})
+        assert st == 201
+        wait_for(lambda: http("GET", f"{svc.api}/workloads/{short['id']}", bob)[1]["state"]
+                 == "timeout", "the time limit")
+        title = "Your job “short” (project lattice) reached its time limit"
+        wait_for(lambda: smtp.messages[-1][1]["Subject"] == title, "the time-limit e-mail")
+        notices = http("GET", svc.api + "/notices", bob)[1]["notices"]
+        assert [(n["kind"], n["title"]) for n in notices[:2]] == [
+            ("timeout", title), ("cancel", got[1]["Subject"])]
         assert http("DELETE", svc.api + "/notices/settings", bob)[1]["webhook"] is None
     finally:
         cleanup(svc, tokens["root"])

@@ -757,7 +757,8 @@ class Ledger:
             q = (select(DecisionRow, WorkloadRow)
                  .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
                  .where(DecisionRow.kind.in_(("preempt", "idle", "requeue", "hibernate",
-                                             "snapshot_lost", "timeout", "cancel")),
+                                             "snapshot_lost", "timeout", "cancel",
+                                             "restore")),
                         WorkloadRow.user == user)
                  .order_by(DecisionRow.id.desc()).limit(limit))
             return [(d, w) for d, w in s.execute(q)]

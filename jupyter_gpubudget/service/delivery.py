@@ -153,7 +153,12 @@ def notice_of(ledger: Ledger, d: DecisionRow, w: WorkloadRow, s: Any = None) -> 
 
 
 def is_notice(d: DecisionRow, w: WorkloadRow) -> bool:
-    """Whether the user is told about ``d``: not their own cancel."""
+    """Whether the user is told about ``d``: not their own cancel, not a restore that
+    worked."""
+    if d.kind == "restore":
+        return bool((d.detail or {}).get("error")) and not any(
+            k.get("restored") for k in (d.detail or {}).get("kernels") or []
+            if isinstance(k, dict))
     return d.kind in NOTICE_KINDS and not (d.kind == "cancel" and d.actor == w.user)
 
 

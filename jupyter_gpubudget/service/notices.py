@@ -18,7 +18,7 @@ from typing import Any
 
 #: decision kinds a user is told about (``Ledger.notices_for``)
 NOTICE_KINDS = ("preempt", "idle", "requeue", "hibernate", "snapshot_lost", "timeout",
-                "cancel")
+                "cancel", "restore")
 
 #: why a notice was sent, one word each (the ``cause`` of a :class:`Notice`)
 CAUSES = ("needed", "drain", "idle", "hibernate", "time_limit", "cancel", "restore_failed",
@@ -216,8 +216,10 @@ def build_notice(*, kind: str, reason: str = "", detail: dict | None = None,
                 "Ask the administrators why, or submit it again.")
         return Notice(kind, "cancel", title, body, ids)
 
-    if kind == "snapshot_lost":
-        problem = reason or "no snapshot could be restored"
+    if kind in ("snapshot_lost", "restore"):  # (a restore report: only one with an error)
+        problem = ((detail.get("error") if kind == "restore" else reason)
+                   or "no snapshot could be restored")
+        ids["snapshot"] = detail.get("snapshot")
         title = f"{_cap(label)}{on} could not be restored"
         body = (f"{_cap(label)}{on} was to come back from its saved kernels, but that failed: "
                 f"{problem}. Your notebooks' files are untouched; the kernels start empty, so "

@@ -155,6 +155,19 @@ def test_notice_restore_failed():
         "recorded; tell the administrators if it happens again.")
 
 
+def test_notice_restore_report_with_an_error():
+    n = build_notice(kind="restore", actor="alice", reason="nothing restored",
+                     detail={"snapshot": SNAP, "error": "the snapshot's kernel died on start",
+                             "kernels": []}, workload=SESSION)
+    assert (n.cause, n.title) == ("restore_failed", "Your server (project lattice-qcd) could "
+                                                    "not be restored")
+    assert n.body.startswith("Your server (project lattice-qcd) was to come back from its "
+                             "saved kernels, but that failed: the snapshot's kernel died on "
+                             "start. Your notebooks' files are untouched;")
+    assert n.details["snapshot"] == SNAP
+    no_ids_in_words(n, SNAP)
+
+
 def test_notice_preempted_without_snapshot_says_what_was_lost():
     n = build_notice(kind="preempt", reason="an idle session yields to waiting work "
                      "(loses 0.25 GPU-h)", detail={"requeued": False, "lost_gpu_hours": 0.25},
@@ -198,10 +211,16 @@ def test_notice_from_the_ledger_finds_the_cause_and_the_drain_note(db_url):  # n
                             reason=f"preempted after snapshot {SNAP}; requeued as x1",
                             detail={"as": "x1", "snapshot": SNAP})
         led.record_decision(now=6.0, kind="cancel", workload=w.id, actor="alice")
+        led.record_decision(now=7.0, kind="restore", workload=w.id, actor="alice",
+                            detail={"error": None, "kernels": [{"restored": ["x"]}]})
+        led.record_decision(now=8.0, kind="restore", workload=w.id, actor="alice",
+                            detail={"error": "kernel died", "kernels": []})
         got = [(d, r) for d, r in led.notices_for("alice")]
-        assert [d.kind for d, _ in got] == ["cancel", "requeue"]
-        assert [is_notice(d, r) for d, r in got] == [False, True]  # her own cancel: no notice
-        n = notice_of(led, *got[1])
+        assert [d.kind for d, _ in got] == ["restore", "restore", "cancel", "requeue"]
+        # her own cancel and a restore that worked: no notice
+        assert [is_notice(d, r) for d, r in got] == [True, False, False, True]
+        assert notice_of(led, *got[0]).cause == "restore_failed"
+        n = notice_of(led, *got[3])
         assert n.cause == "drain"
         assert "The administrators' note: “fan replacement — shown to everyone”." in n.body
         assert "a resume with its saved kernels" in n.body

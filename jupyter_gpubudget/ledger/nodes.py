@@ -21,7 +21,7 @@ from .store import Ledger
 #: decisions an operator filters the audit log by (the page's choices)
 AUDIT_KINDS = ("start", "preempt", "preempt-requested", "reserve", "health", "drain", "repair",
                "undrain", "grant", "cancel", "requeue", "idle", "snapshot", "timeout",
-               "lost")
+               "lost", "notice-failed")
 
 
 def node_health(ledger: Ledger) -> dict[str, NodeHealthRow]:

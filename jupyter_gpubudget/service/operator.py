@@ -332,7 +332,8 @@ KIND_WORDS = {"start": "started", "preempt": "preempted", "preempting": "preempt
               "drain": "node drained", "health": "node unhealthy",
               "undrain": "node back in service", "grant": "grant changed",
               "cancel": "cancelled", "cancelling": "cancelling", "requeue": "requeued",
-              "requeueing": "requeueing", "idle": "reported idle", "snapshot": "snapshot"}
+              "requeueing": "requeueing", "idle": "reported idle", "snapshot": "snapshot",
+              "notice-failed": "notice not delivered"}
 
 
 def _why(d: dict[str, Any]) -> tuple[str, float | None]:

@@ -18,6 +18,7 @@ from tornado.httpserver import HTTPServer
 
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
+from jupyter_gpubudget.ledger import nodes as N
 from jupyter_gpubudget.service.delivery import (
     MARK,
     DeliveryFailed,
@@ -157,6 +158,10 @@ async def test_round_delivers_records_failures_and_moves_on(tmp_path, smtp):
         fails = failures_of(led, "bob")
         assert len(fails) == 1 and fails[0]["channel"] == "webhook" and fails[0]["tries"] == 2
         assert "Connection refused" in fails[0]["error"] or "Errno" in fails[0]["error"]
+        audit = N.audit(led, kinds=["notice-failed"])  # the admins' audit log has it
+        assert [(a.actor, a.workload, a.detail["channel"]) for a in audit] == [
+            ("delivery:bob", w.id, "webhook")]
+        assert "notice-failed" in N.AUDIT_KINDS
         assert [d.kind for d, _ in led.notices_for("bob")] == ["cancel"]  # still stored
         assert await d.round(led, 6.0) == 0  # once
         assert len(smtp.messages) == before + 1

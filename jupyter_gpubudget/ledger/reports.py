@@ -352,12 +352,12 @@ def _idle_sessions(s: Session, projects: list[str], only: str | None, start: flo
                                         .order_by(idle.desc()).limit(4 * top)).scalars()))
     if not wids:
         return []
-    rows = s.execute(select(b.workload, b.user, b.project, func.sum(b.measured_ms - b.busy_ms),
-                            func.sum(b.measured_ms), func.sum(b.busy_ms))
-                     .where(*where, b.workload.in_(wids))
-                     .group_by(b.workload, b.user, b.project)).all()
-    rows.sort(key=lambda r: -(r[3] or 0))
-    rows = rows[:top]
+    rows = sorted(s.execute(select(b.workload, b.user, b.project,
+                                   func.sum(b.measured_ms - b.busy_ms), func.sum(b.measured_ms),
+                                   func.sum(b.busy_ms))
+                            .where(*where, b.workload.in_(wids))
+                            .group_by(b.workload, b.user, b.project)).all(),
+                  key=lambda r: -(r[3] or 0))[:top]
     names = dict(s.execute(select(WorkloadRow.id, WorkloadRow.name)
                            .where(WorkloadRow.id.in_([r[0] for r in rows]))).tuples().all())
     return [{"workload": wid, "name": names.get(wid, ""), "user": u, "project": p,

@@ -52,16 +52,7 @@ def parse_period(get: Any, tz: ZoneInfo, now: float) -> tuple[float, float]:
             if period not in ("day", "week", "month"):
                 raise ApiError(400, f"period: expected day, week or month, got "
                                     f"{period[:20]!r}", "period")
-            if at is None:
-                d = datetime.fromtimestamp(now, tz).date()
-            else:
-                try:
-                    d = date.fromisoformat(at.strip()[:10]) if len(at) <= 10 else None
-                except ValueError:
-                    d = None
-                if d is None:
-                    raise ApiError(400, f"at: expected a date such as 2025-03-01, got "
-                                        f"{at[:40]!r}", "at")
+            d = datetime.fromtimestamp(now, tz).date() if at is None else _date(at)
             if period == "week":
                 d0 = d - timedelta(days=d.weekday())
                 d1 = d0 + timedelta(days=7)
@@ -84,6 +75,15 @@ def parse_period(get: Any, tz: ZoneInfo, now: float) -> tuple[float, float]:
     if end - start > MAX_DAYS * 86400:
         raise ApiError(400, f"to: a report covers at most {MAX_DAYS} days", "to")
     return start, end
+
+
+def _date(raw: str) -> date:
+    try:
+        if len(raw) <= 10:
+            return date.fromisoformat(raw.strip())
+    except ValueError:
+        pass
+    raise ApiError(400, f"at: expected a date such as 2025-03-01, got {raw[:40]!r}", "at")
 
 
 class ReportsHandler(BaseHandler):

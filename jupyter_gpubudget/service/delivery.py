@@ -71,8 +71,12 @@ def check_pref(body: Any) -> dict[str, str | None]:
         out[k] = v.strip()
     hook = out["webhook"]
     if hook is not None:
-        u = urlsplit(hook)
-        if u.scheme not in ("http", "https") or not u.hostname:
+        try:
+            u = urlsplit(hook)
+            ok = u.scheme in ("http", "https") and bool(u.hostname) and u.port != 0
+        except ValueError:  # a bad port or IPv6 literal
+            ok = False
+        if not ok or any(c.isspace() for c in hook):
             raise ApiError(400, f"webhook: {hook!r} is not an http(s) URL", "webhook")
     mail = out["email"]
     if mail is not None and not _EMAIL.fullmatch(mail):

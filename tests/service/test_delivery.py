@@ -19,10 +19,12 @@ from tornado.httpserver import HTTPServer
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger import nodes as N
+from jupyter_gpubudget.service.base import ApiError
 from jupyter_gpubudget.service.delivery import (
     MARK,
     DeliveryFailed,
     NoticeDelivery,
+    check_pref,
     failures_of,
     set_pref,
 )
@@ -128,6 +130,23 @@ async def test_email_goes_through_the_smtp_relay(smtp):
 async def test_email_without_a_relay_fails_clearly():
     with pytest.raises(DeliveryFailed, match="no SMTP relay configured"):
         await NoticeDelivery().send_email("bob@example.org", notice())
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"webhook": "ftp://example.org/x"}, "webhook"),
+    ({"webhook": "http://["}, "webhook"),
+    ({"webhook": "http://example.org:99999/"}, "webhook"),
+    ({"webhook": "http://exa mple.org/"}, "webhook"),
+    ({"webhook": 3}, "webhook"),
+    ({"email": "bob@localhost"}, "email"),
+    ({"email": "bob"}, "email"),
+    ({"phone": "123"}, "phone"),
+    (["webhook"], None),
+])
+def test_bad_preference_is_refused_naming_the_field(body, field):
+    with pytest.raises(ApiError) as e:
+        check_pref(body)
+    assert e.value.status == 400 and e.value.field == field
 
 
 BUDGETS = "accounts: {lab: {grant: 10, children: {lattice: {grant: 10, members: [bob]}}}}"

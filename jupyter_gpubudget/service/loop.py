@@ -311,6 +311,8 @@ class SchedulingLoop:
                 if st.unsupervised:
                     self._monitor_lost(row.id, iv.seq, now)
             else:
+                if st.launched and (row.id, iv.seq) not in self._launch_known:
+                    self._adopt_start(row, iv)  # (a short job may end before it is seen)
                 self._settle(row, st)
         return alive
 
@@ -318,7 +320,8 @@ class SchedulingLoop:
         """A running attempt whose launch this replica did not record: launched by the
         replica that led before (at a takeover), possibly late — it was paused between
         committing the start and calling the engine, and the engine started the job after
-        this replica took over, within the start grace. With no launch on record its charge
+        this replica took over, within the start grace (or its launch was not recorded: the
+        database ended the transaction, the lease ran out). With no launch on record its charge
         still starts at the commit; it is moved to the engine's own start (the launcher's
         ``pid`` record, Slurm's job start), as :meth:`_launched` does for a launch of ours,
         and protection counts from then. Checked once per attempt (again while the engine

@@ -94,9 +94,16 @@ def load_job_file(path: str) -> dict:
 
 
 def _row(w: dict) -> str:
+    if w.get("array"):  # a job array: one row, its tasks counted per state
+        counts = " ".join(f"{n} {st}" for st, n in sorted(w["counts"].items()))
+        cap = f" (max {w['max_running']} running)" if w.get("max_running") else ""
+        return (f"{w['id']:<17} {'array':<10} {w['project']:<14} {'-':<14} "
+                f"{w['name']:<16} {counts}{cap}")
     where = ",".join(f"{s['node']}:{s['gpu']}" for s in (w.get("placement") or [])) or "-"
     extra = ""
-    if w["state"] == "pending" and w.get("queue_position"):
+    if w["state"] == "pending" and w.get("waiting_for"):
+        extra = w["waiting_for"]  # waits for other jobs, not for GPUs
+    elif w["state"] == "pending" and w.get("queue_position"):
         extra = f"queue #{w['queue_position']}"
     elif w["state"] == "running" and w.get("protected_left_s") is not None:
         extra = f"protected {w['protected_left_s'] / 60:.0f} min"
@@ -121,7 +128,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (ServiceError, OSError) as e:
         print(f"gpubudget submit: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(out, indent=2) if args.json else f"submitted {out['id']} ({out['state']})")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif out.get("array"):
+        print(f"submitted {out['id']} (array of {len(out['tasks'])} tasks; cancel one with "
+              f"gpubudget cancel {out['id']}_<index>)")
+    else:
+        print(f"submitted {out['id']} ({out['state']})")
     return 0
 
 
@@ -210,7 +223,9 @@ def add_logs_parser(sub: Any) -> argparse.ArgumentParser:
 
 def add_submit_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a batch job (job YAML: command, project, gpus "
-                       "or slice, min_runtime, resumable, time_limit, name, env)")
+                       "or slice, min_runtime, resumable, time_limit, name, env; array and "
+                       "max_running for a job array; after and after_kind to run after "
+                       "other jobs)")
     p.add_argument("job", help="job YAML file")
     p.add_argument("--project", help="charge this project (overrides the file)")
     p.add_argument("--key", help="idempotency key (default: random; reuse it to retry safely)")
@@ -229,7 +244,8 @@ def add_jobs_parser(sub: Any) -> argparse.ArgumentParser:
 
 def add_cancel_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel batch jobs")
-    p.add_argument("ids", nargs="+", help="job ids")
+    p.add_argument("ids", nargs="+", help="job ids; an array's id cancels all its tasks, "
+                   "<array>_<index> one task")
     _client_args(p)
     p.set_defaults(func=cmd_cancel)
     return p

@@ -344,7 +344,9 @@ class Ledger:
                resumable: bool = False, time_limit: float | None = None,
                backend: str = "local", name: str = "", workload_id: str | None = None,
                checkpoint_interval: float | None = None, max_pending: int = 0,
-               cluster: str | None = None, s: Session | None = None) -> WorkloadRow:
+               cluster: str | None = None, s: Session | None = None,
+               array: tuple[str, int, int] | None = None,
+               after: tuple[list[str], str] | None = None) -> WorkloadRow:
         """A new pending workload. ``max_pending`` (0: none): refused (429) when ``user``
         already has that many pending — counted in the same write transaction, so that
         concurrent submissions cannot slip past it (SQLite; PostgreSQL may let a few
@@ -366,15 +368,21 @@ class Ledger:
                               resumable=resumable, time_limit=time_limit, backend=backend,
                               submitted_at=now, preemptions=0, backed=False, reason="",
                               checkpoint_interval=checkpoint_interval, cluster=cluster)
+            if array is not None:  # (array id, index, max_running): a task of a job array
+                row.array_id, row.array_index, row.array_max = array
+            if after is not None:  # ([ids], afterok | afterany | afternotok)
+                row.after, row.after_kind = " ".join(after[0]), after[1]
             s.add(row)
             s.flush()
             return row
 
     def pending_of(self, user: str, s: Session | None = None) -> int:
-        """How many workloads ``user`` has waiting in the queue (jobs and sessions)."""
+        """How many workloads ``user`` has waiting in the queue (jobs and sessions); a job
+        that runs after others is not counted (it waits for them, not for GPUs)."""
         with self.ro(s) as s:
             return s.scalar(select(func.count()).select_from(WorkloadRow).where(
-                WorkloadRow.user == user, WorkloadRow.state == "pending")) or 0
+                WorkloadRow.user == user, WorkloadRow.state == "pending",
+                WorkloadRow.after.is_(None))) or 0
 
     def get(self, workload_id: str, s: Session | None = None) -> WorkloadRow | None:
         with self.ro(s) as s:
@@ -397,7 +405,8 @@ class Ledger:
     #: columns of :meth:`live` (JSON columns as their stored text: equal text, equal value)
     LIVE_COLUMNS = ("id", "project", "user", "kind", "state", "min_runtime", "resumable",
                     "time_limit", "backend", "submitted_at", "started_at", "backed",
-                    "protected_until", "checkpoint_interval", "backfill_until")
+                    "protected_until", "checkpoint_interval", "backfill_until",
+                    "array_id", "array_max", "after", "after_kind")
 
     def live(self, backend: str | None = None,
              states: tuple[str, ...] = ("pending", "running")) -> list[Row]:
@@ -414,6 +423,28 @@ class Ledger:
             q = q.where(t.backend == backend)
         with self.ro() as s:
             return s.execute(q.order_by(t.submitted_at, t.id)).all()
+
+    def array_tasks(self, array_id: str) -> list[WorkloadRow]:
+        """The tasks of a job array, by index (none: no such array)."""
+        with self.ro() as s:
+            return list(s.scalars(select(WorkloadRow).where(WorkloadRow.array_id == array_id)
+                                  .order_by(WorkloadRow.array_index)))
+
+    #: how a workload ended, for work that runs after it: succeeded (True) or not (False)
+    ENDED = {"done": True, "failed": False, "cancelled": False, "preempted": False,
+             "timeout": False}
+
+    def outcomes(self, ids: Iterable[str]) -> dict[str, bool]:
+        """Of these workloads, those that have ended, and whether each succeeded."""
+        t = WorkloadRow.__table__.c
+        wanted, out = sorted(set(ids)), {}
+        with self.ro() as s:
+            for i in range(0, len(wanted), 500):
+                for wid, state in s.execute(select(t.id, t.state).where(
+                        t.id.in_(wanted[i:i + 500]))):
+                    if state in self.ENDED:
+                        out[wid] = self.ENDED[state]
+        return out
 
     def live_by_id(self, ids: Iterable[str]) -> list[Row]:
         """The rows of :meth:`live` for these workloads, whatever their state (the caller

@@ -36,6 +36,7 @@ from jupyter_gpubudget.ledger.models import (
     WorkloadRow,
 )
 
+from .dependencies import settle
 from .leader import NotLeader
 from .state import LiveWorkloads, build_state, placement_to_list
 
@@ -55,6 +56,8 @@ class View:
     cycle_seconds: float = 0.0
     #: running records the core left out this cycle (impossible placement): id -> why
     inconsistent: dict[str, str] = field(default_factory=dict)
+    #: pending jobs that wait for others to end (not for GPUs): id -> "waiting for ..."
+    held: dict[str, str] = field(default_factory=dict)
     #: quotes against this cycle's scheduler (None before the first cycle)
     quoter: Quoter | None = None
     #: node -> {"state": in_service | draining | ready_for_repair, "running": n,
@@ -430,6 +433,9 @@ class SchedulingLoop:
             self._out.update(self._unhealthy)
             self._drained &= set(self._out)  # back in service: may be drained again
             state, rows = self.build_state(now, tree)
+            # jobs that run after others: cancel those that never can, show the rest waiting
+            self.view.held = settle(self.ledger, state, now) if state.finished or any(
+                w.after for w in state.pending) else {}
             with paused_gc():
                 sched = Scheduler.from_state(state)
                 decisions = sched.cycle(now)

@@ -248,7 +248,10 @@ class LiveWorkloads:
                              checkpoint_interval=r.checkpoint_interval,
                              backfill_until=r.backfill_until,
                              command=command_name(json.loads(r.command_json or "null")),
-                             snapshot_cost=sig[3], snapshot_reliability=sig[4])
+                             snapshot_cost=sig[3], snapshot_reliability=sig[4],
+                             array=r.array_id, array_max=r.array_max or 0,
+                             after=tuple((r.after or "").split()),
+                             after_kind=r.after_kind or "afterok")
             fresh[rid] = (r, sig, w)
             out.append(w)
         if not keep:
@@ -283,6 +286,9 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     # (visible in the API) until the project is back or the job is cancelled
     pending = [w for w, r in zip(workloads, rows, strict=True)
                if r.state == "pending" and tree.is_project(r.project)]
+    # how the work that pending work runs after ended (core/holds.py)
+    after = {d for w in pending if w.after for d in w.after}
+    finished = ledger.outcomes(after) if after else {}
     history = RuntimeHistory()
     for user, project, kind, seconds, req, command in ledger.recent_runs(history_keep):
         history.add(user, project, kind, seconds,
@@ -291,5 +297,6 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
     state = ClusterState(accounts=tree_with_ledger_grants(tree, ledger), inventory=inventory,
                          policy=policy, running=running, pending=pending, charges=charges,
                          history=history, unhealthy=unhealthy_nodes(ledger),
-                         recent_losses=ledger.recent_losses(now - LOSS_WINDOW))
+                         recent_losses=ledger.recent_losses(now - LOSS_WINDOW),
+                         finished=finished)
     return state, rows

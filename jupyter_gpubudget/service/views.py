@@ -29,12 +29,32 @@ def workload_json(r: WorkloadRow, view: View, now: float, tz=None) -> dict:  # n
         "submitted_at": r.submitted_at, "started_at": r.started_at, "ended_at": r.ended_at,
         "backed": r.backed, "protected_until": r.protected_until,
         "protected_left_s": protected_left,
-        "queue_position": view.position(r.id) if r.state == "pending" else None,
+        "queue_position": view.position(r.id) if r.state == "pending" and r.id not in
+        view.held else None,
+        # a job that runs after others waits for them, not for GPUs
+        "waiting_for": view.held.get(r.id) if r.state == "pending" else None,
+        "array_id": getattr(r, "array_id", None), "array_index": getattr(r, "array_index", None),
+        "after": (getattr(r, "after", None) or "").split() or None,
+        "after_kind": getattr(r, "after_kind", None),
         "predicted_start": view.reservations.get(r.id) if r.state == "pending" else None,
         "min_runtime": r.min_runtime, "resumable": r.resumable, "time_limit": r.time_limit,
         "preemptions": r.preemptions, "exit_code": r.exit_code, "reason": r.reason,
         "backend": r.backend, "cluster": getattr(r, "cluster", None),
     }, WORKLOAD_TIMES, now, tz)
+
+
+def array_json(aid: str, tasks: list, view: View, now: float, tz=None) -> dict:  # noqa: ANN001
+    """A job array as one row: its tasks' counts per state, and the tasks themselves."""
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    first = tasks[0]
+    return {"id": aid, "array": True, "name": first.name, "project": first.project,
+            "user": first.user, "kind": first.kind, "max_running": first.array_max or None,
+            "submitted_at": first.submitted_at, "counts": counts,
+            "state": next((s for s in ("running", "pending") if counts.get(s)),
+                          max(counts, key=lambda k: counts[k])),
+            "tasks": [workload_json(t, view, now, tz) for t in tasks]}
 
 
 def grant_json(g: GrantRow | None) -> dict | None:

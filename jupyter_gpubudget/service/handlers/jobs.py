@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from sqlalchemy.exc import DBAPIError
 
 from ..auth import SCOPE_SUBMIT, needs_scope
 from ..base import ApiError, BaseHandler
+from ..dependencies import resolve_after
 from ..state import request_to_dict
 from ..validate import check_offered, parse_job
-from ..views import workload_json
+from ..views import array_json, workload_json
 
 
 class JobsHandler(BaseHandler):
@@ -21,7 +23,19 @@ class JobsHandler(BaseHandler):
         rows = await self.db(lambda: self.svc.ledger.workloads(user=c.name, states=states))
         rows = [r for r in rows if r.kind in ("batch", "debug") and r.backend != "external"]
         now, view = self.svc.clock(), self.svc.loop.view
-        self.send({"jobs": [workload_json(r, view, now) for r in rows]})
+        # a job array is one row, with its tasks' counts per state
+        arrays: dict[str, list] = {}
+        for r in rows:
+            if r.array_id is not None:
+                arrays.setdefault(r.array_id, []).append(r)
+        out = []
+        for r in rows:
+            if r.array_id is None:
+                out.append(workload_json(r, view, now))
+            elif arrays[r.array_id][0] is r:
+                tasks = sorted(arrays[r.array_id], key=lambda t: t.array_index or 0)
+                out.append(array_json(r.array_id, tasks, view, now))
+        self.send({"jobs": out})
 
     @needs_scope(SCOPE_SUBMIT)
     async def post(self) -> None:
@@ -50,15 +64,34 @@ class JobsHandler(BaseHandler):
         now = self.svc.clock()
 
         def apply(s):  # noqa: ANN001, ANN202
-            row = self.svc.ledger.submit(
-                project=job["project"], user=c.name, kind=job["kind"], now=now,
-                request=request_to_dict(job["request"]), command=job["command"],
-                env=job["env"], min_runtime=job["min_runtime"], resumable=job["resumable"],
-                time_limit=job["time_limit"], backend=self.svc.backend.name, name=job["name"],
-                checkpoint_interval=job["checkpoint_interval"],
-                cluster=job["request"].cluster,
-                max_pending=self.svc.policy().max_pending_per_user, s=s)
-            return 201, workload_json(row, self.svc.loop.view, now)
+            with self.svc.ledger.tx(s) as s:  # all of an array's tasks, or none
+                return submit(s)
+
+        def submit(s):  # noqa: ANN001, ANN202
+            after = None
+            if job["after"] is not None:  # resolved in the write's transaction
+                refs, how = job["after"]
+                after = (resolve_after(self.svc.ledger, c.name, refs, job["name"], s), how)
+
+            def one(env: dict, **kw):  # noqa: ANN003, ANN202
+                return self.svc.ledger.submit(
+                    project=job["project"], user=c.name, kind=job["kind"], now=now,
+                    request=request_to_dict(job["request"]), command=job["command"],
+                    env=env, min_runtime=job["min_runtime"], resumable=job["resumable"],
+                    time_limit=job["time_limit"], backend=self.svc.backend.name,
+                    name=job["name"], checkpoint_interval=job["checkpoint_interval"],
+                    cluster=job["request"].cluster, after=after,
+                    max_pending=self.svc.policy().max_pending_per_user, s=s, **kw)
+
+            if job["array"] is None:
+                return 201, workload_json(one(job["env"]), self.svc.loop.view, now)
+            # a job array: one workload per task, ``<array>_<index>``, all or none
+            aid = uuid.uuid4().hex[:16]
+            tasks = [one({**job["env"], "GPUBUDGET_ARRAY_INDEX": str(i),
+                          "GPUBUDGET_ARRAY_ID": aid}, workload_id=f"{aid}_{i}",
+                         array=(aid, i, job["max_running"]))
+                     for i in job["array"]]
+            return 201, array_json(aid, tasks, self.svc.loop.view, now)
 
         key = self.idem_key(c)
         try:
@@ -91,6 +124,10 @@ class JobHandler(BaseHandler):
         c = await self.caller()
         row = await self.db(self.svc.ledger.get, wid)
         if row is None:
+            tasks = await self.db(lambda: self.svc.ledger.array_tasks(wid))
+            if tasks:  # a job array: cancel every task still pending or running
+                await self.cancel_array(c, wid, tasks)
+                return
             raise ApiError(404, f"no workload {wid!r}")
         c.require_change_workload(row.user)
         if row.backend == "external":
@@ -98,6 +135,16 @@ class JobHandler(BaseHandler):
         row = await self.db(self.svc.loop.cancel, wid, c.name)
         self.svc.kick()
         self.send(workload_json(row, self.svc.loop.view, self.svc.clock()))
+
+    async def cancel_array(self, c, aid: str, tasks: list) -> None:  # noqa: ANN001
+        for t in tasks:
+            c.require_change_workload(t.user)
+        for t in tasks:
+            if t.state in ("pending", "running") and t.backend != "external":
+                await self.db(self.svc.loop.cancel, t.id, c.name)
+        self.svc.kick()
+        tasks = await self.db(lambda: self.svc.ledger.array_tasks(aid))
+        self.send(array_json(aid, tasks, self.svc.loop.view, self.svc.clock()))
 
 
 LOG_LIMIT = 64 * 1024  # bytes of output per request by default

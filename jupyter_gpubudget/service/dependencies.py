@@ -1,0 +1,69 @@
+"""Jobs that run after others, as the service carries them out: each cycle, a dependent job
+whose condition can no longer hold is cancelled with the reason, and the others are shown
+as waiting ("waiting for train-7 to succeed") rather than as queued for GPUs. Whether a job
+may start is the core's to say (core/holds.py); this only writes what follows from it."""
+
+from __future__ import annotations
+
+from jupyter_gpubudget.core.holds import NEVER, READY, dependency, why_never, why_waiting
+from jupyter_gpubudget.core.state import ClusterState
+
+
+def settle(ledger, state: ClusterState, now: float) -> dict[str, str]:  # noqa: ANN001
+    """Cancel the pending work of ``state`` whose condition can no longer hold (recorded in
+    the decision log with its reason); return what still waits for others, id -> why."""
+    waiting: dict[str, str] = {}
+    for w in state.pending:
+        if not w.after:
+            continue
+        verdict = dependency(w.after, w.after_kind, state.finished)
+        if verdict == NEVER:
+            why = why_never(w.after, w.after_kind, state.finished)
+            with ledger.tx() as s:
+                row = ledger.get(w.id, s=s)
+                if row is None or row.state != "pending":
+                    continue
+                ledger.stop(w.id, now=now, state="cancelled", closed_by="dependency",
+                            reason=why, s=s)
+                ledger.record_decision(now=now, kind="cancel", workload=w.id, reason=why, s=s)
+        elif verdict != READY:
+            waiting[w.id] = why_waiting(w.after, w.after_kind, state.finished)
+    return waiting
+
+
+def resolve_after(ledger, user: str, refs: list[str], own_name: str, s) -> list[str]:  # noqa: ANN001
+    """The workload ids a new job of ``user`` named ``own_name`` runs after: each of
+    ``refs`` is a job's id, an array's id (all its tasks), an array task's id
+    (``<array>_<index>``) or the name of one of the user's own jobs (the latest of that name;
+    an array: all its tasks). An unknown one, or the job itself (a job that runs after itself
+    never runs: a cycle), is refused (400, naming it; nothing is written)."""
+    from sqlalchemy import select
+
+    from jupyter_gpubudget.ledger.models import WorkloadRow
+    from jupyter_gpubudget.ledger.store import LedgerError
+
+    out: list[str] = []
+    for ref in refs:
+        if own_name and ref == own_name:
+            raise LedgerError(400, f"after: {ref!r} is this job itself: a job that runs after "
+                                   f"itself never runs (cycle {ref} -> {ref})", "after")
+        row = s.get(WorkloadRow, ref)
+        if row is not None:
+            out.append(row.id)
+            continue
+        tasks = list(s.scalars(select(WorkloadRow.id).where(WorkloadRow.array_id == ref)
+                               .order_by(WorkloadRow.array_index)))
+        if not tasks:
+            named = s.scalars(select(WorkloadRow).where(
+                WorkloadRow.user == user, WorkloadRow.name == ref)
+                .order_by(WorkloadRow.submitted_at.desc(), WorkloadRow.id.desc())).first()
+            if named is not None and named.array_id is not None:
+                tasks = list(s.scalars(select(WorkloadRow.id).where(
+                    WorkloadRow.array_id == named.array_id).order_by(WorkloadRow.array_index)))
+            elif named is not None:
+                tasks = [named.id]
+        if not tasks:
+            raise LedgerError(400, f"after: no job or array {ref!r} (give a job's id, an "
+                                   "array's id or the name of one of your jobs)", "after")
+        out.extend(tasks)
+    return list(dict.fromkeys(out))

@@ -159,8 +159,11 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
         raise LauncherError("fence: expected a whole number (the leader's fencing token)")
     restore = raw.get("restore")
     if restore is not None:
-        if not isinstance(restore, dict) or set(restore) != {"images_dir", "log"}:
-            raise LauncherError("restore: expected {images_dir, log}")
+        if not isinstance(restore, dict) or not {"images_dir", "log"} <= set(restore) \
+                or not set(restore) <= {"images_dir", "log", "gpu"}:
+            raise LauncherError("restore: expected {images_dir, log, gpu}")
+        if not isinstance(restore.get("gpu", False), bool):
+            raise LauncherError("restore.gpu: expected true or false")
         for k in ("images_dir", "log"):
             v = restore[k]
             if not isinstance(v, str) or not os.path.isabs(v) or bad_text(v) or len(v) > 4096 \
@@ -440,7 +443,8 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
                 cgroups.join(spec["cgroup"])
             os.environ.pop("SUDO_UID", None)  # the launcher acts for the job's account here
             key = spec["restore"]["log"].lstrip("/")
-            pid = criu_restore(images, inherit={out_fd: key})
+            pid = criu_restore(images, inherit={out_fd: key},
+                               gpu=bool(spec["restore"].get("gpu")))
             os.write(w, json.dumps({"pid": pid}).encode())
         except CriuError as e:
             os.write(w, json.dumps({"error": f"{e.reason}: {e.message}"

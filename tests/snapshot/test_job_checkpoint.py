@@ -243,3 +243,49 @@ def test_the_checkpoint_field_is_checked():
         with pytest.raises(Invalid, match=why) as e:
             parse_job(bad)
         assert e.value.field == "checkpoint"
+
+
+def test_a_job_holding_a_gpu_is_toggled_by_cuda_checkpoint(nodes, tmp_path):
+    """GPU state goes through ``cuda-checkpoint --toggle`` around the dump and after the
+    restore. No GPU here: the job maps a file named ``libcuda.so.1`` (what the helper looks
+    for), and ``cuda-checkpoint`` is a STAND-IN script that records its calls."""
+    a, b = nodes
+    lib = shared_tmp("gpubudget-fake-cuda-") / "libcuda.so.1"
+    lib.write_bytes(b"\0" * 4096)
+    lib.chmod(0o644)
+    calls = tmp_path / "calls"
+    tool = tmp_path / "cuda-checkpoint"
+    tool.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    tool.chmod(0o755)
+    code = (f"import mmap\nf = open({str(lib)!r}, 'rb')\n"
+            "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n" + COUNTER)
+    wid = f"cg{os.getpid():x}"
+    env = {"PATH": "/usr/bin:/bin", "GPUBUDGET_CUDA_CHECKPOINT": str(tool)}
+
+    def run(cfg: Path, verb: str, *args: str, spec: dict | None = None) -> dict:
+        r = subprocess.run([PY, "-I", "-m", "jupyter_gpubudget.launcher", "--config", str(cfg),
+                            verb, *args], input=json.dumps(spec or {}).encode(),
+                           capture_output=True, timeout=120, env=env)
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+    run(a["cfg"], "launch", spec=spec(wid, 1, ["/usr/bin/python3", "-c", code]))
+    log1 = a["jobs"] / wid / "1" / "output.log"
+    wait_for(lambda: len(counts(log1)) > 5)
+    ck = run(a["cfg"], "checkpoint", wid, "1")
+    assert ck["checkpointed"] and ck["gpu"] is True, ck
+    pid = ck["pid"]
+    # taken off the GPU before the dump, given back after it (it stays stopped meanwhile)
+    assert calls.read_text().split("\n")[:2] == [f"--toggle --pid {pid}"] * 2
+    run(a["cfg"], "checkpoint-end", wid, "1", "kill")
+    last = counts(log1)[-1]
+    try:
+        out = run(b["cfg"], "launch", spec=spec(
+            wid, 2, ["/usr/bin/python3", "-c", code],
+            restore={"images_dir": ck["images_dir"], "log": str(log1), "gpu": True}))
+    finally:
+        subprocess.run(["rm", "-rf", ck["images_dir"]], check=False)
+    log2 = b["jobs"] / wid / "2" / "output.log"
+    wait_for(lambda: len(counts(log2)) > 2)
+    assert counts(log2)[0] == last + 1
+    assert calls.read_text().split("\n")[2] == f"--toggle --pid {out['pid']}"  # back on it
+    run(b["cfg"], "signal", wid, "2", "1")

@@ -442,7 +442,8 @@ class LocalBackend(Backend):
                 got = None
             if got is not None:
                 images = got[1]
-                spec["restore"] = {"images_dir": images, "log": got[2]["log"]}
+                spec["restore"] = {"images_dir": images, "log": got[2]["log"],
+                                   "gpu": bool(got[2].get("gpu"))}
         try:
             out = self._launcher("launch", spec=spec)
         except BaseException:

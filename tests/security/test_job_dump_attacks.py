@@ -44,7 +44,21 @@ def nodes(attacker):  # noqa: F811
     return out
 
 
+#: (config, workload, attempt) of every launch: stopped after each test, whatever happened
+LAUNCHED: list[tuple[Path, str, int]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_jobs():
+    yield
+    while LAUNCHED:
+        cfg, wid, attempt = LAUNCHED.pop()
+        launcher(cfg, "signal", wid, str(attempt), "1")
+
+
 def launcher(cfg: Path, verb: str, *args: str, spec: dict | None = None) -> tuple[int, dict]:
+    if verb == "launch" and spec:
+        LAUNCHED.append((cfg, spec["workload"], spec["attempt"]))
     r = subprocess.run([PY, "-I", "-m", "jupyter_gpubudget.launcher", "--config", str(cfg),
                         verb, *args], input=json.dumps(spec or {}).encode(),
                        capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})

@@ -56,7 +56,24 @@ def nodes():
     return out
 
 
+#: a way to stop each job launched: called after each test, whatever happened
+LAUNCHED: list = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_jobs():
+    yield
+    while LAUNCHED:
+        try:
+            LAUNCHED.pop()()
+        except Exception:  # noqa: BLE001, S110 - it may have ended already
+            pass
+
+
 def launcher(cfg: Path, verb: str, *args: str, spec: dict | None = None) -> tuple[int, dict]:
+    if verb == "launch" and spec:
+        LAUNCHED.append(lambda w=spec["workload"], n=spec["attempt"]: launcher(
+            cfg, "signal", w, str(n), "1"))
     r = subprocess.run([PY, "-I", "-m", "jupyter_gpubudget.launcher", "--config", str(cfg),
                         verb, *args], input=json.dumps(spec or {}).encode(),
                        capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
@@ -168,8 +185,17 @@ def _backend(jobs: Path, store: Path):  # noqa: ANN202
     from jupyter_gpubudget.backends.local import LocalBackend
     from tests.fixtures.unixusers import TEMPLATE
 
-    return LocalBackend(state_dir=str(jobs), checkpoint_store=str(store),
-                        unix_user_template=TEMPLATE, stop_grace=2)
+    b = LocalBackend(state_dir=str(jobs), checkpoint_store=str(store),
+                     unix_user_template=TEMPLATE, stop_grace=2)
+    real = b.launch
+
+    def launch(launch):  # noqa: ANN001, ANN202 - stopped after the test, whatever happened
+        LAUNCHED.append(lambda: b._launcher("signal", launch.workload, str(launch.attempt),
+                                            "1"))
+        return real(launch)
+
+    b.launch = launch
+    return b
 
 
 def _launch(wid: str, attempt: int, env: dict | None = None, resumable: bool = True):  # noqa: ANN202
@@ -263,6 +289,9 @@ def test_a_job_holding_a_gpu_is_toggled_by_cuda_checkpoint(nodes, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "GPUBUDGET_CUDA_CHECKPOINT": str(tool)}
 
     def run(cfg: Path, verb: str, *args: str, spec: dict | None = None) -> dict:
+        if verb == "launch" and spec:
+            LAUNCHED.append(lambda w=spec["workload"], n=spec["attempt"]: launcher(
+                cfg, "signal", w, str(n), "1"))
         r = subprocess.run([PY, "-I", "-m", "jupyter_gpubudget.launcher", "--config", str(cfg),
                             verb, *args], input=json.dumps(spec or {}).encode(),
                            capture_output=True, timeout=120, env=env)

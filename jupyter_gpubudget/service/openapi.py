@@ -73,7 +73,24 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
            "interconnect": {"type": "string", "enum": ["nvlink", "node", "any"]},
            "cluster": {"type": "string", "description": "the named cluster to run on "
                        "(GpuBudgetService.clusters); none: wherever it starts sooner"},
-           "env": {"type": "object", "additionalProperties": {"type": "string"}}}}
+           "env": {"type": "object", "additionalProperties": {"type": "string"}},
+           "array": {"oneOf": [{"type": "string", "pattern": r"^[0-9, -]+$"},
+                               {"type": "array", "minItems": 1, "maxItems": 10000,
+                                "items": {"type": "integer", "minimum": 0,
+                                          "maximum": 999999}}],
+                     "description": "a job array: one task per index ('0-99', '0-9,20', or "
+                     "a list), each with GPUBUDGET_ARRAY_INDEX in its environment"},
+           "max_running": {"type": "integer", "minimum": 1, "maximum": 10000,
+                           "description": "with array: at most this many tasks run at once"},
+           "after": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
+                                                    "maxItems": 100,
+                                                    "items": {"type": "string"}}],
+                     "description": "jobs this one runs after: ids, array ids (all their "
+                     "tasks) or names of your own jobs"},
+           "after_kind": {"type": "string", "enum": ["afterok", "afterany", "afternotok"],
+                          "description": "afterok (default): after all succeeded; afterany: "
+                          "after all ended; afternotok: after all ended, one not "
+                          "successfully"}}}
 
 GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
     "grant_hours": {"type": "number", "minimum": 0, "maximum": 1e9},

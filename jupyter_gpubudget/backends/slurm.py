@@ -257,6 +257,8 @@ class SlurmBackend(Backend):
         # see the environment set here (otherwise they inherit NONE and get no PATH)
         env = {"PATH": self.job_path, **launch.env, "SLURM_EXPORT_ENV": "ALL",
                **job_identity_env(launch)}
+        if "GPUBUDGET_ARRAY_INDEX" in launch.env:  # a task of a job array: as Slurm's own
+            env["SLURM_ARRAY_TASK_ID"] = launch.env["GPUBUDGET_ARRAY_INDEX"]
         lines = ["#!/bin/sh",
                  f"# gpubudget workload {launch.workload} attempt {launch.attempt} "
                  f"(project {launch.project})"]

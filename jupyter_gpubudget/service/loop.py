@@ -544,6 +544,14 @@ class SchedulingLoop:
                 self.ledger.stop(row.id, now=self.clock(), state="failed", closed_by="exit",
                                  reason=f"launch failed: {e}")
                 raise
+            try:  # the engine's own start, when it says: a pause of this process between
+                found = self.backend.started(row.id, charge.seq)  # the clock and the call
+            except Exception:  # noqa: BLE001 - (its start read later, at worst)
+                found = None
+            if found is not None and found[1] > launched_at:
+                launched_at = found[1]
+                shift = launched_at - charge.start
+                protected = None if d.protected_until is None else d.protected_until + shift
             self._launched(row.id, charge.id, ref, launched_at, protected if shift > 0
                            else None)
             self._launch_known.add((row.id, charge.seq))

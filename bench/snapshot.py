@@ -22,6 +22,13 @@ Data (``--data``): ``random`` (float64 noise: no codec shrinks it, every byte go
 the worst case for every method) and ``structured`` (integers stored as float64 with a little
 noise, like most arrays of counts or ids: zstd shrinks it ~9x). Each figure names its kind.
 
+``--job``: a batch job's transparent checkpoint instead (root, CRIU): a job of a test account
+holding 1 GiB resident (``--job-gib``) of noise and counting, run by the local backend through
+the real launcher in its cgroup; ``job_dump_s`` is the backend's ``stop`` of it (the launcher's
+CRIU dump, the images into the snapshot store, the tree ended), ``job_restore_s`` its next
+attempt's ``launch`` on a second backend (another jobs root: another node) until the restored
+job prints its next number. The last line is JSON with those two and their parts.
+
 The last line is JSON with the headline keys for the first data kind and size, plus the same
 for every kind and size under ``by_data``, the load average at start and end, and the disk
 speeds measured. The machine is shared: the figures vary with its load (printed).
@@ -236,8 +243,100 @@ print(_t1 - _t0, time.perf_counter() - _t0)
     return out
 
 
+JOB_CODE = ("import os, sys, time\n"
+            "data = bytearray(os.urandom({nbytes}))\n"
+            "i = 0\n"
+            "while True:\n"
+            "    print(i, flush=True)\n"
+            "    i += 1\n"
+            "    time.sleep(0.01)\n")
+
+
+def job_bench(gib: float, where: str | None) -> dict:
+    """A batch job's checkpoint and restore through the local backend (see the docstring)."""
+    import re
+
+    from jupyter_gpubudget.backends.base import Launch
+    from jupyter_gpubudget.backends.local import LocalBackend
+    from jupyter_gpubudget.hub import demo_setup
+
+    account = "gbt-bench"
+    demo_setup.ensure_user(account)
+    work = Path(tempfile.mkdtemp(prefix="gpubudget-bench-job-", dir=where))
+    work.chmod(0o755)
+    nbytes = int(gib * GIB)
+    code = JOB_CODE.format(nbytes=nbytes)
+
+    def node(name: str) -> LocalBackend:
+        return LocalBackend(state_dir=str(work / name), checkpoint_store=str(work / "store"),
+                            unix_users={"bench": account}, stop_grace=2)
+
+    def numbers(path: Path) -> list[int]:
+        try:
+            return [int(x) for x in re.findall(r"^(\d+)$", path.read_text(), re.M)]
+        except OSError:
+            return []
+
+    def wait(cond, timeout: float = 120.0) -> None:  # noqa: ANN001
+        end = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > end:
+                raise RuntimeError("the job did not get there in time")
+            time.sleep(0.005)
+
+    a, b = node("a"), node("b")
+    wid = f"bench{os.getpid():x}"
+    try:
+        a.launch(Launch(wid, 1, "bench", "bench", ["/usr/bin/python3", "-c", code], [],
+                        resumable=True))
+        log1 = work / "a" / wid / "1" / "output.log"
+        wait(lambda: len(numbers(log1)) > 10)
+        pid = json.loads((work / "a" / wid / "1" / "pid").read_text())["pid"]
+        with open(f"/proc/{pid}/status") as f:
+            resident = next(int(ln.split()[1]) << 10 for ln in f if ln.startswith("VmRSS"))
+        t0 = time.perf_counter()
+        st = a.stop(wid, 1)
+        dump_s = time.perf_counter() - t0
+        ex = json.loads((work / "a" / wid / "1" / "exit").read_text())
+        if not ex.get("checkpointed"):
+            why = (work / "a" / wid / "1" / "launcher.log").read_text()[-500:]
+            raise RuntimeError(f"not checkpointed: {why}")
+        snaps = a._checkpoints.store.list(session=f"job-{wid}")
+        stored = a._checkpoints.store.get(snaps[0].id)
+        criu_s = a._checkpoints.store.load(snaps[0].id)["payload"].get("dump_seconds")
+        last = numbers(log1)[-1]
+        log2 = work / "b" / wid / "2" / "output.log"
+        t0 = time.perf_counter()
+        b.launch(Launch(wid, 2, "bench", "bench", ["/usr/bin/python3", "-c", code], [],
+                        resumable=True))
+        launch_s = time.perf_counter() - t0
+        wait(lambda: len(numbers(log2)) > 0)
+        restore_s = time.perf_counter() - t0
+        first = numbers(log2)[0]
+
+        return {"job_dump_s": round(dump_s, 3), "job_restore_s": round(restore_s, 3),
+                "job_criu_dump_s": round(criu_s or float("nan"), 3),
+                "job_launch_call_s": round(launch_s, 3),
+                "job_resident_gib": round(resident / GIB, 3),
+                "job_images_gib": round(stored.raw_bytes / GIB, 3),
+                "job_stored_gib": round(stored.stored_bytes / GIB, 3),
+                "job_resumed_at": first, "job_stopped_at": last,
+                "job_resumed_where_stopped": first == last + 1, "ended_at_known":
+                st.ended_at is not None}
+    finally:
+        for node_, attempt in ((a, 1), (b, 2)):  # ended plainly: not checkpointed again
+            try:
+                node_._launcher("signal", wid, str(attempt), "1")
+            except Exception:  # noqa: BLE001, S110 - not started or ended already
+                pass
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--job", action="store_true", help="a batch job's transparent checkpoint "
+                    "and restore (root, CRIU) instead of the kernels")
+    ap.add_argument("--job-gib", type=float, default=1.0, help="GiB the --job job holds")
     ap.add_argument("--sizes", default="1,4", help="GiB per kernel, comma separated")
     ap.add_argument("--data", default="random,structured",
                     help="data kinds, comma separated: random, structured")
@@ -247,6 +346,18 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the stores go (default: a new "
                     "temporary directory)")
     a = ap.parse_args()
+    if a.job:
+        if os.geteuid() != 0 or find_criu() is None:
+            sys.exit("--job needs root and CRIU >= 4.1 (make criu)")
+        start_load = load()
+        print(f"load average {start_load} on {os.cpu_count()} CPUs", flush=True)
+        out = job_bench(a.job_gib, a.dir)
+        print(f"batch job of {out['job_resident_gib']} GiB resident: dump (stop) "
+              f"{out['job_dump_s']:.2f} s (CRIU {out['job_criu_dump_s']:.2f} s; goal <= 3 s), "
+              f"restore (launch until it counts) {out['job_restore_s']:.2f} s (goal <= 2.5 s); "
+              f"stopped at {out['job_stopped_at']}, resumed at {out['job_resumed_at']}")
+        print(json.dumps({**out, "load_start": start_load, "load_end": load()}))
+        return
     sizes = [int(x) for x in a.sizes.split(",") if x]
     kinds = [x for x in a.data.split(",") if x]
     bad = [k for k in kinds if k not in ("random", "structured")]

@@ -11,6 +11,7 @@ the launcher to restore from; once the job runs again from it, :meth:`drop` remo
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
@@ -37,23 +38,32 @@ class JobCheckpoints:
         t0 = time.perf_counter()
         w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync,
                                 compress=self.store.compress_arg)
-        files, futures = [], []
+        files, futures, maps = [], [], []
         try:
             for name in sorted(os.listdir(images_dir)):
                 if name.endswith(".log") or name == "restored.pid":
                     continue
                 path = os.path.join(images_dir, name)
+                size = os.path.getsize(path)
                 with open(path, "rb") as f:
-                    data = f.read()
-                futures.append(w.put(data) if data else [])
-                files.append({"name": name, "size": len(data),
+                    if size:  # as a session's images: private pages the writer may O_DIRECT
+                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                        maps.append(m)
+                        futures.append(w.put(m))
+                    else:
+                        futures.append([])
+                files.append({"name": name, "size": size,
                               "mode": os.stat(path).st_mode & 0o777})
             for entry, fut in zip(files, futures, strict=True):
-                entry["chunks"] = w.refs(fut) if fut else []
+                entry["chunks"] = w.refs(fut)
         except BaseException:
             w.abandon()
             self.store.abort(staging)
             raise
+        finally:
+            w._pool.shutdown(wait=True)
+            for m in maps:
+                m.close()
         w.close()
         refs = [r for e in files for r in e["chunks"]]
         snap = self.store.commit(

@@ -252,6 +252,23 @@ def test_service_unreachable_webhook_changes_nothing_else(hub, tokens, tmp_path,
         notices = http("GET", svc.api + "/notices", bob)[1]["notices"]
         assert [(n["kind"], n["title"]) for n in notices[:2]] == [
             ("timeout", title), ("cancel", got[1]["Subject"])]
+        # an admin drains the node with a note: the unprotected job is stopped, and its
+        # notice (and e-mail) carries the note word for word
+        st, long = http("POST", svc.api + "/jobs", bob, {
+            "command": ["/bin/sleep", "60"], "project": "lattice", "gpus": 1,
+            "name": "long", "resumable": True})
+        assert st == 201
+        wait_for(lambda: http("GET", f"{svc.api}/workloads/{long['id']}", bob)[1]["state"]
+                 == "running", "the long job to start")
+        note = "fan replacement, back by 14:00"
+        assert http("PUT", f"{svc.api}/nodes/n1/health", root,
+                    {"healthy": False, "reason": note})[0] == 200
+        title = "Your job “long” (project lattice) was stopped: its node is being drained"
+        wait_for(lambda: smtp.messages[-1][1]["Subject"] == title, "the drain e-mail")
+        assert f"The administrators' note: “{note}”." in smtp.messages[-1][1].get_content()
+        n = http("GET", svc.api + "/notices", bob)[1]["notices"][0]
+        assert (n["kind"], n["cause"], n["title"]) == ("preempt", "drain", title)
+        assert "It is back in the queue" in n["body"] and long["id"] not in n["body"]
         assert http("DELETE", svc.api + "/notices/settings", bob)[1]["webhook"] is None
     finally:
         cleanup(svc, tokens["root"])

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import select
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Bool, Float, Integer, Unicode
+from traitlets import Bool, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from jupyter_gpubudget.ledger.models import DecisionRow, NodeHealthRow, NoticePrefRow, WorkloadRow
@@ -223,6 +223,24 @@ class NoticeDelivery(LoggingConfigurable):
     smtp_from = Unicode("gpubudget@localhost", help="The From address of notice e-mails."
                         ).tag(config=True)
     smtp_timeout = Float(20.0, help="Seconds one SMTP conversation may take.").tag(config=True)
+    webhook_hosts = List(Unicode(), help="Host names a webhook may point at: a name, or "
+                                         "'.example.org' for it and every name below it; "
+                                         "empty (default): any host. The service POSTs from "
+                                         "inside your network: list your chat / alerting "
+                                         "hosts to keep webhooks off internal services."
+                         ).tag(config=True)
+
+    def check_webhook_host(self, url: str) -> None:
+        """A 400 naming ``webhook`` when ``url``'s host is not in :attr:`webhook_hosts`."""
+        if not self.webhook_hosts:
+            return
+        host = (urlsplit(url).hostname or "").lower().rstrip(".")
+        for h in self.webhook_hosts:
+            h = h.lower()
+            if host == h.lstrip(".") or (h.startswith(".") and host.endswith(h)):
+                return
+        raise ApiError(400, f"webhook: host {host!r} is not one this site sends notices to "
+                            f"({', '.join(self.webhook_hosts)})", "webhook")
 
     async def _retry(self, channel: str, send: Any) -> int:
         """Run ``send()`` up to ``webhook_tries`` times with doubling backoff; the tries it

@@ -149,6 +149,18 @@ def test_bad_preference_is_refused_naming_the_field(body, field):
     assert e.value.status == 400 and e.value.field == field
 
 
+def test_webhook_hosts_keep_webhooks_to_the_listed_hosts():
+    d = NoticeDelivery(webhook_hosts=["chat.example.org", ".alerts.example.org"])
+    d.check_webhook_host("https://chat.example.org/hooks/1")
+    d.check_webhook_host("https://pager.alerts.example.org/x")
+    for bad in ("http://127.0.0.1:8081/hub/api", "https://evilchat.example.org/",
+                "https://alerts.example.org.evil.net/"):
+        with pytest.raises(ApiError) as e:
+            d.check_webhook_host(bad)
+        assert e.value.field == "webhook"
+    NoticeDelivery().check_webhook_host("http://127.0.0.1/")  # no list: any host
+
+
 BUDGETS = "accounts: {lab: {grant: 10, children: {lattice: {grant: 10, members: [bob]}}}}"
 
 

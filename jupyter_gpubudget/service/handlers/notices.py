@@ -31,7 +31,10 @@ class NoticeSettingsHandler(BaseHandler):
     async def put(self) -> None:
         c = await self.caller()
         pref = check_pref(self.body())
-        if pref["email"] and not NoticeDelivery(parent=self.svc).smtp_host:
+        delivery = NoticeDelivery(parent=self.svc)
+        if pref["webhook"]:
+            delivery.check_webhook_host(pref["webhook"])
+        if pref["email"] and not delivery.smtp_host:
             raise ApiError(400, "email: this site has no SMTP relay configured; use a webhook",
                            "email")
         await self.db(set_pref, self.svc.ledger, c.name, pref["webhook"], pref["email"],

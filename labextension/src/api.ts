@@ -231,7 +231,15 @@ export interface INotice {
   name: string;
   project: string;
   at: Epoch;
+  /** The body again, for older sidebars. */
   reason: string;
+  /** Words for people: a one-line title and the body as written (no ids in either). */
+  title?: string;
+  body?: string;
+  /** Why, in one word: preempt, drain, cancel, idle, hibernate, time_limit, restore_failed, other. */
+  cause?: string;
+  /** The ids (workload, node, snapshot…), kept apart from the words. */
+  details?: Record<string, string | number | boolean | null>;
   requeued: boolean;
   state: string;
 }

@@ -31,6 +31,7 @@ import {
   standingWords
 } from './format';
 import { BudgetModel } from './model';
+import { noticeBody, noticeDetails, noticeTitle } from './notices';
 import {
   formatBytes,
   kernelWhere,
@@ -527,12 +528,28 @@ function NoticesSection(props: IProps) {
       <ul className="jp-GpuBudget-notices" aria-live="polite">
         {items.map(n => (
           <li key={`${n.kind}:${n.workload}:${n.at}`} className={`jp-GpuBudget-notice-${n.kind}`}>
-            <span className="jp-GpuBudget-muted">
-              {formatClock(toLocalMs(n.at, snap.offsetMs), props.now)}
-            </span>{' '}
-            {n.kind === 'preempt' ? 'preempted' : n.kind}: <strong>{n.name || n.workload}</strong>{' '}
-            ({n.project}){n.reason ? ` — ${n.reason}` : ''}
-            {n.requeued ? ' (queued again)' : ''}
+            <div>
+              <span className="jp-GpuBudget-muted">
+                {formatClock(toLocalMs(n.at, snap.offsetMs), props.now)}
+              </span>{' '}
+              <strong className="jp-GpuBudget-notice-title">{noticeTitle(n)}</strong>
+            </div>
+            {noticeBody(n) ? <div className="jp-GpuBudget-notice-body">{noticeBody(n)}</div> : null}
+            {noticeDetails(n).length ? (
+              <details className="jp-GpuBudget-notice-details">
+                <summary>details</summary>
+                <dl>
+                  {noticeDetails(n).map(([k, v]) => (
+                    <React.Fragment key={k}>
+                      <dt>{k}</dt>
+                      <dd>
+                        <code>{v}</code>
+                      </dd>
+                    </React.Fragment>
+                  ))}
+                </dl>
+              </details>
+            ) : null}
           </li>
         ))}
       </ul>

@@ -26,6 +26,7 @@ import {
   IClockOptions,
   placementFraction
 } from './format';
+import { noticeToast } from './notices';
 import { restoreLostSomething, restoreMessage } from './snapshots';
 
 export interface ISettings {
@@ -420,17 +421,11 @@ export class NoticeTracker {
       if (n.at < this.since || (s && n.workload === s.id && n.kind === 'idle')) {
         continue; // history, or this session's idle notice (shown above)
       }
-      const what = n.name || n.workload;
-      const msg =
-        n.kind === 'preempt'
-          ? `${what} (${n.project}) was preempted${n.reason ? `: ${n.reason}` : ''}` +
-            (n.requeued ? '; it is queued again.' : '.')
-          : `${what} (${n.project}): ${n.reason || n.kind}`;
       add({
         key: `notice:${n.kind}:${n.workload}:${n.at}`,
-        type: n.kind === 'preempt' ? 'warning' : 'info',
+        type: n.kind === 'preempt' || n.kind === 'requeue' ? 'warning' : 'info',
         sticky: false,
-        message: msg
+        message: noticeToast(n)
       });
     }
     for (const a of snap.chain) {

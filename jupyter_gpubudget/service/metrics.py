@@ -6,6 +6,9 @@ scheduling cycle computed (``loop.View``) and from in-memory reports.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -75,6 +78,13 @@ class LedgerCollector(Collector):
         yield last
         yield from self._capacity(v)
         yield self._sessions()
+        yield from self.svc_gpu_seconds().families(projects)
+
+    def svc_gpu_seconds(self) -> GpuSecondsTotals:
+        t = getattr(self, "_gpu_seconds", None)
+        if t is None:
+            t = self._gpu_seconds = GpuSecondsTotals(self.svc)
+        return t
 
     def _capacity(self, v):  # noqa: ANN001, ANN202
         gpus = GaugeMetricFamily("gpubudget_gpus", "GPU-equivalents by state: allocated "
@@ -139,6 +149,86 @@ class LedgerCollector(Collector):
             else:  # a session that ended (or stopped reporting) is forgotten
                 svc.session_util.pop(wid, None)
         return util
+
+
+class GpuSecondsTotals:
+    """Charged, measured and busy GPU-seconds per project, as Prometheus counters: the sums of
+    the ledger's daily rollups (``usage_daily``: charge intervals once they close, busy and
+    measured time as the sampler reports it), read off the event loop — a scrape answers
+    what the last read found and starts a new read when the ledger's usage changed or the
+    last read is ``max_age`` old. The counters only rise: when the retention prune drops old
+    days, the drop is not subtracted (a prune is not a counter reset)."""
+
+    max_age = 30.0
+
+    def __init__(self, svc: GpuBudgetService) -> None:
+        self.svc = svc
+        self.totals: dict[str, list[float]] = {}  # project -> [charged, measured, busy] s
+        self._seen: dict[str, tuple[float, float, float]] = {}
+        self._version = -1
+        self._read_at = 0.0
+        self._reading = False
+        self._lock = threading.Lock()
+
+    def read(self) -> None:
+        """Read the sums now (blocking: call it off the event loop) and add what rose."""
+        from sqlalchemy import func, select
+
+        from jupyter_gpubudget.ledger.models import UsageDailyRow as D
+
+        ledger = self.svc.ledger
+        version = ledger.usage_version
+        with ledger.ro() as s:
+            rows = s.execute(select(D.project, func.sum(D.charged_ms), func.sum(D.measured_ms),
+                                    func.sum(D.busy_ms)).group_by(D.project)).all()
+        with self._lock:
+            for project, *sums in rows:
+                now = tuple((x or 0.0) / 1000.0 for x in sums)  # milli-GPU-s -> GPU-s
+                before = self._seen.get(project, (0.0, 0.0, 0.0))
+                tot = self.totals.setdefault(project, [0.0, 0.0, 0.0])
+                for i in range(3):
+                    tot[i] += max(0.0, now[i] - before[i])
+                self._seen[project] = now  # type: ignore[assignment]
+            self._version, self._read_at = version, time.monotonic()
+
+    def _refresh(self) -> None:
+        stale = (self._version != self.svc.ledger.usage_version
+                 or time.monotonic() - self._read_at >= self.max_age)
+        if not stale or self._reading:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a scrape outside the service's loop (a script): read here
+            self.read()
+            return
+        self._reading = True
+
+        def done(_f: object) -> None:
+            self._reading = False
+
+        loop.run_in_executor(None, self.read).add_done_callback(done)
+
+    def families(self, projects: list[str]):  # noqa: ANN201
+        self._refresh()
+        charged = CounterMetricFamily(
+            "gpubudget_charged_gpu_seconds", "GPU-seconds charged per project (slice "
+            "fraction x wall time of its closed charge intervals), from the ledger",
+            labels=["project"])
+        measured = CounterMetricFamily(
+            "gpubudget_measured_gpu_seconds", "Charged GPU-seconds per project that a busy "
+            "sampler watched (busy time is known only for these)", labels=["project"])
+        busy = CounterMetricFamily(
+            "gpubudget_busy_gpu_seconds", "GPU-seconds per project the devices measured as "
+            "computing; idle = measured - busy (unwatched time is unknown, not idle)",
+            labels=["project"])
+        with self._lock:
+            totals = {p: list(t) for p, t in self.totals.items()}
+        for p in sorted(set(projects) | set(totals)):  # 0 before the first: rate() sees it
+            c, m, b = totals.get(p, (0.0, 0.0, 0.0))
+            charged.add_metric([p], c)
+            measured.add_metric([p], m)
+            busy.add_metric([p], b)
+        return charged, measured, busy
 
 
 def make_registry(svc: GpuBudgetService) -> tuple[CollectorRegistry, Histogram, Histogram]:

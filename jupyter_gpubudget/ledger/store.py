@@ -32,6 +32,7 @@ from .models import (
     GrantRow,
     IdempotencyRow,
     LeaderRow,
+    NodeHealthRow,
     ServiceStateRow,
     UsageRollupRow,
     WorkloadRow,
@@ -793,6 +794,13 @@ class Ledger:
                         WorkloadRow.user == user)
                  .order_by(DecisionRow.id.desc()).limit(limit))
             return [(d, w) for d, w in s.execute(q)]
+
+    def node_notes(self, nodes: Iterable[str]) -> dict[str, str]:
+        """The admins' note on each of ``nodes`` that has one (why it is drained)."""
+        with self.ro() as s:
+            rows = s.execute(select(NodeHealthRow.node, NodeHealthRow.reason)
+                             .where(NodeHealthRow.node.in_(list(nodes))))
+            return {n: r for n, r in rows if r}
 
     # ------------------------------------------------------------ service state
     def get_state(self, key: str) -> str | None:

@@ -35,6 +35,7 @@ ALLOWED: list[tuple[str, re.Pattern[str], frozenset[str]]] = [
     (m, re.compile(p), frozenset(q)) for m, p, q in [
         ("GET", rf"sessions/{_SID}", ()),
         ("GET", rf"sessions/{_SID}/snapshots", ()),
+        ("GET", rf"sessions/{_SID}/history", ()),
         ("DELETE", rf"sessions/{_SID}", ()),  # queued sessions only: checked below
         ("GET", r"workloads/me", ("state",)),
         ("GET", r"workloads/me/ended", ("limit",)),  # what ended work cost (no ?user=)

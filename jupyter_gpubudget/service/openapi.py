@@ -392,6 +392,11 @@ def session_paths() -> dict:
             params=sid, body={"type": "object", "properties": {
                 "idle_s": {"type": "number", "minimum": 0}, "source": {"type": "string"}}},
             extra={**nf, "409": "Not running"})},
+        "/sessions/{id}/history": {"get": _op(
+            "The server's history across preemptions: the session and the ones it resumed, "
+            "one segment per charge interval (start, end, nodes, placement, gpu_hours, "
+            "ended: preempted|hibernated|cancelled|stopped|ended, why), and total_gpu_hours",
+            _resp("History", {"type": "object"}), params=sid, extra=nf)},
     }
 
 

@@ -16,7 +16,7 @@ from tests.fixtures.jupyter import start_jupyter
 from .conftest import wait_state
 
 #: figures that grow while the session runs: equal up to what a few seconds add
-GROWING = {"usage_hours": 0.01, "standing": 1e-4}
+GROWING = {"usage_hours": 0.01, "standing": 1e-4, "gpu_hours": 0.01, "total_gpu_hours": 0.01}
 CHANGING = ("protected_left_s", "computed_at", "predicted_start", "charged_gpu_hours")
 
 
@@ -57,7 +57,8 @@ def test_info_names_the_session_the_service_and_what_it_offers(lab, service, ses
 
 def test_forwarded_answers_are_the_services_answers_for_the_servers_user(lab, service, session,
                                                                           server_token):
-    for path in (f"sessions/{session['id']}", "workloads/me?state=running", "accounts",
+    for path in (f"sessions/{session['id']}", f"sessions/{session['id']}/history",
+                 "workloads/me?state=running", "accounts",
                  "accounts/lattice/usage", "notices", "queue", "jobs"):
         st, via_lab, headers = lab.call("GET", f"gpubudget/api/v1/{path}")
         st2, direct = http("GET", f"{service.api}/{path}", server_token)

@@ -11,11 +11,13 @@ import asyncio
 from dataclasses import replace
 
 from jupyter_gpubudget.core.offer import request_for, slice_choices
-from jupyter_gpubudget.ledger import LedgerError
+from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger.models import WorkloadRow
+from jupyter_gpubudget.ledger.snapshots import resume_chain
 
 from ..auth import SCOPE_READ, SCOPE_SUBMIT, Caller, Denied, needs_scope
 from ..base import ApiError, BaseHandler
+from ..delivery import is_notice, notice_of
 from ..reaper import SESSION_BACKEND
 from ..resume import (
     pop_resume_fields,
@@ -409,6 +411,70 @@ class IdleHandler(_SessionBase):
 
 
 SESSION_ID = r"([A-Za-z0-9][A-Za-z0-9_.@+-]{0,199})"
+#: how a segment ended, in words, by the kind of the decision that ended it
+_ENDED = {"preempt": "preempted", "requeue": "preempted", "hibernate": "hibernated",
+          "timeout": "reached its time limit", "cancel": "cancelled", "idle": "stopped"}
+#: why, in a few words, by the notice's cause (a drain adds the admins' note)
+_WHY = {"needed": "its GPU slice was needed", "drain": "node drained", "idle": "idle",
+        "hibernate": "idle", "time_limit": "time limit", "cancel": "cancelled by an administrator"}
+
+
+def session_history(ledger: Ledger, wid: str, now: float) -> dict:
+    """What the user sees as one server across preemptions: the session ``wid`` and the
+    ones it resumed, as segments (one per charge interval, oldest first) with where each
+    ran, what it cost (slice share × wall time, GPU-hours) and how and why it ended."""
+    chain = list(reversed(resume_chain(ledger, wid)))
+    segments: list[dict] = []
+    for w in chain:
+        row = ledger.get(w)
+        if row is None:
+            continue
+        charges = ledger.charges(workload=w)
+        decisions = sorted(ledger.decisions(workloads=[w], limit=500), key=lambda d: d.id)
+        starts = [d for d in decisions if d.kind == "start"]
+        for i, c in enumerate(charges):
+            start = next((d for d in starts if d.at == c.start), None)
+            if start is None and i < len(starts):
+                start = starts[i]
+            placement = list((start.detail or {}).get("placement") or []) if start else []
+            until = charges[i + 1].start if i + 1 < len(charges) else float("inf")
+            ended = why = None
+            if c.end is not None:
+                ended = "stopped"
+                ends = [d for d in decisions if c.start <= d.at <= until
+                        and d.kind in _ENDED and is_notice(d, row)]
+                if ends:
+                    d = ends[-1]
+                    n = notice_of(ledger, d, row)
+                    ended = _ENDED[d.kind]
+                    why = _WHY.get(n.cause) or n.title
+                    if n.cause == "drain":
+                        notes = ledger.node_notes(sorted({p.get("node") for p in placement
+                                                          if p.get("node")}))
+                        if notes:
+                            why += ": " + "; ".join(notes.values())
+                elif row.state == "done" and i == len(charges) - 1:
+                    ended = "ended"
+            end = now if c.end is None else c.end
+            segments.append({
+                "workload": w, "start": c.start, "end": c.end, "ended": ended, "why": why,
+                "placement": placement,
+                "nodes": sorted({p.get("node") for p in placement if p.get("node")}),
+                "gpu_hours": c.milli / 1000 * max(0.0, end - c.start) / 3600})
+    return {"session": wid, "computed_at": now, "segments": segments,
+            "total_gpu_hours": sum(g["gpu_hours"] for g in segments)}
+
+
+class SessionHistoryHandler(_SessionBase):
+    @needs_scope(SCOPE_READ)
+    async def get(self, wid: str) -> None:
+        """The session's segments across preemptions and restores (``session_history``)."""
+        c = await self.caller()
+        row = await self.session_or_404(wid)
+        c.require_see_workload(row.user)
+        self.send(await self.db(session_history, self.svc.ledger, row.id, self.svc.clock()))
+
+
 API_ROUTES = [
     ("/sessions/offer", OfferHandler),
     ("/sessions/quote", QuoteHandler),
@@ -416,4 +482,5 @@ API_ROUTES = [
     (f"/sessions/{SESSION_ID}", SessionHandler),
     (f"/sessions/{SESSION_ID}/heartbeat", HeartbeatHandler),
     (f"/sessions/{SESSION_ID}/idle", IdleHandler),
+    (f"/sessions/{SESSION_ID}/history", SessionHistoryHandler),
 ]

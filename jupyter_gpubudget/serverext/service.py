@@ -15,6 +15,7 @@ from .config import GpuBudgetLab
 FEATURE_PATHS = {
     "usage_daily": "/accounts/{}/usage/daily",
     "job_log": "/jobs/{}/log",
+    "session_history": "/sessions/{}/history",
 }
 
 

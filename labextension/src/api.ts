@@ -244,6 +244,30 @@ export interface INotice {
   state: string;
 }
 
+/** One stretch of a session on its slice: one charge interval. */
+export interface IHistorySegment {
+  /** The session (workload) this segment ran as: a restored server is a new one. */
+  workload: string;
+  start: Epoch;
+  /** null: still running. */
+  end: Epoch | null;
+  /** How it ended: preempted, hibernated, cancelled, stopped, ended (null: running). */
+  ended: string | null;
+  /** Why, in a few words ("node drained: fan failure"), where known. */
+  why: string | null;
+  placement: IPlacementSlice[];
+  nodes: string[];
+  gpu_hours: number;
+}
+
+/** GET /sessions/{id}/history: the server across preemptions and restores. */
+export interface ISessionHistory {
+  session: string;
+  computed_at: Epoch;
+  segments: IHistorySegment[];
+  total_gpu_hours: number;
+}
+
 /** What the server extension says about itself (`GET gpubudget/api/info`). */
 export interface IInfo {
   user: string | null;
@@ -256,7 +280,8 @@ export interface IInfo {
     url: string | null;
     message: string | null;
   };
-  features: { usage_daily: boolean; job_log: boolean; snapshots: boolean };
+  /** Optional parts of the service (absent: an older server extension that does not say). */
+  features: { usage_daily: boolean; job_log: boolean; snapshots: boolean; session_history?: boolean };
 }
 
 export class ApiError extends Error {
@@ -386,6 +411,11 @@ export class GpuBudgetClient {
   }
 
   /** This session's snapshots (and those of the session it resumed), via the service. */
+  /** The session's segments across preemptions, with what each cost. */
+  async history(id: string): Promise<ISessionHistory> {
+    return this.request<ISessionHistory>(`v1/sessions/${seg(id, 'session')}/history`);
+  }
+
   async snapshots(id: string): Promise<ISnapshotList> {
     return this.request<ISnapshotList>(`v1/sessions/${seg(id, 'session')}/snapshots`);
   }

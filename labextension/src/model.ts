@@ -10,6 +10,7 @@ import {
   IAccount,
   IEndedWorkload,
   INotice,
+  ISessionHistory,
   ISession,
   IWorkload
 } from './api';
@@ -111,6 +112,10 @@ export class BudgetModel {
                 : Promise.resolve(null)
             ])
           : [null, null];
+        const history =
+          info.session && info.features.session_history
+            ? await settle<ISessionHistory | null>(this.client.history(info.session), prev.history)
+          : null;
         const [snapshots, server] =
           info.features.snapshots && info.session
             ? await Promise.all([
@@ -129,6 +134,7 @@ export class BudgetModel {
           work: mine.filter(w => w.id !== info.session),
           ended,
           notices,
+          history,
           snapshots,
           server,
           error: errors.length ? errors[0] : null

@@ -30,6 +30,7 @@ import {
   spokenDuration,
   standingWords
 } from './format';
+import { historyView } from './history';
 import { BudgetModel } from './model';
 import { noticeBody, noticeDetails, noticeTitle } from './notices';
 import {
@@ -516,6 +517,37 @@ function EndedSection(props: IProps) {
   );
 }
 
+// ------------------------------------------------------------------ history
+function HistorySection(props: IProps) {
+  const snap = props.model.snapshot;
+  const h = snap.history;
+  if (!h || !h.segments.length) {
+    return null;
+  }
+  const v = historyView(h, snap.offsetMs, props.now);
+  return (
+    <Section title="This server's history" id="jp-GpuBudget-history">
+      <div className="jp-GpuBudget-history">
+        <p className="jp-GpuBudget-history-summary">{v.summary}</p>
+        <dl>
+          {v.segments.map((g, i) => (
+            <React.Fragment key={`${h.segments[i].workload}:${h.segments[i].start}`}>
+              <dt>{g.label}</dt>
+              <dd>{g.cost}</dd>
+            </React.Fragment>
+          ))}
+          <dt>
+            <strong>Total</strong>
+          </dt>
+          <dd>
+            <strong>{v.total}</strong>
+          </dd>
+        </dl>
+      </div>
+    </Section>
+  );
+}
+
 // ------------------------------------------------------------------ notices
 function NoticesSection(props: IProps) {
   const snap = props.model.snapshot;
@@ -770,6 +802,7 @@ export function BudgetView(props: IProps) {
       {info && info.service.configured && info.service.reachable && (
         <>
           <SessionSection {...props} />
+          <HistorySection {...props} />
           <SnapshotSection {...props} />
           <NoticesSection {...props} />
           <BudgetSection {...props} />

@@ -11,6 +11,7 @@ import type {
   IEndedWorkload,
   IInfo,
   INotice,
+  ISessionHistory,
   IServerSnapshots,
   ISession,
   ISnapshotList,
@@ -82,6 +83,8 @@ export interface ISnapshot {
   /** My last ended work with what each cost (null: the service does not say). */
   ended: IEndedWorkload[] | null;
   notices: INotice[];
+  /** This server's segments across preemptions and restores (null: not asked or no session). */
+  history: ISessionHistory | null;
   /** This session's snapshots (when the service has them), and what this server can do. */
   snapshots: ISnapshotList | null;
   server: IServerSnapshots | null;
@@ -101,6 +104,7 @@ export function emptySnapshot(now: number): ISnapshot {
     work: [],
     ended: null,
     notices: [],
+    history: null,
     snapshots: null,
     server: null,
     error: null

@@ -147,6 +147,24 @@ describe('BudgetModel.refresh', () => {
     expect(snap.daily!.days[0].gpu_hours).toBe(1.5);
   });
 
+  it("asks for this server's history only when the service has it", async () => {
+    const r = base();
+    const history = { session: 's1', computed_at: 2000, segments: [], total_gpu_hours: 0 };
+    const t = transport({
+      ...r,
+      info: () =>
+        json(200, info({ features: { usage_daily: false, job_log: false, snapshots: false, session_history: true } })),
+      'v1/sessions/s1/history': () => json(200, history)
+    });
+    const snap = await new BudgetModel(new GpuBudgetClient(t.fetcher), () => 1000, 'UTC').refresh();
+    expect(snap.error).toBeNull();
+    expect(snap.history).toEqual(history);
+    const without = transport(base());
+    const old = await new BudgetModel(new GpuBudgetClient(without.fetcher), () => 1000, 'UTC').refresh();
+    expect(old.history).toBeNull();
+    expect(without.calls.some(c => c.path.endsWith('/history'))).toBe(false);
+  });
+
   it('keeps the last figures when a call fails, says why, and ages the countdown', async () => {
     let now = 1_000_000;
     const routes = base();

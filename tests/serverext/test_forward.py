@@ -52,6 +52,7 @@ def test_info_names_the_session_the_service_and_what_it_offers(lab, service, ses
     assert info["features"]["usage_daily"] == ("/accounts/{name}/usage/daily" in paths)
     assert info["features"]["job_log"] == any(p.startswith("/jobs/{") and p.endswith("/log")
                                               for p in paths)
+    assert info["features"]["session_history"] == ("/sessions/{id}/history" in paths)
     assert server_token not in json.dumps(info) + json.dumps(headers)
 
 

@@ -51,7 +51,7 @@ TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 
 PAGES = [("accounts", "Accounts"), ("queue", "Queue and running"), ("nodes", "Nodes"),
-         ("decisions", "Decisions"), ("audit", "Audit")]
+         ("decisions", "Decisions"), ("reports", "Reports"), ("audit", "Audit")]
 #: pages only admins and account managers get (the others would only say "not allowed")
 AUDITORS_ONLY = {"audit"}
 
@@ -275,6 +275,29 @@ class AuditPage(PageHandler):
                 "groups": GROUP_WORDS}
 
 
+class ReportsPage(PageHandler):
+    """Where the GPU-hours went over a day, week, month or chosen dates: charged against busy
+    per project over time, a bar per user, the sessions that held GPUs idle longest, and the
+    CSV. The page draws its pictures (inline SVG, ``static/gpubudget-reports.js``) from
+    ``GET /reports`` in the browser's time zone; the API decides what the caller may see
+    (admins everything, managers their subtree, researchers their projects and own line)."""
+
+    page, title = "reports", "Reports"
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        tree = self.tree
+        names = list(tree.accounts)  # the budgets file's order: parents before children
+        if c.is_admin:
+            offered = names
+        else:
+            mine = set(tree.projects_of(c.name))
+            offered = [a for a in names if tree.can_manage(c.name, a)
+                       or a in mine or any(a in tree.path(p) for p in mine)]
+        depth = {a: len(tree.path(a)) - 1 for a in offered}
+        return {"accounts": [(a, depth[a], tree.is_project(a)) for a in offered],
+                "reports_api": self.svc.api_prefix + "/reports"}
+
+
 class StaticHandler(web.StaticFileHandler):
     """The pages' own script and style (everything else comes from the hub)."""
 
@@ -286,6 +309,7 @@ class StaticHandler(web.StaticFileHandler):
 
 
 ROOT_ROUTES = [("/?", IndexHandler), ("/accounts", AccountsPage), ("/queue", QueuePage),
-               ("/nodes", NodesPage), ("/decisions", DecisionsPage), ("/audit", AuditPage),
+               ("/nodes", NodesPage), ("/decisions", DecisionsPage), ("/reports", ReportsPage),
+               ("/audit", AuditPage),
                (r"/static/(.*)", StaticHandler)]
 API_ROUTES: list = []

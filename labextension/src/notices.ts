@@ -20,11 +20,14 @@ export function noticeBody(n: INotice): string {
   return n.body ?? n.reason ?? '';
 }
 
-/** The ids as [name, value] pairs in the service's order, empty ones left out. */
+/**
+ * The ids as [name, value] pairs in the service's order, empty ones left out, and the time
+ * (`at`, an epoch) too: the notice already shows it as a clock time.
+ */
 export function noticeDetails(n: INotice): [string, string][] {
   const d = n.details ?? { workload: n.workload };
   return Object.entries(d)
-    .filter(([, v]) => v !== null && v !== undefined && v !== '')
+    .filter(([k, v]) => k !== 'at' && v !== null && v !== undefined && v !== '')
     .map(([k, v]) => [k, String(v)]);
 }
 

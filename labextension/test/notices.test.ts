@@ -17,7 +17,7 @@ function notice(over: Partial<INotice> = {}): INotice {
     title: 'Your server (project lattice-qcd) was stopped: its node is being drained',
     body,
     cause: 'drain',
-    details: { workload: 's-7f3a', node: 'h100-a', snapshot: 's-7f3a--18f-abc', decision: null },
+    details: { workload: 's-7f3a', at: 1000, node: 'h100-a', snapshot: 's-7f3a--18f-abc', decision: null },
     requeued: true,
     state: 'pending',
     ...over
@@ -32,7 +32,7 @@ describe('a notice in words', () => {
     expect(noticeTitle(n)).not.toMatch(/^requeue:/);
     expect(noticeBody(n)).not.toContain('your server (lattice-qcd)');
   });
-  it('keeps the ids apart, in order, leaving out empty ones', () => {
+  it('keeps the ids apart, in order, leaving out empty ones and the raw time', () => {
     expect(noticeDetails(notice())).toEqual([
       ['workload', 's-7f3a'],
       ['node', 'h100-a'],

@@ -87,3 +87,24 @@ def test_a_session_that_never_started_has_no_segments(db_url):  # noqa: F811
         assert h["segments"] == [] and h["total_gpu_hours"] == 0
     finally:
         led.dispose()
+
+
+def test_an_idle_report_is_not_why_a_session_stopped(db_url):  # noqa: F811
+    """Reported idle at 11:00 (a notice, but nothing stopped), then stopped by its user at
+    11:30: the segment ended, with no reason invented from the idle report."""
+    upgrade(db_url)
+    led = Ledger(connect(db_url))
+    try:
+        led.sync_budgets(load_budgets(BUDGETS), 1.0)
+        w = led.submit(project="lattice-qcd", user="alice", kind="interactive",
+                       request={"kind": "gpu", "gpus": 1}, now=at(10, 0), backend="hub",
+                       name="alice/", resumable=True)
+        led.start(w.id, placement=slice_on("h100-a"), milli=500, backed=True,
+                  protected_until=at(11, 0), now=at(10, 0))
+        led.record_decision(now=at(11, 0), kind="idle", workload=w.id, reason="idle 1 h")
+        led.stop(w.id, now=at(11, 30), state="done", closed_by="stop")
+        (g,) = session_history(led, w.id, at(12, 0))["segments"]
+        assert (g["ended"], g["why"], g["end"]) == ("ended", None, at(11, 30))
+        assert g["gpu_hours"] == pytest.approx(0.75)
+    finally:
+        led.dispose()

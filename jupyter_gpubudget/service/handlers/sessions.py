@@ -413,7 +413,7 @@ class IdleHandler(_SessionBase):
 SESSION_ID = r"([A-Za-z0-9][A-Za-z0-9_.@+-]{0,199})"
 #: how a segment ended, in words, by the kind of the decision that ended it
 _ENDED = {"preempt": "preempted", "requeue": "preempted", "hibernate": "hibernated",
-          "timeout": "reached its time limit", "cancel": "cancelled", "idle": "stopped"}
+          "timeout": "reached its time limit", "cancel": "cancelled"}
 #: why, in a few words, by the notice's cause (a drain adds the admins' note)
 _WHY = {"needed": "its GPU slice was needed", "drain": "node drained", "idle": "idle",
         "hibernate": "idle", "time_limit": "time limit", "cancel": "cancelled by an administrator"}

@@ -1,7 +1,7 @@
 """No tracker numbers in the repository: an issue's or a pull request's number means nothing
 to someone reading the code, the tests or the docs. Say what is meant in words ("the policy goals", "the 3-day
 synthetic run"). A reference to another project's tracker names that project
-(``checkpoint-restore/criu issue 2705``) and is allowed."""
+(``owner/name issue N``, as a patch of CRIU's does) and is allowed."""
 
 from __future__ import annotations
 

@@ -83,6 +83,11 @@ export class BudgetModel {
             return fallback;
           }
         };
+        // asked beside the others, not after them: the refresh takes no longer for it
+        const historyAsked =
+          info.session && info.features.session_history
+            ? settle<ISessionHistory | null>(this.client.history(info.session), prev.history)
+            : Promise.resolve(null);
         const answers = await Promise.all([
           info.session
             ? settle<ISession | null>(this.client.session(info.session), prev.session)
@@ -112,10 +117,7 @@ export class BudgetModel {
                 : Promise.resolve(null)
             ])
           : [null, null];
-        const history =
-          info.session && info.features.session_history
-            ? await settle<ISessionHistory | null>(this.client.history(info.session), prev.history)
-          : null;
+        const history = await historyAsked;
         const [snapshots, server] =
           info.features.snapshots && info.session
             ? await Promise.all([

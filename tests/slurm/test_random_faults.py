@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.fixtures.faults import FaultRun, install_hook, seed_of_run, slurm_engine
+from tests.fixtures.faults import FaultRun, install_hook, seed_of_run, slurm_engine, started
 from tests.fixtures.postgres import postgres_server  # noqa: F401
 from tests.fixtures.replicas import INVENTORY, Cluster, Proxy, Replica
 from tests.slurm.conftest import BUDGETS
@@ -59,15 +59,8 @@ def faults(slurm_accounts, postgres_server, tmp_path_factory, monkeypatch):  # n
     run = FaultRun(cluster, url, slurm_engine(slurm_accounts.env), base / "hook", seed_of_run(),
                    backed=(TOKEN, "astro"), unbacked=(TOKEN, "scratch"), gpus=4, gang_max=2)
     print(f"random faults on Slurm: seed {run.seed}", flush=True)
-    try:
-        cluster.start()
+    with started(cluster, run):
         yield run
-    finally:
-        for r in cluster.replicas:
-            if r.alive:
-                r.resume()
-        cluster.stop()
-        run.engine.stop_all(run.wids)
 
 
 def test_random_faults_keep_charges_exact_on_slurm(faults):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import statistics
 import sys
 import tempfile
@@ -299,6 +300,7 @@ def main() -> None:
         if backend is not None:
             backend.close()
         cp.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # etcd's data and the logs
 
     per = calls_run / starts if starts else float("nan")
     print(f"control plane up {up_s:.1f} s; {args.nodes} nodes x 8 GPUs Ready in {nodes_s:.1f} s; "

@@ -17,17 +17,15 @@ and must not restart it meanwhile (a server's kernel restarter must be off for t
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import shutil
 import signal
-import tempfile
 import time
 
 from traitlets import Bool, Float, Instance, Unicode
 from traitlets.config import LoggingConfigurable
 
-from . import chunkio, kernels
+from . import imagefiles, kernels
 from .base import Availability, KernelRef, RestoreReport, Snapshot, SnapshotError
 from .criu import find_criu, find_cuda_checkpoint, uses_gpu
 from .privcall import Privileged, PrivilegedError
@@ -237,37 +235,7 @@ class CriuSnapshotter(LoggingConfigurable):
     def _store_images(self, kernel: KernelRef, staging, images: str, res: dict,  # noqa: ANN001
                       t_dump: float) -> Snapshot:
         t0 = time.perf_counter()
-        w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync,
-                                compress=self.store.compress_arg)
-        files, futures, maps = [], [], []
-        try:
-            for name in sorted(os.listdir(images)):
-                if name.endswith(".log") or name == "restored.pid":
-                    continue
-                path = os.path.join(images, name)
-                size = os.path.getsize(path)
-                with open(path, "rb") as f:
-                    if size:
-                        # private and writable (never written): the chunk writer can send
-                        # it to the disk with O_DIRECT, as it does a kernel's arrays, instead
-                        # of through the page cache (where a GiB of dirty pages is throttled)
-                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-                        maps.append(m)
-                        futures.append(w.put(m))
-                    else:
-                        futures.append([])
-                files.append({"name": name, "size": size,
-                              "mode": os.stat(path).st_mode & 0o777})
-            for entry, fut in zip(files, futures, strict=True):
-                entry["chunks"] = w.refs(fut)
-        except BaseException:
-            w.abandon()
-            raise
-        finally:
-            w._pool.shutdown(wait=True)
-            for m in maps:
-                m.close()
-        w.close()
+        files, w = imagefiles.put_images(self.store, staging, images)
         conn = None
         try:
             with open(kernel.connection_file) as f:
@@ -297,20 +265,9 @@ class CriuSnapshotter(LoggingConfigurable):
             raise SnapshotError("verify_failed", f"snapshot {snapshot.id}: {problems[0]}")
         p = m["payload"]
         t0 = time.perf_counter()
-        need = sum(e["size"] for e in p["files"])
-        base = self.images_tmp if self.images_tmp and os.path.isdir(self.images_tmp) and \
-            shutil.disk_usage(self.images_tmp).free > 2 * need + (64 << 20) else None
-        images = tempfile.mkdtemp(prefix="gpubudget-criu-", dir=base)
+        images = imagefiles.get_images(self.store, snapshot.id, p["files"], self.images_tmp,
+                                       "gpubudget-criu-")
         try:
-            for e in p["files"]:
-                try:
-                    chunkio.read_refs_to_file(self.store.chunk_root, e["chunks"],
-                                              os.path.join(images, e["name"]),
-                                              e["mode"] or 0o600)
-                except chunkio.ChunkError as err:
-                    self.store.mark_bad(snapshot.id, str(err))
-                    raise SnapshotError("verify_failed", f"snapshot {snapshot.id}: {err}") \
-                        from None
             t_images = time.perf_counter() - t0
             if p.get("connection") and not os.path.exists(p["connection_file"]):
                 os.makedirs(os.path.dirname(p["connection_file"]), exist_ok=True)

@@ -11,14 +11,10 @@ the launcher to restore from; once the job runs again from it, :meth:`drop` remo
 
 from __future__ import annotations
 
-import mmap
 import os
-import shutil
-import tempfile
 import time
 
-from . import chunkio
-from .base import SnapshotError
+from . import imagefiles
 from .store import Store
 
 
@@ -36,35 +32,8 @@ class JobCheckpoints:
         ``log`` path, ``gpu``, ``attempt``); the snapshot's id."""
         staging = self.store.begin(session_of(workload), project, "criu")
         t0 = time.perf_counter()
-        w = chunkio.ChunkWriter(staging.chunk_root, fsync=self.store.fsync,
-                                compress=self.store.compress_arg)
-        files, futures, maps = [], [], []
-        try:
-            for name in sorted(os.listdir(images_dir)):
-                if name.endswith(".log") or name == "restored.pid":
-                    continue
-                path = os.path.join(images_dir, name)
-                size = os.path.getsize(path)
-                with open(path, "rb") as f:
-                    if size:  # as a session's images: private pages the writer may O_DIRECT
-                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-                        maps.append(m)
-                        futures.append(w.put(m))
-                    else:
-                        futures.append([])
-                files.append({"name": name, "size": size,
-                              "mode": os.stat(path).st_mode & 0o777})
-            for entry, fut in zip(files, futures, strict=True):
-                entry["chunks"] = w.refs(fut)
-        except BaseException:
-            w.abandon()
-            self.store.abort(staging)
-            raise
-        finally:
-            w._pool.shutdown(wait=True)
-            for m in maps:
-                m.close()
-        w.close()
+        files, w = imagefiles.put_images(self.store, staging, images_dir,
+                                         on_error=lambda: self.store.abort(staging))
         refs = [r for e in files for r in e["chunks"]]
         snap = self.store.commit(
             staging, {"files": files, "job": True, **info}, refs,
@@ -83,23 +52,8 @@ class JobCheckpoints:
         p = m["payload"]
         if not p.get("job"):
             return None
-        need = sum(e["size"] for e in p["files"])
-        base = self.images_tmp if self.images_tmp and os.path.isdir(self.images_tmp) and \
-            shutil.disk_usage(self.images_tmp).free > 2 * need + (64 << 20) else None
-        images = tempfile.mkdtemp(prefix="gpubudget-job-", dir=base)
-        try:
-            for e in p["files"]:
-                try:
-                    chunkio.read_refs_to_file(self.store.chunk_root, e["chunks"],
-                                              os.path.join(images, e["name"]),
-                                              e["mode"] or 0o600)
-                except chunkio.ChunkError as err:
-                    self.store.mark_bad(snap.id, str(err))
-                    raise SnapshotError("verify_failed", f"snapshot {snap.id}: {err}") \
-                        from None
-        except BaseException:
-            shutil.rmtree(images, ignore_errors=True)
-            raise
+        images = imagefiles.get_images(self.store, snap.id, p["files"], self.images_tmp,
+                                       "gpubudget-job-")
         os.chmod(images, 0o700)
         info = {k: v for k, v in p.items() if k not in ("files", "job")}
         return snap.id, images, info

@@ -362,7 +362,7 @@ def _idle_sessions(s: Session, projects: list[str], only: str | None, start: flo
                             .group_by(b.workload, b.user, b.project)).all(),
                   key=lambda r: -(r[3] or 0))[:top]
     names = dict(s.execute(select(WorkloadRow.id, WorkloadRow.name)
-                           .where(WorkloadRow.id.in_([r[0] for r in rows]))).tuples().all())
+                           .where(WorkloadRow.id.in_([r[0] for r in rows]))).all())
     return [{"workload": wid, "name": names.get(wid, ""), "user": u, "project": p,
              "idle_gpu_h": max(0.0, (i or 0) / MS_PER_H), "measured_gpu_h": (m or 0) / MS_PER_H,
              "busy_gpu_h": (bz or 0) / MS_PER_H} for wid, u, p, i, m, bz in rows]

@@ -97,10 +97,31 @@
     }).catch(() => null);
     if (r && r.status === 403) await renewXsrf();
   }
+  // A request the proxy lost on its way to the service (configurable-http-proxy answers 502,
+  // 503 or 504 with the hub's HTML error page, not the service's JSON; or the fetch itself
+  // fails) is sent once more when repeating it cannot do anything twice: a read, or a PUT,
+  // which sets a state. A POST is never sent again.
+  const REPEATABLE = new Set(["GET", "PUT"]);
+  async function send(method, url, init) {
+    for (let attempt = 0; ; attempt++) {
+      const last = attempt > 0 || !REPEATABLE.has(method);
+      let r;
+      try {
+        r = await fetch(url, init);
+      } catch (e) {
+        if (last) throw new Error("The service could not be reached; check your connection and try again.");
+        r = null;
+      }
+      const lost = r === null || ([502, 503, 504].includes(r.status)
+        && !(r.headers.get("Content-Type") || "").startsWith("application/json"));
+      if (!lost || last) return r;
+      await new Promise((ok) => setTimeout(ok, 500));
+    }
+  }
   async function call(method, path, body, renewed = false) {
     if (method !== "GET" && !renewed) await freshXsrf();
     const sep = path.includes("?") ? "&" : "?";
-    const r = await fetch(`${api}${path}${sep}tz=${encodeURIComponent(tz)}`, {
+    const r = await send(method, `${api}${path}${sep}tz=${encodeURIComponent(tz)}`, {
       method,
       headers: { "Content-Type": "application/json", "X-XSRFToken": xsrf() },
       body: body === undefined ? undefined : JSON.stringify(body),

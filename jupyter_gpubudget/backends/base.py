@@ -89,6 +89,11 @@ class Backend(LoggingConfigurable):
     #: (Slurm, Kubernetes) set False: the slice stays held until ``status`` says it is gone.
     synchronous_stop = True
 
+    #: ``launch_many`` sends its launches at once (an engine reached over the network):
+    #: the loop then records a cycle's consecutive Starts first and launches them together.
+    #: False: each Start is launched as soon as it is recorded, one after another.
+    concurrent_launch = False
+
     #: the fencing token of the service replica that leads (``service/leader.py``); None
     #: with one service process. A backend that can refuse a stale launch passes it on.
     fence_token: int | None = None
@@ -102,6 +107,19 @@ class Backend(LoggingConfigurable):
     def launch(self, launch: Launch) -> str:
         """Start the attempt; return a backend reference (pid, job id, pod name)."""
         raise NotImplementedError
+
+    def launch_many(self, launches: list[Launch]) -> list[str | Exception]:
+        """Start several attempts (the Starts of one scheduling cycle): for each, in order,
+        its reference or the exception that refused it (one failure fails only its own
+        attempt). By default one after another; an engine reached over the network (the
+        Kubernetes API server) sends them at once."""
+        out: list[str | Exception] = []
+        for la in launches:
+            try:
+                out.append(self.launch(la))
+            except Exception as e:  # noqa: BLE001 - the loop records it for that attempt
+                out.append(e)
+        return out
 
     def stop(self, workload: str, attempt: int) -> BackendStatus:
         """Stop the attempt (gracefully, then forcibly) and return how it ended."""

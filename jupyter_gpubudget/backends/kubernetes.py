@@ -232,6 +232,7 @@ class KubernetesBackend(Backend):
     """Batch jobs as Kubernetes Jobs; inventory, health and drain from Node objects."""
 
     name = "kubernetes"
+    concurrent_launch = True  # a cycle's Jobs are created concurrently (launch_many)
 
     namespace = Unicode(config=True, help="Namespace of the Jobs (default: the service "
                                           "account's namespace in the cluster, else 'default').")
@@ -276,6 +277,11 @@ class KubernetesBackend(Backend):
                              "(needs 'patch' on nodes). False: the core still gives a drained "
                              "node nothing new; the node is not touched.")
     request_timeout = Float(30.0, config=True, help="Seconds for one API request.")
+    launch_concurrency = Integer(32, min=1, config=True,
+                                 help="Jobs created at once when one scheduling cycle starts "
+                                      "many workloads (their creates are sent to the API "
+                                      "server concurrently, at most this many in flight; 1: "
+                                      "one after another).")
     watch_timeout = Integer(60, config=True,
                             help="Seconds a watch stays open before it is renewed from its "
                                  "resourceVersion.")
@@ -370,6 +376,9 @@ class KubernetesBackend(Backend):
             await config.load_kube_config(config_file=path, context=self.context or None,
                                           client_configuration=conf, persist_config=False)
             self.log.info("kubernetes backend: kubeconfig %s (%s)", path, conf.host)
+        # the three watches hold a connection each; the launches of a cycle share the rest
+        conf.connection_pool_maxsize = max(conf.connection_pool_maxsize,
+                                           self.launch_concurrency + 8)
         self.api_client = client.ApiClient(conf)
         self.core = client.CoreV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
@@ -604,6 +613,39 @@ class KubernetesBackend(Backend):
         objs = self.manifests(launch)
         self._check_nodes(objs)
         return self._call(self._create(objs))
+
+    def launch_many(self, launches: list[Launch]) -> list[str | Exception]:
+        """The Starts of one cycle: each attempt's Jobs are created as :meth:`launch` creates
+        them, ``launch_concurrency`` attempts at a time; a refused attempt (a node the
+        cluster lacks, the API server's refusal) fails alone."""
+        if not launches:
+            return []
+        self._ensure()
+        prepared: list[list[dict] | Exception] = []
+        for la in launches:
+            try:
+                objs = self.manifests(la)
+                self._check_nodes(objs)
+                prepared.append(objs)
+            except Exception as e:  # noqa: BLE001 - that attempt's failure
+                prepared.append(e)
+        waves = -(-len(launches) // self.launch_concurrency)
+        return self._call(self._create_many(prepared),
+                          timeout=self.request_timeout * (waves + 2))
+
+    async def _create_many(self, prepared: list[list[dict] | Exception]
+                           ) -> list[str | Exception]:
+        sem = asyncio.Semaphore(self.launch_concurrency)
+
+        async def one(objs: list[dict] | Exception) -> str | Exception:
+            if isinstance(objs, Exception):
+                return objs
+            async with sem:
+                try:
+                    return await self._create(objs)
+                except Exception as e:  # noqa: BLE001 - that attempt's failure
+                    return e
+        return list(await asyncio.gather(*(one(p) for p in prepared)))
 
     async def _create(self, objs: list[dict]) -> str:
         from kubernetes_asyncio.client.exceptions import ApiException

@@ -38,6 +38,7 @@ from jupyter_gpubudget.ledger.models import (
 
 from .dependencies import settle
 from .leader import NotLeader
+from .preempt_warning import Foreseen, Outlooks, PreemptionWarner
 from .state import LiveWorkloads, build_state, placement_to_list
 
 
@@ -75,6 +76,8 @@ class View:
     #: it to (``Policy.finish_drain_budget``; 0: no budget)
     lost_day_gpu_hours: float = 0.0
     loss_budget_gpu_hours: float = 0.0
+    #: running id -> its likely preemption (service/preempt_warning.py)
+    preemption_forecast: dict[str, Foreseen] = field(default_factory=dict)
 
     def position(self, wid: str) -> int | None:
         try:
@@ -105,6 +108,9 @@ class SchedulingLoop:
         self._forecast: Forecast | None = None
         self._forecast_at = 0.0
         self._forecast_key: tuple = ()
+        #: the preemption outlook, and who warns of it (the app sets both up)
+        self.outlooks = Outlooks()
+        self.warner: PreemptionWarner | None = None
         self.log = log or logging.getLogger("gpubudget.loop")
         self.clock = clock
         self.on_cycle = on_cycle
@@ -444,13 +450,26 @@ class SchedulingLoop:
                 if wid not in self.view.inconsistent:  # log once, not every cycle
                     self.log.error("workload %s left out of scheduling: %s", wid, why)
             by_id = {r.id: r for r in rows}
+            # an engine that launches concurrently (Backend.concurrent_launch): consecutive
+            # Starts are recorded one by one, then launched together before the decision
+            # that follows them; otherwise each is launched as it is recorded
+            together = self.backend.concurrent_launch
+            started: list[tuple] = []
             for d in decisions:
                 try:
+                    if together and isinstance(d, Start):
+                        if (opened := self._start(d, by_id, now)) is not None:
+                            started.append(opened)
+                        continue
+                    if started:
+                        batch, started = started, []
+                        self._launch_started(batch)
                     self._apply(d, by_id, now)
                 except NotLeader:  # the replica that leads now decides: apply nothing more
                     raise
                 except Exception:  # one failed decision must not stop the others
                     self.log.exception("applying %r failed", d)
+            self._launch_started(started)
             self._sweep_orphans(now)
             self._check_usage(now)
             self._refresh_view(now, state, sched)
@@ -503,61 +522,8 @@ class SchedulingLoop:
                                             detail={"for": d.for_workload,
                                                     "requeued": row.resumable}, s=s)
         elif isinstance(d, Start):
-            row = by_id[d.workload]
-            placement = placement_to_list(d.placement)
-            # the charge opens when the intervals on its GPUs closed (its victims', stopped
-            # after this cycle began), never before: one GPU is never charged twice
-            charge = self.ledger.start(row.id, placement=placement, milli=d.placement.milli,
-                                       backed=d.backed, protected_until=d.protected_until,
-                                       now=now, backfill_until=d.backfill_until,
-                                       cluster=self.cluster_of(d.placement.nodes),
-                                       after_release=True)
-            if charge.start > now:
-                d = replace(d, protected_until=None if d.protected_until is None
-                            else d.protected_until + charge.start - now)
-            if row.backend != self.backend.name:
-                # another part launches it (the hub spawner, for sessions): the ledger has
-                # recorded the start and opened the charge; there is nothing to run here
-                self.ledger.set_backend_ref(row.id, row.backend)
-                self._reserved.pop(row.id, None)
-                if self.on_start:
-                    self.on_start(row, now)
-                return
-            full = self.ledger.get(row.id)  # command and env: read only for what launches
-            # fenced: the lease (and its token) is checked again right before the engine is
-            # called — a replica paused since it committed the start launches nothing; the
-            # attempt stays open and the replica that leads now looks it up in the engine
-            self._still_leading()
-            launched_at = max(self.clock(), charge.start)
-            shift = launched_at - charge.start
-            protected = None if d.protected_until is None else d.protected_until + shift
-            try:
-                ref = self.backend.launch(Launch(
-                    workload=row.id, attempt=charge.seq, user=row.user, project=row.project,
-                    command=list(full.command or []) if full else [], placement=placement,
-                    env=dict(full.env or {}) if full else {}, kind=row.kind,
-                    min_runtime=row.min_runtime,
-                    protected_until=protected, backed=d.backed,
-                    resumable=row.resumable, time_limit=row.time_limit,
-                    due_at=d.backfill_until))
-            except Exception as e:  # noqa: BLE001
-                self.ledger.stop(row.id, now=self.clock(), state="failed", closed_by="exit",
-                                 reason=f"launch failed: {e}")
-                raise
-            try:  # the engine's own start, when it says: a pause of this process between
-                found = self.backend.started(row.id, charge.seq)  # the clock and the call
-            except Exception:  # noqa: BLE001 - (its start read later, at worst)
-                found = None
-            if found is not None and found[1] > launched_at:
-                launched_at = found[1]
-                shift = launched_at - charge.start
-                protected = None if d.protected_until is None else d.protected_until + shift
-            self._launched(row.id, charge.id, ref, launched_at, protected if shift > 0
-                           else None)
-            self._launch_known.add((row.id, charge.seq))
-            self._reserved.pop(row.id, None)
-            if self.on_start:
-                self.on_start(row, now)
+            if (opened := self._start(d, by_id, now)) is not None:
+                self._launch_started([opened])
         elif isinstance(d, Reserve):
             if self._reserved.get(d.workload) != d.at:
                 self._reserved[d.workload] = d.at
@@ -572,6 +538,89 @@ class SchedulingLoop:
                 self.log.warning("node %s drained (%s): nothing protected left on it", d.node,
                                  why)
                 self.backend.drain_node(d.node, why)  # the engine keeps it out too
+
+    def _start(self, d: Start, by_id: dict, now: float) -> tuple | None:
+        """Record a Start: the workload runs and its charge opens. What is left to launch
+        (for :meth:`_launch_started`), or None where another part launches it."""
+        row = by_id[d.workload]
+        placement = placement_to_list(d.placement)
+        # the charge opens when the intervals on its GPUs closed (its victims', stopped
+        # after this cycle began), never before: one GPU is never charged twice
+        charge = self.ledger.start(row.id, placement=placement, milli=d.placement.milli,
+                                   backed=d.backed, protected_until=d.protected_until,
+                                   now=now, backfill_until=d.backfill_until,
+                                   cluster=self.cluster_of(d.placement.nodes),
+                                   after_release=True)
+        if charge.start > now:
+            d = replace(d, protected_until=None if d.protected_until is None
+                        else d.protected_until + charge.start - now)
+        if row.backend != self.backend.name:
+            # another part launches it (the hub spawner, for sessions): the ledger has
+            # recorded the start and opened the charge; there is nothing to run here
+            self.ledger.set_backend_ref(row.id, row.backend)
+            self._reserved.pop(row.id, None)
+            if self.on_start:
+                self.on_start(row, now)
+            return None
+        full = self.ledger.get(row.id)  # command and env: read only for what launches
+        return (d, row, charge, placement, full, now)
+
+    def _launch_started(self, started: list[tuple]) -> None:
+        """Launch the attempts :meth:`_start` opened, together (``Backend.launch_many``: the
+        Kubernetes backend sends them to the API server at once); each outcome is recorded
+        for its own attempt, as one launch's would be."""
+        if not started:
+            return
+        # fenced: the lease (and its token) is checked again right before the engine is
+        # called — a replica paused since it committed the start launches nothing; the
+        # attempt stays open and the replica that leads now looks it up in the engine
+        self._still_leading()
+        launches, moments = [], []
+        for d, row, charge, placement, full, _now in started:
+            launched_at = max(self.clock(), charge.start)
+            shift = launched_at - charge.start
+            protected = None if d.protected_until is None else d.protected_until + shift
+            moments.append((launched_at, protected))
+            launches.append(Launch(
+                workload=row.id, attempt=charge.seq, user=row.user, project=row.project,
+                command=list(full.command or []) if full else [], placement=placement,
+                env=dict(full.env or {}) if full else {}, kind=row.kind,
+                min_runtime=row.min_runtime,
+                protected_until=protected, backed=d.backed,
+                resumable=row.resumable, time_limit=row.time_limit,
+                due_at=d.backfill_until))
+        try:
+            refs: list = self.backend.launch_many(launches)
+        except Exception as e:  # noqa: BLE001 - none of them launched
+            refs = [e] * len(launches)
+        for (d, row, charge, _placement, _full, now), ref, (launched_at, protected) in zip(
+                started, refs, moments, strict=True):
+            try:
+                if isinstance(ref, BaseException):
+                    self.ledger.stop(row.id, now=self.clock(), state="failed",
+                                     closed_by="exit", reason=f"launch failed: {ref}")
+                    self.log.error("applying %r failed", d, exc_info=ref)
+                    continue
+                try:  # the engine's own start, when it says: a pause of this process between
+                    found = self.backend.started(row.id, charge.seq)  # the clock and the call
+                except Exception:  # noqa: BLE001 - (its start read later, at worst)
+                    found = None
+                shift = launched_at - charge.start
+                if found is not None and found[1] > launched_at:
+                    launched_at = found[1]
+                    shift = launched_at - charge.start
+                    protected = None if d.protected_until is None else \
+                        d.protected_until + shift
+                self._launched(row.id, charge.id, ref, launched_at, protected if shift > 0
+                               else None)
+                self._launch_known.add((row.id, charge.seq))
+                self._reserved.pop(row.id, None)
+                if self.on_start:
+                    self.on_start(row, now)
+            except NotLeader:
+                raise
+            except Exception:  # noqa: BLE001 - one failed decision must not stop the others
+                self.log.exception("applying %r failed", d)
 
     def _still_leading(self) -> None:
         """Raise :class:`NotLeader` unless this replica still leads: its lease is unexpired
@@ -718,7 +767,15 @@ class SchedulingLoop:
         v.lost_day_gpu_hours = sched.recent_loss(now)
         v.loss_budget_gpu_hours = sched.loss_budget()
         self._node_view(v, sched, now)
+        v.preemption_forecast = self.outlooks.get(state, now)
         self.view = v
+        if self.applying and self.warner is not None:  # (the leader only)
+            try:
+                self.warner(v.preemption_forecast, now)
+            except NotLeader:
+                raise
+            except Exception:  # noqa: BLE001 - a warning never stops scheduling
+                self.log.exception("warning of likely preemptions failed")
 
     def _node_view(self, v: View, sched: Scheduler, now: float) -> None:
         """Node states and GPU figures after this cycle's decisions; an unhealthy node found

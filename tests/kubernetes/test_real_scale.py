@@ -1,0 +1,119 @@
+"""The Starts of one scheduling cycle reach the real API server concurrently (tests/fixtures/
+k8s.py says which parts are real; kwok plays the kubelets): 25 one-GPU jobs decided in one
+cycle by the service's own loop are created with several Job creates in flight at once, each
+workload is recorded once (one start, one open charge, its Job as its reference) and its pod
+runs where the core placed it; the one the core placed on a node the cluster lacks fails
+alone, with the reason, and changes nothing for the others."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jupyter_gpubudget.backends import k8s_objects as ko
+from jupyter_gpubudget.service.loop import SchedulingLoop
+from tests.fixtures.k8s import NAMESPACE, FakeNode, wait_for
+from tests.kubernetes.test_fake_api_loop import make_loop
+
+LABEL = "gpubudget.test/batch-launch"
+NODES = ("launch-a", "launch-b", "launch-c")  # 3 x 8 GPUs, only this test's work on them
+GHOST = "launch-ghost"  # in the core's inventory, not in the cluster
+MINE = f"{ko.MANAGED_BY[0]}={ko.MANAGED_BY[1]}"
+
+
+def add_nodes(k8s) -> None:  # noqa: ANN001
+    for n in NODES:
+        m = FakeNode(n, 8).manifest()
+        m["metadata"]["labels"][LABEL] = "true"
+        k8s.admin.create("/api/v1/nodes", m)
+
+    def ready() -> bool:
+        nodes = k8s.admin.items("/api/v1/nodes", f"{LABEL}=true")
+        return len(nodes) == len(NODES) and all(
+            any(c["type"] == "Ready" and c["status"] == "True"
+                for c in n["status"].get("conditions") or []) for n in nodes)
+    wait_for(ready, "the test's kwok nodes Ready", 60)
+
+
+def count_in_flight(backend) -> dict:  # noqa: ANN001
+    """Counts the Job creates in flight at once (the real API server still answers each)."""
+    seen = {"now": 0, "max": 0, "calls": 0}
+    create = backend.batch.create_namespaced_job
+
+    async def counted(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        seen["now"] += 1
+        seen["calls"] += 1
+        seen["max"] = max(seen["max"], seen["now"])
+        try:
+            await asyncio.sleep(0)  # every create of a wave is sent before any answer
+            return await create(*a, **kw)
+        finally:
+            seen["now"] -= 1
+    backend.batch.create_namespaced_job = counted
+    return seen
+
+
+def test_one_cycles_starts_are_created_at_once_and_each_recorded_once(k8s, real_backend,
+                                                                     tmp_path):
+    add_nodes(k8s)
+    wids: list[str] = []
+    try:
+        b = real_backend(node_selector=f"{LABEL}=true", launch_concurrency=8)
+        ledger, loop = make_loop(tmp_path, b)
+        assert loop.inventory.gpu_count == 24
+        ghost = ko.inventory_from_nodes([FakeNode(GHOST, 1).manifest()]).nodes
+        loop = SchedulingLoop(ledger, loop.tree_fn,
+                              type(loop.inventory)(loop.inventory.nodes + ghost, "kubernetes"),
+                              loop.policy_fn, b)
+        seen = count_in_flight(b)
+        wids += [ledger.submit(project="lattice", user="alice", kind="batch", now=time.time(),
+                              request={"kind": "gpu", "gpus": 1},
+                              command=["python", "-c", "pass"], backend="kubernetes",
+                              min_runtime=0.0, resumable=False).id for _ in range(25)]
+
+        decisions = loop.cycle()  # ONE cycle decides and launches all of them
+        assert len([d for d in decisions if type(d).__name__ == "Start"]) == 25
+        rows = {w: ledger.get(w) for w in wids}
+        on_ghost = [w for w, r in rows.items() if {s["node"] for s in r.placement} == {GHOST}]
+        assert len(on_ghost) == 1, [r.placement for r in rows.values()]
+        bad = rows[on_ghost[0]]
+        assert bad.state == "failed"
+        assert bad.reason == f"launch failed: node {GHOST} of the placement is not in the cluster"
+        good = [w for w in wids if w != bad.id]
+        assert all(rows[w].state == "running" for w in good)
+        # sent at once: several creates in flight (8 at most), one create per workload
+        assert seen["calls"] == 24 and 1 < seen["max"] <= 8, seen
+
+        # each recorded once: one start decision, one open charge, its own Job
+        starts = ledger.decisions(kind="start", workloads=wids, limit=1000)
+        assert sorted(d.workload for d in starts) == sorted(wids)
+        for w in good:
+            charges = ledger.charges(workload=w)
+            assert len(charges) == 1 and charges[0].end is None and charges[0].seq == 1
+            assert rows[w].backend_ref == ko.job_name(w, 1)
+        assert [c.end is not None for c in ledger.charges(workload=bad.id)] == [True]
+
+        def pods() -> dict[str, dict]:
+            return {p["metadata"]["labels"][ko.L_WORKLOAD]: p
+                    for p in k8s.admin.items(f"/api/v1/namespaces/{NAMESPACE}/pods", MINE)
+                    if p["metadata"]["labels"].get(ko.L_WORKLOAD) in
+                    {ko.label_value(w) for w in wids}}
+
+        def all_running() -> bool:
+            ps = pods()
+            return len(ps) == 24 and all(p["status"].get("phase") == "Running"
+                                         for p in ps.values())
+        wait_for(all_running, "the 24 pods Running", 120, every=0.5)
+        ps = pods()
+        jobs = k8s.admin.items(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", MINE)
+        mine = [j for j in jobs if (j["metadata"].get("annotations") or {})
+                .get(ko.A_WORKLOAD) in wids]
+        assert len(mine) == 24  # one Job each; none for the failed one
+        for w in good:  # bound by the real scheduler where the core placed it
+            assert ps[ko.label_value(w)]["spec"]["nodeName"] == rows[w].placement[0]["node"]
+    finally:
+        for w in wids:
+            k8s.admin.delete(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{ko.job_name(w, 1)}",
+                             {"propagationPolicy": "Background"})
+        for n in NODES:
+            k8s.admin.delete(f"/api/v1/nodes/{n}")

@@ -61,6 +61,10 @@ from .mps import CONTROL, LauncherMps, MpsDaemons, MpsUnavailable
 #: how a job's checkpoint mode reaches the backend (service/validate.py puts it in the job's
 #: env) and the job (the launcher sets it): ``auto`` or ``self``
 CHECKPOINT_ENV = "GPUBUDGET_CHECKPOINT"
+#: the signal a job asked for ahead of a likely preemption (``warn_signal``; the launcher's
+#: ``notify`` sends it)
+WARN_ENV = "GPUBUDGET_WARN_SIGNAL"
+WARN_SIGNALS = ("USR1", "USR2", "INT", "TERM", "HUP")
 #: ended attempts remembered as released (their ends are reported a few times at most)
 RELEASED_KEPT = 4096
 
@@ -425,6 +429,9 @@ class LocalBackend(Backend):
         if not launch.resumable or mode not in ("auto", "self"):
             mode = "self"
         job_env[CHECKPOINT_ENV] = mode
+        warn = env.pop(WARN_ENV, None)  # the signal it asked for ahead of a preemption
+        if warn in WARN_SIGNALS:
+            job_env[WARN_ENV] = warn
         spec = {"workload": launch.workload, "attempt": launch.attempt,
                 "user": self.unix_user(launch.user),
                 "command": self.resolve_command(list(launch.command)),
@@ -599,6 +606,16 @@ class LocalBackend(Backend):
                 self.log.error("stopping %s attempt %d: %s", workload, attempt, e)
         st = self.status(workload, attempt)
         return st if not st.alive else BackendStatus(False)
+
+    def notify(self, workload: str, attempt: int, signal_name: str) -> str | None:
+        """Send the running attempt the signal its job asked for ahead of a likely
+        preemption (``warn_signal``; the launcher's ``notify``): None when sent, else why
+        not."""
+        try:
+            out = self._launcher("notify", workload, str(attempt), signal_name)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            return str(e)
+        return None if out.get("notified") else str(out.get("reason") or "not sent")
 
     def read_log(self, workload: str, attempt: int, offset: int, limit: int) -> LogChunk | None:
         """From the attempt's ``output.log`` (a regular file only: a link or a pipe put there

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from . import jobs, mig, mps
+from . import jobs, mig, mps, notify
 from .config import LauncherConfig, LauncherError, load_config, make_config
 
 #: verb -> function(config, args, stdin) -> dict; one module per group of verbs
@@ -23,6 +23,7 @@ VERBS: dict[str, Callable[[LauncherConfig, list[str], BinaryIO], dict[str, Any]]
     "signal": jobs.signal_job,
     "checkpoint": jobs.checkpoint_job,
     "checkpoint-end": jobs.checkpoint_end,
+    "notify": notify.notify_job,
     "fence": jobs.fence,
     "mps-acquire": mps.mps_acquire,
     "mps-release": mps.mps_release,

@@ -790,7 +790,7 @@ class Ledger:
                  .join(WorkloadRow, DecisionRow.workload == WorkloadRow.id)
                  .where(DecisionRow.kind.in_(("preempt", "idle", "requeue", "hibernate",
                                              "snapshot_lost", "timeout", "cancel",
-                                             "restore")),
+                                             "restore", "preempt-warning")),
                         WorkloadRow.user == user)
                  .order_by(DecisionRow.id.desc()).limit(limit))
             return [(d, w) for d, w in s.execute(q)]

@@ -39,7 +39,7 @@ from jupyter_gpubudget.core.inventory import Inventory, load_inventory
 from jupyter_gpubudget.core.model import Policy, Preempt
 from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_declared
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
-from jupyter_gpubudget.ledger.models import GrantRow
+from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
 
 from . import budgets_copy
 from .base import LEDGER_DOWN, ApiError
@@ -54,6 +54,7 @@ from .health import (
 from .leader import Lease, NotLeader
 from .loop import SchedulingLoop
 from .metrics import make_registry
+from .preempt_warning import Outlooks, PreemptionWarner
 from .reaper import reaper, reconcile_with_hub
 from .resume import resumer
 from .views import finite, grant_json
@@ -224,6 +225,17 @@ class GpuBudgetService(Application):
                               "costs about one cycle).").tag(config=True)
     forecast_min_interval = Float(2.0, help="Seconds at least between two forecasts when the "
                                   "queue or the running set changed.").tag(config=True)
+    preemption_notice_lead = Float(600.0, help="Seconds ahead of a likely preemption (the "
+                                   "core's outlook: backed work queued that would take the "
+                                   "slice, or a drain, once protection ends) at which the owner "
+                                   "is told once: a notice in JupyterLab, by webhook and e-mail, "
+                                   "and a batch job that asked for a warn_signal gets it. "
+                                   "0: no warning.").tag(config=True)
+    preemption_outlook_horizon = Float(3600.0, help="Seconds ahead the preemption outlook "
+                                       "looks (session and job JSON: preemption_forecast). It "
+                                       "runs a scheduling cycle at each protection end within "
+                                       "it (at most 8) and is recomputed on the forecast's "
+                                       "cadence.").tag(config=True)
     unhealthy_after_intervals = Float(3.0, help="/healthz answers 503 when no scheduling "
                                       "cycle succeeded for this many cycle intervals (plus 30 "
                                       "s).").tag(config=True)
@@ -484,11 +496,25 @@ class GpuBudgetService(Application):
         loop.forecast_interval = self.forecast_interval
         loop.checkpoint_interval = self.checkpoint_interval
         loop.forecast_min_interval = self.forecast_min_interval
+        loop.outlooks = Outlooks(horizon=max(self.preemption_outlook_horizon,
+                                             self.preemption_notice_lead),
+                                 interval=self.forecast_interval,
+                                 min_interval=self.forecast_min_interval)
+        loop.warner = PreemptionWarner(self.ledger, self.preemption_notice_lead,
+                                       notify=self._warn_job, log=self.log)
         old = getattr(self, "loop", None)
         if old is not None:
             loop.view = old.view
             loop.last_ok_at = old.last_ok_at
         return loop
+
+    def _warn_job(self, row: WorkloadRow, signal_name: str) -> str | None:
+        """Send a running batch job its ``warn_signal`` (the engine's ``notify``)."""
+        notify = getattr(self.backend, "notify", None)
+        if notify is None or row.backend != self.backend.name:
+            return f"the {row.backend} backend does not send signals ahead"
+        iv = self.ledger.open_interval(row.id)
+        return notify(row.id, iv.seq, signal_name) if iv is not None else "not running"
 
     @property
     def is_leader(self) -> bool:

@@ -38,6 +38,7 @@ from jupyter_gpubudget.ledger.models import (
 
 from .dependencies import settle
 from .leader import NotLeader
+from .preempt_warning import Foreseen, Outlooks, PreemptionWarner
 from .state import LiveWorkloads, build_state, placement_to_list
 
 
@@ -75,6 +76,8 @@ class View:
     #: it to (``Policy.finish_drain_budget``; 0: no budget)
     lost_day_gpu_hours: float = 0.0
     loss_budget_gpu_hours: float = 0.0
+    #: running id -> its likely preemption (service/preempt_warning.py)
+    preemption_forecast: dict[str, Foreseen] = field(default_factory=dict)
 
     def position(self, wid: str) -> int | None:
         try:
@@ -105,6 +108,9 @@ class SchedulingLoop:
         self._forecast: Forecast | None = None
         self._forecast_at = 0.0
         self._forecast_key: tuple = ()
+        #: the preemption outlook, and who warns of it (the app sets both up)
+        self.outlooks = Outlooks()
+        self.warner: PreemptionWarner | None = None
         self.log = log or logging.getLogger("gpubudget.loop")
         self.clock = clock
         self.on_cycle = on_cycle
@@ -761,7 +767,15 @@ class SchedulingLoop:
         v.lost_day_gpu_hours = sched.recent_loss(now)
         v.loss_budget_gpu_hours = sched.loss_budget()
         self._node_view(v, sched, now)
+        v.preemption_forecast = self.outlooks.get(state, now)
         self.view = v
+        if self.applying and self.warner is not None:  # (the leader only)
+            try:
+                self.warner(v.preemption_forecast, now)
+            except NotLeader:
+                raise
+            except Exception:  # noqa: BLE001 - a warning never stops scheduling
+                self.log.exception("warning of likely preemptions failed")
 
     def _node_view(self, v: View, sched: Scheduler, now: float) -> None:
         """Node states and GPU figures after this cycle's decisions; an unhealthy node found

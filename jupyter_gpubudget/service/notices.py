@@ -18,11 +18,11 @@ from typing import Any
 
 #: decision kinds a user is told about (``Ledger.notices_for``)
 NOTICE_KINDS = ("preempt", "idle", "requeue", "hibernate", "snapshot_lost", "timeout",
-                "cancel", "restore")
+                "cancel", "restore", "preempt-warning")
 
 #: why a notice was sent, one word each (the ``cause`` of a :class:`Notice`)
 CAUSES = ("needed", "drain", "idle", "hibernate", "time_limit", "cancel", "restore_failed",
-          "other")
+          "likely", "other")
 
 _DRAIN = re.compile(r"^node (?P<node>\S+) is draining")
 _LOSES = re.compile(r"\s*\(loses [0-9.]+ GPU-h\)\s*$")
@@ -99,6 +99,34 @@ def _hours(lost: Any) -> str:
     return f" About {v:.2f} GPU-hours of work since the last save were lost." if v > 0 else ""
 
 
+def _warning(label: str, on: str, interactive: bool, w: dict[str, Any], detail: dict,
+             ids: dict[str, Any]) -> Notice:
+    """The notice a lead time ahead of a likely preemption: when, why, what will be saved,
+    what to do now."""
+    when = detail.get("at_clock") or "soon"
+    ids.update({"likely_at": detail.get("at"), "for_workload": detail.get("for")})
+    whose = (f" for project {detail['for_project']}'s backed work" if detail.get("for_project")
+             else "")
+    why = detail.get("why") or "waiting work needs its GPUs"
+    if interactive:
+        saved = ("If it is stopped, its kernels are saved in a snapshot first and restored when "
+                 "it starts again." if w.get("resumable", True) else
+                 "If it is stopped, its kernels' state is lost.")
+        todo = ("Save your notebooks now, or release the GPU (stop the server) if you are "
+                "done.")
+    else:
+        saved = ("If it is stopped, it is requeued and starts again." if w.get("resumable")
+                 else "If it is stopped, it is not requeued.")
+        sig = detail.get("signal")
+        todo = (f"It was sent SIG{sig} now, as it asked, to save its work."
+                if sig and not detail.get("signal_error") else
+                "Save its progress now if it keeps its own checkpoints.")
+    title = f"{_cap(label)}{on} may be stopped at {when}{whose}"
+    body = " ".join((f"{_cap(label)}{on} may be stopped at about {when}{whose}: {why}. "
+                     "Nothing has happened yet, and the queue may still change.", saved, todo))
+    return Notice("preempt-warning", "likely", title, body, ids)
+
+
 def build_notice(*, kind: str, reason: str = "", detail: dict | None = None,
                  actor: str = "scheduler", workload: dict[str, Any],
                  cause_reason: str = "", drain_note: str | None = None,
@@ -169,6 +197,9 @@ def build_notice(*, kind: str, reason: str = "", detail: dict | None = None,
         body = " ".join((f"{_cap(label)}{on} was stopped to free its GPU slice.", why, saved,
                          went, todo))
         return Notice(kind, cause, title, body, ids)
+
+    if kind == "preempt-warning":  # ahead of a likely preemption (service/preempt_warning)
+        return _warning(label, on, interactive, w, detail, ids)
 
     if kind == "requeue":  # an admin put a running batch job back in the queue
         title = f"{_cap(label)}{on} was requeued by an administrator"

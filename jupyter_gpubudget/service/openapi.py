@@ -28,7 +28,18 @@ WORKLOAD = {"type": "object", "properties": {
     "predicted_start": {**NULL_NUM, "description": "Reserved start time, when reserved"},
     "min_runtime": NUM, "resumable": {"type": "boolean"}, "time_limit": NULL_NUM,
     "preemptions": {"type": "integer"}, "exit_code": {"type": "integer", "nullable": True},
-    "reason": {"type": "string"}, "backend": {"type": "string"}}}
+    "reason": {"type": "string"}, "backend": {"type": "string"},
+    "preemption_forecast": {
+        "type": "object", "nullable": True,
+        "description": "Running work only: whether the scheduler is likely to preempt it "
+                       "within the outlook's horizon given the work queued now, about when "
+                       "(at, with at_local/at_text), for which pending work and why",
+        "properties": {"likely": {"type": "boolean"}, "at": NULL_NUM,
+                       "at_local": {"type": "string", "nullable": True},
+                       "at_text": {"type": "string", "nullable": True},
+                       "for_workload": {"type": "string", "nullable": True},
+                       "for_project": {"type": "string", "nullable": True},
+                       "reason": {"type": "string", "nullable": True}}}}}
 
 USAGE_DAILY = {"type": "object", "properties": {
     "account": {"type": "string"}, "tz": {"type": "string"}, "window_s": NUM,
@@ -90,7 +101,11 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
            "after_kind": {"type": "string", "enum": ["afterok", "afterany", "afternotok"],
                           "description": "afterok (default): after all succeeded; afterany: "
                           "after all ended; afternotok: after all ended, one not "
-                          "successfully"}}}
+                          "successfully"},
+           "warn_signal": {"type": "string", "enum": ["USR1", "USR2", "INT", "TERM", "HUP"],
+                           "description": "a signal the job's processes get when its likely "
+                           "preemption is within the service's notice lead time (none by "
+                           "default)"}}}
 
 GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
     "grant_hours": {"type": "number", "minimum": 0, "maximum": 1e9},

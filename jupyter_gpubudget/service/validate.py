@@ -20,6 +20,8 @@ from jupyter_gpubudget.launcher.policy import (
     env_problem,
 )
 
+from .preempt_warning import WARN_ENV, WARN_SIGNALS
+
 
 class Invalid(ValueError):
     def __init__(self, field: str, message: str) -> None:
@@ -41,7 +43,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 JOB_FIELDS = {"checkpoint", "command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
               "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval",
-              "interconnect", "cluster", "array", "max_running", "after", "after_kind"}
+              "interconnect", "cluster", "array", "max_running", "after", "after_kind",
+              "warn_signal"}
 #: the most tasks one job array may have
 MAX_ARRAY_TASKS = 10_000
 #: the most jobs one job may run after
@@ -293,6 +296,21 @@ def _checkpoint_env(body: dict, env: dict) -> dict:
     return {**env, "GPUBUDGET_CHECKPOINT": "self"} if mode == "self" else env
 
 
+def _warn_env(body: dict, env: dict) -> dict:
+    """``warn_signal``: a signal (USR1, USR2, INT, TERM or HUP; no default: a signal the job
+    does not handle would end it) the job's processes get when its likely preemption is
+    within the service's notice lead time, to save its work. Carried in the job's
+    environment as GPUBUDGET_WARN_SIGNAL."""
+    sig = body.get("warn_signal")
+    if sig is None:
+        return env
+    name = sig.upper().removeprefix("SIG") if isinstance(sig, str) else None
+    if name not in WARN_SIGNALS:
+        raise Invalid("warn_signal", "expected one of " + ", ".join(WARN_SIGNALS)
+                      + " (the signal the job gets ahead of a likely preemption)")
+    return {**env, WARN_ENV: name}
+
+
 def parse_job(body: Any) -> dict:
     """A batch job from a REST body or a job YAML file (same fields)."""
     body = _check_keys(body, JOB_FIELDS)
@@ -319,7 +337,7 @@ def parse_job(body: Any) -> dict:
     if why:
         raise Invalid(*why)
     name = _text(body, "name", MAX_NAME_CHARS)
-    env = _checkpoint_env(body, env)
+    env = _warn_env(body, _checkpoint_env(body, env))
     tl = body.get("time_limit")
     ci = body.get("checkpoint_interval")
     array = parse_array(body["array"]) if body.get("array") is not None else None

@@ -7,6 +7,7 @@ import math
 from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
 
 from .loop import View
+from .preempt_warning import forecast_json
 from .timefmt import companions, local_iso
 
 WORKLOAD_TIMES = ("submitted_at", "started_at", "ended_at", "protected_until",
@@ -40,6 +41,8 @@ def workload_json(r: WorkloadRow, view: View, now: float, tz=None) -> dict:  # n
         "min_runtime": r.min_runtime, "resumable": r.resumable, "time_limit": r.time_limit,
         "preemptions": r.preemptions, "exit_code": r.exit_code, "reason": r.reason,
         "backend": r.backend, "cluster": getattr(r, "cluster", None),
+        "preemption_forecast": forecast_json(view.preemption_forecast.get(r.id), r.state,
+                                             now, tz),
     }, WORKLOAD_TIMES, now, tz)
 
 

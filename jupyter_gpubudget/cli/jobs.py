@@ -109,6 +109,10 @@ def _row(w: dict) -> str:
         extra = f"protected {w['protected_left_s'] / 60:.0f} min"
     elif w.get("exit_code") is not None:
         extra = f"exit {w['exit_code']}"
+    fc = w.get("preemption_forecast") or {}
+    if w["state"] == "running" and fc.get("likely"):  # the core's outlook
+        extra = "; ".join(x for x in (extra, f"may be preempted at {fc.get('at_text')}: "
+                                             f"{fc.get('reason')}") if x)
     return f"{w['id']:<17} {w['state']:<10} {w['project']:<14} {where:<14} {w['name']:<16} {extra}"
 
 

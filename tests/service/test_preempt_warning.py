@@ -156,3 +156,17 @@ def test_a_warn_signal_that_is_not_offered_is_refused(bad):
     with pytest.raises(Invalid) as e:
         parse_job({"command": "true", "project": "scratch", "warn_signal": bad})
     assert e.value.field == "warn_signal"
+
+
+def test_gpubudget_jobs_shows_the_forecast_of_a_running_job():
+    from jupyter_gpubudget.cli.jobs import _row
+
+    w = {"id": "b1", "state": "running", "project": "scratch", "name": "train",
+         "placement": [{"node": "n1", "gpu": 0}], "protected_left_s": 540.0,
+         "preemption_forecast": {"likely": True, "at": 1.0, "at_text": "14:05 (in 9 min)",
+                                 "reason": "project lattice's backed work is waiting for its "
+                                           "GPUs"}}
+    assert _row(w).endswith("protected 9 min; may be preempted at 14:05 (in 9 min): project "
+                            "lattice's backed work is waiting for its GPUs")
+    w["preemption_forecast"] = {"likely": False}
+    assert _row(w).endswith("protected 9 min")

@@ -24,7 +24,7 @@ from . import fragmentation
 from .accounts import AccountTree
 from .backfill import leasable, place_reserved, reserved_until
 from .backing import Backing
-from .capacity import Cluster, Gpu
+from .capacity import Cluster
 from .cycle import CycleState, memo_key, preempt_for, reclaim, reserve_gang
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
 from .drains import LossBudget, drain_nodes
@@ -46,6 +46,7 @@ from .predict import Predictor, RunningEnds, next_free
 from .preemption import preemption_cost
 from .preemption_search import take, victim_pool
 from .ranking import INF, Standings, rank
+from .reservations import Bookings
 from .state import ClusterState as ClusterState
 from .state import load_running, new_cluster, paused_gc
 from .usage import UsageMeter
@@ -91,6 +92,7 @@ class Scheduler:
         #: (no placement, or a slice already held): (id, why), for the caller to report
         self.inconsistent: list[tuple[str, str]] = []
         self.lane = ShortLane()  # GPUs kept for the short lane (Policy.short_lane_hold)
+        self.bookings = Bookings()  # advance reservations (ClusterState.bookings)
         # what preemptions threw away in the trailing day (Policy.finish_drain_budget)
         self.loss = LossBudget(self.policy, inventory.gpu_count)
         self.recent_loss = self.loss.recent  # GPU-hours thrown away in the trailing day
@@ -135,10 +137,6 @@ class Scheduler:
     def _shape_count(self) -> dict[tuple[object, ...], int]:
         return self.waiting.shape_count
 
-    @property
-    def _lane_held(self) -> list[Gpu]:
-        return self.lane.held
-
     # ================================================================= building
     def new_cluster(self) -> Cluster:
         """An empty capacity model of the inventory, with the policy's placement rules."""
@@ -167,6 +165,7 @@ class Scheduler:
             s._enqueue(w, key=INF, bulk=True)
         s.waiting.order.sort()
         s.loss.losses.extend(sorted(state.recent_losses))
+        s.bookings = Bookings(state.bookings)
         return s
 
     # ================================================================= figures
@@ -235,7 +234,7 @@ class Scheduler:
         backfill_until = reserved_until(self.cluster, placement, self.lane.keeps)
         self.cluster.allocate(w.id, placement)
         self._dequeue(w.id)
-        protected = now + self.policy.effective_min_runtime(w) if backed else None
+        protected = self.bookings.protect(w, placement, now, self.policy) if backed else None
         started = replace(w, started_at=now, placement=placement, backed=backed,
                           protected_until=protected, idle=False, stopping=False,
                           backfill_until=backfill_until)
@@ -376,9 +375,10 @@ class Scheduler:
     def _cycle(self, now: float) -> list[Decision]:
         # 1. usage, grants and standings of every account; last cycle's plans forgotten
         cyc = self._begin_cycle(now)
-        # 2. drain: unhealthy nodes get nothing new, their unprotected work leaves
+        # 2. drain: unhealthy nodes get nothing new, their unprotected work leaves; bookings
         drain_nodes(now, cyc.out, self.unhealthy, self.drained, self.cluster, self.running,
                     self._preempt)
+        self.bookings.step(cyc, self.pending, self._start, self._preempt, self.is_backed)
         # 3. rank pending work
         ranked = self._rank(cyc.st)
         # 4. the running work that may be preempted

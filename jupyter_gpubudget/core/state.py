@@ -16,6 +16,7 @@ from .accounts import AccountTree
 from .capacity import CapacityError, Cluster
 from .inventory import Inventory
 from .model import ChargeInterval, Policy, RuntimeHistory, Workload
+from .reservations import Booking
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class ClusterState:
     #: work that pending work runs after (``Workload.after``) and has ended: whether it
     #: succeeded (core/holds.py)
     finished: Mapping[str, bool] = field(default_factory=dict)
+    #: advance reservations: GPUs booked for a project over a window (core/reservations.py)
+    bookings: Sequence[Booking] = ()
 
 
 @contextmanager

@@ -7,7 +7,9 @@ The spawner reaches the server directly, with the server's own token (JupyterHub
 ``server`` role gives it ``access:servers!server``, so it may call its own server).
 
 **Preemption** (:func:`preempt`): the core asked for the session's slice; the service gives a
-deadline (the preempt-requested time + ``Policy.stop_grace``). The server is asked for a
+deadline (the preempt-requested time + ``Policy.stop_grace``). First the lab's notice: until
+the session's ``preempt_stop_at`` (the service's ``preempt_notice_time``, or sooner when its
+owner chose "Save and release now") JupyterLab shows the warning. Then the server is asked for a
 snapshot set with its kernels frozen as they are saved; a kernel it could not save (a
 namespace dump waits for a running cell; a store that is full) runs on, and the spawner asks
 again every ``snapshot_retry_interval`` seconds — the new set carries the kernels already saved
@@ -158,11 +160,32 @@ async def record(sp: BudgetSpawner, snap: dict) -> None:
         sp.log.warning("gpubudget: recording snapshot %s failed: %s", snap.get("id"), e)
 
 
+async def _lab_notice(sp: BudgetSpawner, stop_at: float) -> None:
+    """The lab's notice before the server stops (the service's ``preempt_stop_at``): JupyterLab
+    shows the warning with the time left and "Save and release now"; wait until then, or until
+    its owner released it (the session, asked again every second, says so)."""
+    sid = sp.session_id
+    sp.log.warning("gpubudget: %s's session %s: the lab is told; its server stops in %.0f s",
+                   sp.user.name, sid, stop_at - time.time())
+    while time.time() < stop_at:
+        await asyncio.sleep(min(1.0, max(0.0, stop_at - time.time())))
+        try:
+            sess = await sp.api("GET", f"/sessions/{sid}")
+        except ServiceError as e:  # the notice runs on; the deadline still holds
+            sp.log.warning("gpubudget: reading %s during its notice failed: %s", sid, e)
+            continue
+        if sess.get("state") != "running" or not sess.get("preempt_stop_at"):
+            return
+        stop_at = min(stop_at, float(sess["preempt_stop_at"]))
+
+
 async def preempt(sp: BudgetSpawner, sess: dict) -> None:
     """Save, stop, end, requeue (see the module's docstring)."""
     sid = sp.session_id
     deadline = sess.get("preempt_deadline") or (time.time() + 120.0)
     why = sess.get("preempt_requested") or "preempted"
+    if sess.get("preempt_stop_at"):
+        await _lab_notice(sp, float(sess["preempt_stop_at"]))
     snap, missing = None, ""
     if sp.snapshot_on_preempt:
         sp.log.warning("gpubudget: %s's session %s is preempted (%s): saving its kernels "

@@ -231,6 +231,12 @@ class GpuBudgetService(Application):
                                    "is told once: a notice in JupyterLab, by webhook and e-mail, "
                                    "and a batch job that asked for a warn_signal gets it. "
                                    "0: no warning.").tag(config=True)
+    preempt_notice_time = Float(60.0, help="Seconds a preempted session's JupyterLab is "
+                                "given before its server is stopped: the lab shows a warning "
+                                "with the time left and a 'Save and release now' button; then "
+                                "the spawner saves the kernels and stops the server. Never more "
+                                "than half the policy's stop_grace (the other half is the "
+                                "snapshot's). 0: stopped at once.").tag(config=True)
     preemption_outlook_horizon = Float(3600.0, help="Seconds ahead the preemption outlook "
                                        "looks (session and job JSON: preemption_forecast). It "
                                        "runs a scheduling cycle at each protection end within "

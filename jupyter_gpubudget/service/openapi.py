@@ -322,6 +322,11 @@ def session_paths() -> dict:
         "preempt_deadline": {"type": "number", "nullable": True,
                              "description": "When the server will be stopped at the latest "
                                             "after a preemption was asked for"},
+        "preempt_stop_at": {"type": "number", "nullable": True,
+                            "description": "When the spawner saves the kernels and stops the "
+                                           "server: the lab's notice (preempt_notice_time) "
+                                           "after the preemption was asked for, or when the "
+                                           "owner released it"},
         "free_now": {"type": "array", "description": "Queued: other GPU slices that would "
                      "start at once (largest first)", "items": {"type": "object", "properties": {
                          "key": {"type": "string"}, "label": {"type": "string"},
@@ -412,6 +417,11 @@ def session_paths() -> dict:
             "one segment per charge interval (start, end, nodes, placement, gpu_hours, "
             "ended: preempted|hibernated|cancelled|stopped|ended, why), and total_gpu_hours",
             _resp("History", {"type": "object"}), params=sid, extra=nf)},
+        "/sessions/{id}/release": {"post": _op(
+            "Save and release now: the owner lets the preemption of their session go ahead "
+            "now (preempt_stop_at becomes now; the kernels are still saved and restored)",
+            _resp("Session", session), params=sid,
+            extra={**nf, "409": "Not being preempted"})},
     }
 
 

@@ -184,3 +184,24 @@ class PreemptionWarner:
             self.ledger.record_decision(now=now, kind=WARNING_KIND, workload=r.id,
                                         reason=f.outlook.reason, detail=detail)
         return [r.id for r in todo]
+
+
+# ------------------------------------------------------------ the lab's notice before a stop
+#: the decision recorded when a session's owner lets its preemption go ahead now
+RELEASE_KIND = "release-now"
+
+
+def notice_seconds(notice_time: float, stop_grace: float) -> float:
+    """The notice a preempted session's lab gets before its server is stopped: the setting,
+    never more than half the stop grace (the other half is the snapshot's)."""
+    return max(0.0, min(notice_time, stop_grace / 2))
+
+
+def stop_at(requested_at: float, notice: float, decisions: list[DecisionRow]) -> float:
+    """When the spawner stops a server whose preemption was asked for at ``requested_at``:
+    after the notice, or when its owner released it (a ``release-now`` since then)."""
+    at = requested_at + notice
+    for d in decisions:
+        if d.kind == RELEASE_KIND and d.at >= requested_at:
+            at = min(at, d.at)
+    return at

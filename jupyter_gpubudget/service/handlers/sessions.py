@@ -18,6 +18,7 @@ from jupyter_gpubudget.ledger.snapshots import resume_chain
 from ..auth import SCOPE_READ, SCOPE_SUBMIT, Caller, Denied, needs_scope
 from ..base import ApiError, BaseHandler
 from ..delivery import is_notice, notice_of
+from ..preempt_warning import RELEASE_KIND, notice_seconds, stop_at
 from ..reaper import SESSION_BACKEND
 from ..resume import (
     pop_resume_fields,
@@ -77,15 +78,21 @@ class _SessionBase(BaseHandler):
             for c in self.svc.ledger.charges(workload=row.id)) if row.started_at else 0.0
         out["preempt_requested"] = None
         out["preempt_deadline"] = None
+        out["preempt_stop_at"] = None
         out["idle_reported"] = None
         if row.state == "running":
-            for d in self.svc.ledger.decisions(workloads=[row.id], limit=20):
+            ds = self.svc.ledger.decisions(workloads=[row.id], limit=20)
+            for d in ds:
                 if d.at < (row.started_at or 0):
                     break
                 if d.kind == "preempt-requested" and out["preempt_requested"] is None:
                     out["preempt_requested"] = d.reason or "preempted"
                     # the server is stopped at the latest when the grace period is over
-                    out["preempt_deadline"] = d.at + self.svc.policy().stop_grace
+                    grace = self.svc.policy().stop_grace
+                    out["preempt_deadline"] = d.at + grace
+                    # the lab's notice first (service/preempt_warning.py)
+                    out["preempt_stop_at"] = stop_at(
+                        d.at, notice_seconds(self.svc.preempt_notice_time, grace), ds)
                 if d.kind == "idle" and out["idle_reported"] is None:
                     out["idle_reported"] = d.at
         out.update(snapshot_fields(self.svc, row))
@@ -351,6 +358,34 @@ class SessionHandler(_SessionBase):
         self.send(await self.db(read))
 
 
+class ReleaseHandler(_SessionBase):
+    @needs_scope(SCOPE_SUBMIT)
+    async def post(self, wid: str) -> None:
+        """"Save and release now": the owner lets the preemption of their session go ahead
+        now, after the lab saved the notebooks (its kernels are still saved and restored);
+        409 when it is not being preempted."""
+        c = await self.caller()
+        row = await self.session_or_404(wid)
+        c.require_change_workload(row.user)
+        svc = self.svc
+
+        def work() -> bool:
+            fresh = svc.ledger.get(wid)
+            if fresh is None or fresh.state != "running":
+                return False
+            if not any(d.kind == "preempt-requested" and d.at >= (fresh.started_at or 0)
+                       for d in svc.ledger.decisions(workloads=[wid], limit=20)):
+                return False
+            svc.ledger.record_decision(now=svc.clock(), kind=RELEASE_KIND, workload=wid,
+                                       actor=c.name, reason="released by its owner")
+            return True
+
+        if not await self.db(work):
+            raise ApiError(409, "this session is not being preempted: stop the server from "
+                                "the hub's control panel to release its GPU")
+        await self.send_session(wid)
+
+
 class HeartbeatHandler(_SessionBase):
     @needs_scope(SCOPE_SUBMIT)
     async def post(self, wid: str) -> None:
@@ -483,4 +518,5 @@ API_ROUTES = [
     (f"/sessions/{SESSION_ID}/heartbeat", HeartbeatHandler),
     (f"/sessions/{SESSION_ID}/idle", IdleHandler),
     (f"/sessions/{SESSION_ID}/history", SessionHistoryHandler),
+    (f"/sessions/{SESSION_ID}/release", ReleaseHandler),
 ]

@@ -270,6 +270,28 @@ class BusyChargeRow(Base):
     first: Mapped[float] = mapped_column(Float)
     last: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(20), default="")  # device, gpm, process
+    #: the busy fraction of the latest sample (ending at ``last``): the session's live figure
+    last_busy: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class BudgetRequestRow(Base):
+    """A member's request for more GPU-hours for a project (``ledger/budget_requests.py``):
+    ``gpu_hours`` more per window, with a reason; the project's managers grant it (through
+    the grant change, whose version is kept) or decline it with a note."""
+
+    __tablename__ = "budget_requests"
+    __table_args__ = (Index("ix_budget_requests_state_project", "state", "project"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project: Mapped[str] = mapped_column(String(200))
+    user: Mapped[str] = mapped_column(String(200), index=True)
+    gpu_hours: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(20), default="pending")  # granted, declined
+    created_at: Mapped[float] = mapped_column(Float)
+    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    decided_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    grant_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class UsageHourlyRow(Base):

@@ -238,6 +238,7 @@ def openapi_document(api_prefix: str) -> dict:
     paths.update(session_paths())
     paths.update(operator_paths())
     paths.update(snapshot_paths())
+    paths.update(mine_paths())
     return {
         "openapi": "3.0.3",
         "info": {"title": "jupyter-gpubudget service", "version": "1",
@@ -562,3 +563,32 @@ def _audit_op(tz: dict, q: Any) -> dict:
              extra={"400": "Bad filter (the field is named)"})
     op["responses"]["200"]["content"]["text/csv"] = {"schema": {"type": "string"}}
     return op
+
+
+def mine_paths() -> dict:
+    """A researcher's own figures for the sidebar (handlers/mine.py)."""
+    num = {"type": "number", "nullable": True}
+    figs = {"charged_gpu_h": NUM, "busy_gpu_h": num, "measured_gpu_h": NUM,
+            "idle_gpu_h": num, "idle_share": num}
+    tz = {"name": "tz", "in": "query", "required": False, "schema": {"type": "string"},
+          "description": "IANA time zone of the week (default UTC)"}
+    return {
+        "/me/week": {"get": _op(
+            "My GPU-hours this week (Monday 00:00 in tz until now): charged, busy (null: "
+            "unknown), measured and idle, per project I am a member of (my own line) and in "
+            "total", _resp("My week", {"type": "object", "properties": {
+                "from": NUM, "to": NUM, "tz": {"type": "string"},
+                "totals": {"type": "object", "properties": figs},
+                "projects": {"type": "array", "items": {"type": "object", "properties": {
+                    "project": {"type": "string"}, **figs}}}}}),
+            params=[tz], extra={"400": "Bad tz"})},
+        "/sessions/{id}/utilisation": {"get": _op(
+            "My session's live GPU utilisation: the busy fraction of its latest sample, "
+            "when and by what (status live, stale or unknown: nothing measures it)",
+            _resp("Utilisation", {"type": "object", "properties": {
+                "status": {"type": "string", "enum": ["live", "stale", "unknown"]},
+                "utilisation": num, "at": num, "age_s": num, "average": num,
+                "source": {"type": "string", "nullable": True}}}),
+            params=[{"name": "id", "in": "path", "required": True, "schema": WORKLOAD_ID}],
+            extra={"404": "No such session"})},
+    }

@@ -11,6 +11,7 @@ from . import (
     audit,
     events,
     jobs,
+    mine,
     notices,
     operator,
     pages,
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
 MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
-           reports, notices, pages)
+           reports, notices, mine, pages)
 
 
 def routes(prefix: str, svc: GpuBudgetService) -> list:

@@ -2,9 +2,12 @@
 decisions through KubernetesBackend against the real control plane (tests/fixtures/k8s.py says
 which parts are real; kwok plays the kubelets: a pod ends only when its job says
 ``GPUBUDGET_TEST_EXIT``), on an inventory discovered from two real Node objects: an unbacked
-job runs on the idle GPUs; a backed gang preempts it (its Job deleted, its pods gone), runs as
-an Indexed Job on the core's nodes — bound there by the real scheduler, its pods made by the
-real job controller — and ends done; the preempted job is requeued and starts again."""
+job runs on the idle GPUs; a backed gang preempts it (its Job deleted, its pods deleted with
+the configured grace period — read on the real API server's watch, since kwok removes a deleted
+pod at once — and gone), the decision in the ledger (preempting, then preempt: for the gang,
+requeued) with the charge closed by it; the gang runs as an Indexed Job on the core's nodes — bound there by the real scheduler, its
+pods made by the real job controller — and ends done; the preempted job is requeued and starts
+again."""
 
 from __future__ import annotations
 
@@ -13,7 +16,10 @@ import time
 from jupyter_gpubudget.backends import k8s_objects as ko
 from jupyter_gpubudget.ledger import Ledger
 from tests.fixtures.k8s import EXIT_ENV, NAMESPACE
+from tests.kubernetes.realpods import PodEvents
 from tests.kubernetes.test_fake_api_loop import make_loop, run_until
+
+GRACE = 7  # neither the backend's default nor the tests'
 
 
 def submit(ledger: Ledger, project: str, user: str, gpus: int, env: dict) -> str:
@@ -25,8 +31,10 @@ def submit(ledger: Ledger, project: str, user: str, gpus: int, env: dict) -> str
 def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, real_backend,
                                                                          tmp_path):
     # the inventory: the two nodes the selector names (16 GPUs)
-    b = real_backend(node_selector="kubernetes.io/hostname in (gpu-a,gpu-b)")
+    b = real_backend(node_selector="kubernetes.io/hostname in (gpu-a,gpu-b)", stop_grace=GRACE)
     ledger, loop = make_loop(tmp_path, b)
+    events = PodEvents(k8s, NAMESPACE)
+    events.start()
     assert loop.inventory.gpu_count == 16 and loop.inventory.source == "kubernetes"
 
     def running(wid: str) -> list[dict]:
@@ -47,6 +55,23 @@ def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, 
     assert row.state == "pending" and row.preemptions == 1  # requeued (resumable)
     assert k8s.admin.items(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
                            f"{ko.L_WORKLOAD}={slow},{ko.L_ATTEMPT}=1") == []
+    # its pods were deleted with the configured grace period, and are gone
+    first = {e.name for e in events.events
+             if e.pod["metadata"]["labels"].get(ko.L_WORKLOAD) == slow
+             and e.pod["metadata"]["labels"].get(ko.L_ATTEMPT) == "1"}
+    assert len(first) == 2
+    assert {n: events.grace_asked(n) for n in first} == dict.fromkeys(first, GRACE)
+    assert k8s.admin.items(f"/api/v1/namespaces/{NAMESPACE}/pods",
+                           f"{ko.L_WORKLOAD}={slow},{ko.L_ATTEMPT}=1") == []
+    # the ledger: the decision (asked, then done, for alice's gang, requeued), and the charge
+    # closed by the preemption
+    kinds = [d.kind for d in reversed(ledger.decisions(workloads=[slow]))]
+    assert kinds == ["start", "preempting", "preempt"], kinds
+    (pre,) = ledger.decisions(kind="preempt", workloads=[slow])
+    assert pre.reason and pre.detail["for"] == gang and pre.detail["requeued"] is True
+    (charge,) = ledger.charges(workload=slow)
+    assert charge.closed_by == "preempt" and charge.end is not None
+    events.check()
 
     run_until(loop, lambda: ledger.get(gang).state == "done", "gang done", 90)
     placed = {s["node"] for s in ledger.get(gang).placement}
@@ -60,3 +85,4 @@ def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, 
     run_until(loop, lambda: len(running(slow)) == 2, "its pods run again", 90)
     loop.cancel(slow, by="test")
     assert not running(slow)
+    events.stop()

@@ -70,9 +70,9 @@ def budgets_yaml(rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
-def inventory() -> Inventory:
+def inventory(nodes: int = 1024) -> Inventory:
     return Inventory(tuple(make_node(f"node{i:04d}", "H100-80GB", 8, mig=(6, 7), rack=f"rack{i // 32}")
-                           for i in range(1024)))
+                           for i in range(nodes)))
 
 
 def random_request(rng: random.Random) -> SliceRequest:
@@ -98,11 +98,12 @@ def random_workload(rng: random.Random, i: int, at: float, projects: list[str]) 
                     time_limit=rng.choice([None, 2 * HOUR, 12 * HOUR, 48 * HOUR]))
 
 
-def build_state(seed: int) -> ClusterState:
+def build_state(seed: int, nodes: int = 1024, queued: int = 10000) -> ClusterState:
+    """The benchmark's state; ``nodes`` and ``queued`` scale it down (the tests' instance)."""
     rng = random.Random(seed)
     budgets = load_budgets(budgets_yaml(rng))
     projects = budgets.accounts.projects()
-    inv = inventory()
+    inv = inventory(nodes)
     sched = Scheduler(budgets.accounts, inv, budgets.policy)
     i = 0
     # the queue as the live service holds it: every workload arrived through the incremental
@@ -110,16 +111,17 @@ def build_state(seed: int) -> ClusterState:
     # 10,000 are waiting
     i = 0
     t = NOW - 20 * HOUR
-    while len(sched.pending) < 10000:
-        t += 7.0
+    every = max(1, queued // 5)
+    while len(sched.pending) < queued:
+        t += 7.0 * 10000 / queued
         w = random_workload(rng, i, t, projects)
         i += 1
         sched.submit(w, t)
-        if i % 2000 == 0:
+        if i % every == 0:
             sched.cycle(t)
     pending = list(sched.pending.values())
     charges = list(sched.meter.charges())
-    for k in range(4000):  # two weeks of finished work
+    for k in range(4000 * queued // 10000):  # two weeks of finished work
         end = NOW - rng.uniform(0, 14 * 24 * HOUR)
         charges.append(ChargeInterval(f"old{k}", rng.choice(projects), "user000",
                                       rng.choice([143, 1000, 2000, 8000]),

@@ -10,19 +10,19 @@ scheduler (:class:`Quoter`), so the spawn form never runs a cycle per choice.
 
 from __future__ import annotations
 
-import heapq
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from .backfill import predicted_end
+from .forecast import Forecast as Forecast  # the forecast quotes read (forecast.py)
+from .forecast import forecast as forecast
 from .inventory import GpuSpec, Inventory, NodeSpec
 from .mig import profiles_for
-from .model import Decision, SliceRequest, Start, Workload, request_milli
+from .model import SliceRequest, Workload, request_milli
 from .placement import gang_links, place
 from .preemption import choose_victims
 from .ranking import INF
-from .scheduler import ClusterState, Scheduler
+from .scheduler import Scheduler
 from .workqueue import with_interconnect
 
 MPS_SHARES = (250, 500)
@@ -138,66 +138,6 @@ def request_for(key: str) -> SliceRequest:
     if kind == "mps":
         return SliceRequest.mps(int(arg))
     return SliceRequest.cpu_only()
-
-
-# ---------------------------------------------------------------------------- the forecast
-@dataclass(frozen=True)
-class Forecast:
-    """The core's one start-time prediction: the queue replayed forward by the scheduler
-    itself, running work ending at its predicted time, nothing new arriving.
-
-    ``starts``: when each pending workload starts. ``probe_starts``: for each offered slice
-    choice, the first time a request of that shape fits once the queue ahead has been served
-    (what a newcomer queued behind today's work can expect)."""
-
-    starts: dict[str, float]
-    probe_starts: dict[str, float]
-
-
-def forecast(state: ClusterState, now: float, probes: dict[str, SliceRequest] | None = None,
-             horizon: float | None = None, max_fills: int = 200) -> Forecast:
-    """Replay the queue from ``state``: the cycle at ``now``, then departures in time order,
-    the freed capacity filled in rank order. Departures are taken in steps that grow with
-    the distance from now (a minute at first, a twentieth of the distance later), so the
-    replay does at most ``max_fills`` fills whatever the queue's length: near-term starts are
-    exact to the minute, distant ones to a few percent of their distance."""
-    s = Scheduler.from_state(state)
-    limit = now + (horizon if horizon is not None else s.policy.window)
-    starts: dict[str, float] = {}
-    open_probes = dict(probes or {})
-    probe_starts: dict[str, float] = {}
-    ends: list[tuple[float, str]] = []
-
-    def started(decisions: list[Decision], t: float) -> None:
-        for d in decisions:
-            if isinstance(d, Start):
-                starts[d.workload] = t
-                heapq.heappush(ends, (t + s.predict(s.running[d.workload]), d.workload))
-
-    def probe(t: float) -> None:
-        for key, req in list(open_probes.items()):
-            if place(s.cluster, req, t + s.policy.default_runtime) is not None:
-                probe_starts[key] = t
-                del open_probes[key]
-
-    for w in s.running.values():
-        heapq.heappush(ends, (predicted_end(w, now, s.predict(w)), w.id))
-    started(s.cycle(now), now)
-    probe(now)
-    fills = 0
-    while ends and (s.pending or open_probes) and fills < max_fills:
-        t = ends[0][0]
-        if t > limit:
-            break
-        step_end = t + max(60.0, (t - now) / 20)
-        while ends and ends[0][0] <= step_end:  # every departure of this step, then one fill
-            _, wid = heapq.heappop(ends)
-            if wid in s.running:
-                s._stop(wid, t)
-        fills += 1
-        started(s._fill(t), t)
-        probe(t)
-    return Forecast(starts, probe_starts)
 
 
 # ---------------------------------------------------------------------------- quotes

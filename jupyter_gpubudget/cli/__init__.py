@@ -1,5 +1,5 @@
 """`gpubudget` — the command line, one module per command group: hub, demo, budgets,
-simulate, submit/jobs/cancel/logs, snapshot, report, service, slurm."""
+simulate, submit/jobs/cancel/logs, snapshot, reservations, report, service, slurm."""
 
 from __future__ import annotations
 
@@ -7,7 +7,19 @@ import argparse
 import sys
 
 from ..core.yamlnodes import ConfigError
-from . import budgets, demo, hub, jobs, report, service, simulate, slurm, snapshots
+from . import (
+    budget,
+    budgets,
+    demo,
+    hub,
+    jobs,
+    report,
+    reservations,
+    service,
+    simulate,
+    slurm,
+    snapshots,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,11 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     demo.add_demo_parser(sub)
     budgets.add_budgets_parser(sub)
+    budget.register(sub)
     hub.add_hub_parser(sub)
     simulate.add_simulate_parser(sub)
     slurm.add_slurm_parser(sub)
     jobs.register(sub)
     snapshots.register(sub)
+    reservations.register(sub)
     report.add_report_parser(sub)
     service.add_service_parser(sub)
     return p

@@ -359,3 +359,24 @@ class NoticePrefRow(Base):
     webhook: Mapped[str | None] = mapped_column(Text, nullable=True)
     email: Mapped[str | None] = mapped_column(String(320), nullable=True)
     changed_at: Mapped[float] = mapped_column(Float)
+
+
+class BookingRow(Base):
+    """An advance reservation (``ledger/bookings.py``, ``core/reservations.py``): whole GPUs
+    booked for a project over ``[start_at, end_at)``; ``gpus`` names each booked GPU as
+    ``node:index``, chosen when it was booked. ``cancelled_at`` set: it no longer holds them."""
+
+    __tablename__ = "bookings"
+    __table_args__ = (Index("ix_bookings_end_at", "end_at"),)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project: Mapped[str] = mapped_column(String(200), index=True)
+    cluster: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[list] = mapped_column(JSON, default=list)
+    start_at: Mapped[float] = mapped_column(Float)
+    end_at: Mapped[float] = mapped_column(Float)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    cancelled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancelled_by: Mapped[str | None] = mapped_column(String(200), nullable=True)

@@ -238,6 +238,8 @@ def openapi_document(api_prefix: str) -> dict:
     paths.update(session_paths())
     paths.update(operator_paths())
     paths.update(snapshot_paths())
+    from .handlers.reservations import openapi_paths as reservation_paths
+    paths.update(reservation_paths())
     paths.update(mine_paths())
     return {
         "openapi": "3.0.3",

@@ -24,6 +24,7 @@ from jupyter_gpubudget.core.model import (
 )
 from jupyter_gpubudget.core.scheduler import LOSS_WINDOW, ClusterState
 from jupyter_gpubudget.ledger import Ledger
+from jupyter_gpubudget.ledger.bookings import live_bookings
 from jupyter_gpubudget.ledger.nodes import unhealthy_nodes
 from jupyter_gpubudget.ledger.rollups import HOUR
 from jupyter_gpubudget.ledger.snapshots import snapshot_history
@@ -298,5 +299,5 @@ def build_state(ledger: Ledger, tree: AccountTree, inventory, policy, now: float
                          policy=policy, running=running, pending=pending, charges=charges,
                          history=history, unhealthy=unhealthy_nodes(ledger),
                          recent_losses=ledger.recent_losses(now - LOSS_WINDOW),
-                         finished=finished)
+                         finished=finished, bookings=live_bookings(ledger, now))
     return state, rows

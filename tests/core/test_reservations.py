@@ -60,7 +60,7 @@ def drive(work: list[Workload], runtimes: dict[str, float], bookings: list[Booki
     starts: list[str] = []
     for i in range(cycles):
         now = STEP * i
-        for wid, w in list(running.items()):
+        for wid in list(running):
             if now - starts_at[wid] >= runtimes[wid]:
                 del running[wid]
         state = ClusterState(accounts, inv, running=list(running.values()),

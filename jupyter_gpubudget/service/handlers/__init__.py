@@ -16,6 +16,7 @@ from . import (
     operator,
     pages,
     reports,
+    reservations,
     sessions,
     snapshots,
     system,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
 MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
-           reports, notices, mine, pages)
+           reports, reservations, notices, mine, pages)
 
 
 def routes(prefix: str, svc: GpuBudgetService) -> list:

@@ -1,0 +1,192 @@
+"""Advance reservations ("bookings"): list, book, cancel.
+
+Admins book for any project, managers for the projects below the accounts they manage (the
+``manage`` scope); everyone who may read sees the bookings of their projects (members) and
+of the accounts they manage. Bad input is a 400 naming the field, with nothing booked."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from ...ledger import bookings as store
+from ...ledger.models import BookingRow
+from ..auth import SCOPE_MANAGE, SCOPE_READ, Caller, Denied, needs_scope
+from ..base import ApiError, BaseHandler
+
+FIELDS = {"project", "gpus", "start", "end", "nodes", "gpu_model", "cluster", "note"}
+#: epoch seconds accepted (years 2000 to 2200): a bigger number is a mistake, not a time
+MIN_TIME, MAX_TIME = 946684800.0, 7258118400.0
+
+
+def booking_json(r: BookingRow, now: float) -> dict[str, Any]:
+    state = ("cancelled" if r.cancelled_at is not None else "ended" if r.end_at <= now
+             else "active" if r.start_at <= now else "booked")
+    return {"id": r.id, "project": r.project, "cluster": r.cluster, "gpus": r.gpu_count,
+            "devices": list(r.gpus), "nodes": sorted({k.rpartition(":")[0] for k in r.gpus}),
+            "start": r.start_at, "end": r.end_at, "note": r.note, "state": state,
+            "created_by": r.created_by, "created_at": r.created_at,
+            "cancelled_at": r.cancelled_at, "cancelled_by": r.cancelled_by}
+
+
+def parse_time(name: str, value: Any) -> float:
+    """Epoch seconds, or an ISO 8601 time with its offset (``2026-12-07T10:00+01:00``)."""
+    if isinstance(value, bool):
+        raise ApiError(400, f"{name}: a time (epoch seconds or ISO 8601), got {value!r}", name)
+    if isinstance(value, (int, float)):
+        t = float(value)
+    elif isinstance(value, str) and len(value) <= 40:
+        try:
+            d = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ApiError(400, f"{name}: not an ISO 8601 time: {value!r}", name) from None
+        if d.tzinfo is None:
+            raise ApiError(400, f"{name}: give the time's offset or zone ({value!r} + "
+                                "'+01:00' or 'Z')", name)
+        t = d.timestamp()
+    else:
+        raise ApiError(400, f"{name}: a time (epoch seconds or ISO 8601)", name)
+    if not (math.isfinite(t) and MIN_TIME <= t <= MAX_TIME):
+        raise ApiError(400, f"{name}: out of range", name)
+    return t
+
+
+def parse_booking(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "body: a JSON object", "body")
+    extra = sorted(set(body) - FIELDS)
+    if extra:
+        raise ApiError(400, f"{extra[0]}: unknown field (known: {', '.join(sorted(FIELDS))})",
+                       extra[0])
+    for key in ("project", "gpus", "start", "end"):
+        if key not in body:
+            raise ApiError(400, f"{key}: required", key)
+    project = body["project"]
+    if not isinstance(project, str) or not project:
+        raise ApiError(400, "project: a project's name", "project")
+    gpus = body["gpus"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 100_000:
+        raise ApiError(400, f"gpus: a whole number from 1 to 100000, got {gpus!r}", "gpus")
+    nodes = body.get("nodes") or []
+    if not (isinstance(nodes, list) and len(nodes) <= 1000
+            and all(isinstance(n, str) and n for n in nodes)):
+        raise ApiError(400, "nodes: a list of node names", "nodes")
+    out: dict[str, Any] = {"project": project, "gpus": gpus, "nodes": nodes,
+                           "start": parse_time("start", body["start"]),
+                           "end": parse_time("end", body["end"])}
+    for key in ("gpu_model", "cluster", "note"):
+        v = body.get(key)
+        if v is not None and not (isinstance(v, str) and len(v) <= 1000):
+            raise ApiError(400, f"{key}: a string", key)
+        out[key] = v
+    out["note"] = out["note"] or ""
+    return out
+
+
+def may_book(c: Caller, tree: Any, project: str) -> None:
+    """Admins book for any project; managers for projects below an account they manage."""
+    if c.is_admin:
+        return
+    c.require_scope(SCOPE_MANAGE)
+    if not tree.can_manage(c.name, project):
+        raise Denied(f"user {c.name!r} neither is an admin nor manages {project!r}: "
+                     "only they book its GPUs")
+
+
+class ReservationsHandler(BaseHandler):
+    @needs_scope(SCOPE_READ)
+    async def get(self) -> None:
+        c = await self.caller()
+        now = self.svc.clock()
+        everything = self.get_query_argument("all", "") in ("1", "true")
+        rows = await self.db(lambda: store.bookings(
+            self.svc.ledger, ending_after=None if everything else now, cancelled=everything))
+        seen = c.visible_accounts(self.tree)
+        self.send({"reservations": [booking_json(r, now) for r in rows
+                                    if c.is_admin or r.project in seen]})
+
+    @needs_scope(SCOPE_MANAGE)
+    async def post(self) -> None:
+        c = await self.caller()
+        spec = parse_booking(self.body())
+        tree = self.tree
+        if spec["project"] not in tree or not tree.is_project(spec["project"]):
+            raise ApiError(400, f"project: no project {spec['project']!r}", "project")
+        may_book(c, tree, spec["project"])
+        now = self.svc.clock()
+        row = await self.db(lambda: store.book(
+            self.svc.ledger, self.svc.inventory, project=spec["project"], gpus=spec["gpus"],
+            start=spec["start"], end=spec["end"], by=c.name, now=now, nodes=spec["nodes"],
+            gpu_model=spec["gpu_model"], cluster=spec["cluster"], note=spec["note"]))
+        self.send(booking_json(row, now), 201)
+
+
+class ReservationHandler(BaseHandler):
+    @needs_scope(SCOPE_READ)
+    async def get(self, bid: str) -> None:
+        c = await self.caller()
+        row = await self.db(lambda: store.get(self.svc.ledger, bid))
+        if row is None:
+            raise ApiError(404, f"no reservation {bid!r}")
+        c.require_see_account(self.tree, row.project)
+        self.send(booking_json(row, self.svc.clock()))
+
+    @needs_scope(SCOPE_MANAGE)
+    async def delete(self, bid: str) -> None:
+        c = await self.caller()
+        row = await self.db(lambda: store.get(self.svc.ledger, bid))
+        if row is None or row.cancelled_at is not None:
+            raise ApiError(404, f"no reservation {bid!r} (or it was cancelled)")
+        may_book(c, self.tree, row.project)
+        now = self.svc.clock()
+        done = await self.db(lambda: store.cancel(self.svc.ledger, bid, by=c.name, now=now))
+        if done is None:
+            raise ApiError(404, f"no reservation {bid!r} (or it was cancelled)")
+        self.send(booking_json(done, now))
+
+
+API_ROUTES = [
+    (r"/reservations", ReservationsHandler),
+    (r"/reservations/([A-Za-z0-9_.-]{1,64})", ReservationHandler),
+]
+
+
+def openapi_paths() -> dict[str, Any]:
+    """The reservations' part of the service's OpenAPI document."""
+    from ..openapi import _op, _resp  # the document's own builders
+
+    num = {"type": "number"}
+    booking = {"type": "object", "properties": {
+        "id": {"type": "string"}, "project": {"type": "string"},
+        "cluster": {"type": "string", "nullable": True}, "gpus": {"type": "integer"},
+        "devices": {"type": "array", "items": {"type": "string"}},
+        "nodes": {"type": "array", "items": {"type": "string"}}, "start": num, "end": num,
+        "state": {"type": "string", "enum": ["booked", "active", "ended", "cancelled"]},
+        "note": {"type": "string"}, "created_by": {"type": "string"}, "created_at": num}}
+    time = {"oneOf": [num, {"type": "string", "format": "date-time"}]}
+    body = {"type": "object", "required": ["project", "gpus", "start", "end"],
+            "additionalProperties": False, "properties": {
+                "project": {"type": "string"}, "gpus": {"type": "integer", "minimum": 1},
+                "start": time, "end": time, "nodes": {"type": "array", "items": {
+                    "type": "string"}}, "gpu_model": {"type": "string"},
+                "cluster": {"type": "string"}, "note": {"type": "string"}}}
+    rid = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    bad = {"400": "Cannot be booked: the window in the past or ending before it starts, over "
+                  "capacity, a node's other booking, an unknown project, a bad type (the "
+                  "field is named; nothing is booked)"}
+    return {
+        "/reservations": {
+            "get": _op("Advance reservations not yet over (?all=1: every one, cancelled too) "
+                       "of the projects I see", _resp("Reservations", {"type": "object",
+                       "properties": {"reservations": {"type": "array", "items": booking}}})),
+            "post": _op("Book whole GPUs for a project over a window (admins; managers for "
+                        "their projects)", _resp("Booked", booking), body=body, ok_code="201",
+                        extra=bad)},
+        "/reservations/{id}": {
+            "get": _op("One reservation", _resp("Reservation", booking), params=rid,
+                       extra={"404": "No such reservation"}),
+            "delete": _op("Cancel a reservation (admins; managers for their projects)",
+                          _resp("Cancelled", booking), params=rid,
+                          extra={"404": "No such reservation"})},
+    }

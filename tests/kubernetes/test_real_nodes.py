@@ -2,7 +2,8 @@
 are real; kwok plays the kubelets): the core's drain cordons the node with its reason, the
 real scheduler then binds nothing new there, and the backend sees the cordon through its watch;
 a cordon someone else made is not lifted by the backend; a node kwok marks NotReady is
-unhealthy for the backend, and healthy again once it is Ready."""
+unhealthy for the backend, and healthy again once it is Ready; so is a node whose MIG layout is
+being changed."""
 
 from __future__ import annotations
 
@@ -85,3 +86,20 @@ def test_a_node_kwok_marks_not_ready_is_unhealthy_for_the_backend(k8s, real_back
     wait_for(lambda: node_ready(k8s.admin.get("/api/v1/nodes/gpu-a")) == "True",
              "kwok to make gpu-a Ready again", 60)
     wait_for(lambda: "gpu-a" not in b.node_health(), "the backend to see it healthy", 30)
+
+
+def test_a_node_whose_mig_layout_is_being_changed_is_unhealthy_for_the_backend(k8s,
+                                                                              real_backend):
+    """The GPU operator's MIG manager labels a node ``nvidia.com/mig.config.state=pending``
+    while it repartitions it (the label is set here by the test: no MIG manager runs)."""
+    b = real_backend()
+    b.discover_inventory()
+    assert "gpu-d" not in b.node_health()
+    label = "nvidia.com/mig.config.state"
+    try:
+        k8s.admin.merge_patch("/api/v1/nodes/gpu-d", {"metadata": {"labels": {label: "pending"}}})
+        assert wait_for(lambda: b.node_health().get("gpu-d"), "the backend to see it",
+                        30) == "MIG reconfiguration pending"
+    finally:
+        k8s.admin.merge_patch("/api/v1/nodes/gpu-d", {"metadata": {"labels": {label: "success"}}})
+    wait_for(lambda: "gpu-d" not in b.node_health(), "the backend to see it healthy", 30)

@@ -36,6 +36,7 @@ ALLOWED: list[tuple[str, re.Pattern[str], frozenset[str]]] = [
         ("GET", rf"sessions/{_SID}", ()),
         ("GET", rf"sessions/{_SID}/snapshots", ()),
         ("GET", rf"sessions/{_SID}/history", ()),
+        ("POST", rf"sessions/{_SID}/release", ()),  # "Save and release now" (preempted)
         ("DELETE", rf"sessions/{_SID}", ()),  # queued sessions only: checked below
         ("GET", r"workloads/me", ("state",)),
         ("GET", r"workloads/me/ended", ("limit",)),  # what ended work cost (no ?user=)
@@ -145,6 +146,12 @@ class ForwardHandler(_Base):
     @authorized
     async def delete(self, path: str) -> None:
         await self._forward("DELETE", path)
+
+    @web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        """Only the allow-list's POSTs (no body is passed on)."""
+        await self._forward("POST", path)
 
 
 def routes(base_url: str, lab: GpuBudgetLab) -> list:

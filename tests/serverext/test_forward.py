@@ -198,3 +198,12 @@ def test_service_url_from_the_servers_environment():
                                  "JUPYTERHUB_API_URL": "http://proxy:8000/hub/api"}) == \
         "http://proxy:8000/services/gpubudget"
     assert service_url_from_env({}) == ""
+
+
+def test_save_and_release_now_reaches_the_service(lab, service, session):
+    """The warning's button: forwarded (the service answers that nothing is being
+    preempted)."""
+    assert allowed("POST", f"sessions/{session['id']}/release") == frozenset()
+    st, out, _ = lab.call("POST", f"gpubudget/api/v1/sessions/{session['id']}/release",
+                          body=b"{}")
+    assert st == 409 and "not being preempted" in out["message"], out

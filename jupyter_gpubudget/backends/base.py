@@ -89,10 +89,10 @@ class Backend(LoggingConfigurable):
     #: (Slurm, Kubernetes) set False: the slice stays held until ``status`` says it is gone.
     synchronous_stop = True
 
-    #: ``launch_many`` sends its launches at once (an engine reached over the network):
-    #: the loop then records a cycle's consecutive Starts first and launches them together.
-    #: False: each Start is launched as soon as it is recorded, one after another.
-    concurrent_launch = False
+    #: n > 0: ``launch_many`` sends up to n launches at once (an engine reached over the
+    #: network): the loop records a cycle's consecutive Starts and launches them n at a
+    #: time. 0: each Start is launched as soon as it is recorded, one after another.
+    concurrent_launch = 0
 
     #: the fencing token of the service replica that leads (``service/leader.py``); None
     #: with one service process. A backend that can refuse a stale launch passes it on.

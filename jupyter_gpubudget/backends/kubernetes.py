@@ -232,7 +232,6 @@ class KubernetesBackend(Backend):
     """Batch jobs as Kubernetes Jobs; inventory, health and drain from Node objects."""
 
     name = "kubernetes"
-    concurrent_launch = True  # a cycle's Jobs are created concurrently (launch_many)
 
     namespace = Unicode(config=True, help="Namespace of the Jobs (default: the service "
                                           "account's namespace in the cluster, else 'default').")
@@ -285,6 +284,10 @@ class KubernetesBackend(Backend):
     watch_timeout = Integer(60, config=True,
                             help="Seconds a watch stays open before it is renewed from its "
                                  "resourceVersion.")
+
+    @property  # type: ignore[override]
+    def concurrent_launch(self) -> int:  # a cycle's Jobs are created concurrently
+        return int(self.launch_concurrency)
 
     @default("namespace")
     def _default_namespace(self) -> str:

@@ -450,9 +450,9 @@ class SchedulingLoop:
                 if wid not in self.view.inconsistent:  # log once, not every cycle
                     self.log.error("workload %s left out of scheduling: %s", wid, why)
             by_id = {r.id: r for r in rows}
-            # an engine that launches concurrently (Backend.concurrent_launch): consecutive
-            # Starts are recorded one by one, then launched together before the decision
-            # that follows them; otherwise each is launched as it is recorded
+            # an engine that launches concurrently (Backend.concurrent_launch = n):
+            # consecutive Starts are recorded one by one and launched n at a time (and before
+            # the decision that follows them); otherwise each is launched as it is recorded
             together = self.backend.concurrent_launch
             started: list[tuple] = []
             for d in decisions:
@@ -460,6 +460,9 @@ class SchedulingLoop:
                     if together and isinstance(d, Start):
                         if (opened := self._start(d, by_id, now)) is not None:
                             started.append(opened)
+                        if len(started) >= together:  # (they run while the rest are recorded)
+                            batch, started = started, []
+                            self._launch_started(batch)
                         continue
                     if started:
                         batch, started = started, []

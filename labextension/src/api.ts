@@ -51,6 +51,19 @@ export interface IWorkload {
   cluster?: string | null;
   /** GPU-hours charged so far (proposed for the service; computed here when absent). */
   charged_gpu_hours?: number | null;
+  /** Running work: whether the scheduler is likely to preempt it, about when, and why. */
+  preemption_forecast?: IPreemptionForecast | null;
+}
+
+/** The service's outlook for running work, given the work queued now. */
+export interface IPreemptionForecast {
+  likely: boolean;
+  at: Epoch | null;
+  at_text?: string | null;
+  for_workload?: string | null;
+  for_project?: string | null;
+  /** Why, in words ("its node n1 is being drained for maintenance"). */
+  reason?: string | null;
 }
 
 /** GET /workloads/me/ended: one of my ended workloads and what it cost its project. */
@@ -67,6 +80,8 @@ export interface ISession extends IWorkload {
   inventory?: 'declared' | 'nvml' | string;
   /** When the server will be stopped after a preemption was asked for. */
   preempt_deadline?: Epoch | null;
+  /** When the spawner saves the kernels and stops the server: the lab's notice. */
+  preempt_stop_at?: Epoch | null;
   /** Its newest snapshot (or of the session it resumed). */
   snapshot?: ISnapshotSet | null;
   snapshot_count?: number;
@@ -408,6 +423,13 @@ export class GpuBudgetClient {
   /** Leave the queue: only a queued session can be cancelled from the lab. */
   async cancelSession(id: string): Promise<ISession> {
     return this.request<ISession>(`v1/sessions/${seg(id, 'session')}`, { method: 'DELETE' });
+  }
+
+  /** "Save and release now": let the preemption of this session go ahead now. */
+  async release(id: string): Promise<ISession> {
+    return this.request<ISession>(`v1/sessions/${seg(id, 'session')}/release`, {
+      method: 'POST'
+    });
   }
 
   /** This session's snapshots (and those of the session it resumed), via the service. */

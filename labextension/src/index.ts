@@ -26,6 +26,7 @@ import {
   NoticeTracker
 } from './state';
 import { BudgetStatus } from './statusbar';
+import { StopWarning } from './warning';
 
 const PLUGIN_ID = 'jupyter-gpubudget:plugin';
 
@@ -55,7 +56,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     labShell: ILabShell | null
   ) => {
     let settings: ISettings = { ...DEFAULT_SETTINGS };
-    const model = new BudgetModel(new GpuBudgetClient(serverFetcher()));
+    const client = new GpuBudgetClient(serverFetcher());
+    const model = new BudgetModel(client);
+    const warning = new StopWarning(app.commands, model, client);
     const panel = new BudgetPanel(model, settings);
     panel.id = 'jp-gpubudget-panel';
     panel.title.icon = gpuBudgetIcon;
@@ -112,6 +115,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       panel.tick(now);
       status?.tick(now);
       notify();
+      warning.tick(now);
     }, 1000);
     let poller = 0;
     const schedule = () => {

@@ -33,6 +33,7 @@ import {
 import { historyView } from './history';
 import { BudgetModel } from './model';
 import { noticeBody, noticeDetails, noticeTitle } from './notices';
+import { forecastText } from './preemption';
 import {
   formatBytes,
   kernelWhere,
@@ -113,6 +114,7 @@ function SessionSection(props: IProps) {
   const inventory =
     s.inventory === 'declared' ? 'declared inventory (demo or test): no real GPU behind it' : '';
   const started = s.started_at !== null ? toLocalMs(s.started_at, snap.offsetMs) : null;
+  const forecast = forecastText(snap, now); // the service's outlook, while it is likely
   let protection: React.ReactNode;
   switch (v.phase) {
     case 'protected':
@@ -146,9 +148,10 @@ function SessionSection(props: IProps) {
           <div className="jp-GpuBudget-big">being preempted</div>
           <div>
             {s.preempt_requested}.{' '}
-            {typeof s.preempt_deadline === 'number'
+            {typeof (s.preempt_stop_at ?? s.preempt_deadline) === 'number'
               ? `This server will be stopped ${formatRelative(
-                  (toLocalMs(s.preempt_deadline, snap.offsetMs) - now) / 1000
+                  (toLocalMs((s.preempt_stop_at ?? s.preempt_deadline)!, snap.offsetMs) - now) /
+                    1000
                 )}.`
               : 'This server will be stopped shortly.'}{' '}
             {snap.info?.features.snapshots && snap.server?.enabled
@@ -178,6 +181,11 @@ function SessionSection(props: IProps) {
   return (
     <Section title="This session" id="jp-GpuBudget-session">
       {protection}
+      {forecast && (
+        <p className="jp-GpuBudget-forecast jp-GpuBudget-warn" role="status">
+          {forecast}
+        </p>
+      )}
       <dl className="jp-GpuBudget-rows">
         <Row label="Project">{s.project}</Row>
         <Row label="Slice" title="What this session was given">

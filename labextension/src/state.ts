@@ -379,7 +379,8 @@ export class NoticeTracker {
             'protection ended and it may be preempted when backed work needs this slice.'
         });
       }
-      if (s.state === 'running' && s.preempt_requested) {
+      if (s.state === 'running' && s.preempt_requested && typeof s.preempt_stop_at !== 'number') {
+        // (with a notice time, warning.ts shows the time left and "Save and release now")
         const deadline =
           typeof s.preempt_deadline === 'number'
             ? toLocalMs(s.preempt_deadline, snap.offsetMs)
@@ -427,8 +428,11 @@ export class NoticeTracker {
       }
       add({
         key: `notice:${n.kind}:${n.workload}:${n.at}`,
-        type: n.kind === 'preempt' || n.kind === 'requeue' ? 'warning' : 'info',
-        sticky: false,
+        type:
+          n.kind === 'preempt' || n.kind === 'requeue' || n.kind === 'preempt-warning'
+            ? 'warning'
+            : 'info',
+        sticky: n.kind === 'preempt-warning', // told ahead: it stays until read
         message: noticeToast(n)
       });
     }

@@ -6,6 +6,7 @@ import { ReactWidget } from '@jupyterlab/apputils';
 import React from 'react';
 
 import { BudgetModel } from './model';
+import { forecastShort } from './preemption';
 import { ISettings, statusFor } from './state';
 
 export class BudgetStatus extends ReactWidget {
@@ -31,15 +32,17 @@ export class BudgetStatus extends ReactWidget {
     if (!status) {
       return null;
     }
+    const forecast = forecastShort(this.model.snapshot, this.now); // while it is likely
     return (
       <button
         className={`jp-GpuBudget-statusButton jp-GpuBudget-${status.level}`}
         onClick={this.open}
-        title={`${status.label}. Click for details.`}
-        aria-label={`${status.label}. Open the GPU budget panel.`}
+        title={`${status.label}${forecast ? `; ${forecast}` : ''}. Click for details.`}
+        aria-label={`${status.label}${forecast ? `; ${forecast}` : ''}. Open the GPU budget panel.`}
       >
         <span className="jp-GpuBudget-dot" aria-hidden="true" />
         {status.text}
+        {forecast && ` · ${forecast}`}
       </button>
     );
   }

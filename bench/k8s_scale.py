@@ -59,7 +59,7 @@ from tests.fixtures.k8s import (  # noqa: E402
     start_control_plane,
 )
 from tests.kubernetes.conftest import apply_rbac  # noqa: E402
-from tests.kubernetes.test_fake_api_loop import make_loop  # noqa: E402
+from tests.kubernetes.serviceloop import make_loop  # noqa: E402
 
 BENCH_LABEL = "gpubudget.bench/scale"
 

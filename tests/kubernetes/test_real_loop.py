@@ -4,10 +4,10 @@ which parts are real; kwok plays the kubelets: a pod ends only when its job says
 ``GPUBUDGET_TEST_EXIT``), on an inventory discovered from two real Node objects: an unbacked
 job runs on the idle GPUs; a backed gang preempts it (its Job deleted, its pods deleted with
 the configured grace period — read on the real API server's watch, since kwok removes a deleted
-pod at once — and gone), the decision in the ledger (preempting, then preempt: for the gang,
-requeued) with the charge closed by it; the gang runs as an Indexed Job on the core's nodes — bound there by the real scheduler, its
-pods made by the real job controller — and ends done; the preempted job is requeued and starts
-again."""
+pod at once — and gone before the gang's first pod is made), the decision in the ledger
+(preempting, then preempt: for the gang, requeued) with the charge closed by it; the gang runs
+as an Indexed Job on the core's nodes — bound there by the real scheduler, its pods made by the
+real job controller — and ends done; the preempted job is requeued and starts again."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from jupyter_gpubudget.backends import k8s_objects as ko
 from jupyter_gpubudget.ledger import Ledger
 from tests.fixtures.k8s import EXIT_ENV, NAMESPACE
 from tests.kubernetes.realpods import PodEvents
-from tests.kubernetes.test_fake_api_loop import make_loop, run_until
+from tests.kubernetes.serviceloop import make_loop, run_until
 
 GRACE = 7  # neither the backend's default nor the tests'
 
@@ -63,6 +63,12 @@ def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, 
     assert {n: events.grace_asked(n) for n in first} == dict.fromkeys(first, GRACE)
     assert k8s.admin.items(f"/api/v1/namespaces/{NAMESPACE}/pods",
                            f"{ko.L_WORKLOAD}={slow},{ko.L_ATTEMPT}=1") == []
+    # ... before the gang's first pod was made: the GPUs were really free
+    seq = [(e.type, e.pod["metadata"]["labels"].get(ko.L_WORKLOAD), e.name)
+           for e in events.events]
+    gone = max(i for i, (t, w, n) in enumerate(seq) if t == "DELETED" and n in first)
+    made = min(i for i, (t, w, _) in enumerate(seq) if t == "ADDED" and w == gang)
+    assert gone < made, seq
     # the ledger: the decision (asked, then done, for alice's gang, requeued), and the charge
     # closed by the preemption
     kinds = [d.kind for d in reversed(ledger.decisions(workloads=[slow]))]

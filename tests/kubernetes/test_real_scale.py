@@ -13,7 +13,7 @@ import time
 from jupyter_gpubudget.backends import k8s_objects as ko
 from jupyter_gpubudget.service.loop import SchedulingLoop
 from tests.fixtures.k8s import NAMESPACE, FakeNode, wait_for
-from tests.kubernetes.test_fake_api_loop import make_loop
+from tests.kubernetes.serviceloop import make_loop
 
 LABEL = "gpubudget.test/batch-launch"
 NODES = ("launch-a", "launch-b", "launch-c")  # 3 x 8 GPUs, only this test's work on them

@@ -160,6 +160,8 @@ class LocalBackend(Backend):
         self._cfg: dict = {}
         #: (workload, attempt) -> (checkpoint mode, project) of the attempts launched here
         self._modes: dict[tuple[str, int], tuple[str, str]] = {}
+        #: (workload, attempt) -> why its stop fell back from a checkpoint to the signal
+        self._fell_back: dict[tuple[str, int], str] = {}
         self._checkpoints = None
         if self.checkpoint_store:
             from jupyter_gpubudget.snapshot.jobsnap import JobCheckpoints
@@ -571,10 +573,12 @@ class LocalBackend(Backend):
                                  timeout=self.checkpoint_timeout + 60)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             self.log.error("checkpointing %s attempt %d: %s", workload, attempt, e)
+            self._fell_back[(workload, attempt)] = f"the checkpoint failed ({e})"
             return False
         if not out.get("checkpointed"):
             self.log.warning("%s attempt %d not checkpointed: %s; signalled instead", workload,
                              attempt, out.get("reason"))
+            self._fell_back[(workload, attempt)] = str(out.get("reason") or "refused")
             return False
         images = str(out["images_dir"])
         try:
@@ -584,6 +588,7 @@ class LocalBackend(Backend):
         except Exception as e:  # noqa: BLE001 - not stored: it goes on, then is signalled
             self.log.error("%s attempt %d: its checkpoint could not be stored (%s); "
                            "signalled instead", workload, attempt, e)
+            self._fell_back[(workload, attempt)] = f"its checkpoint could not be stored ({e})"
             self._launcher("checkpoint-end", workload, str(attempt), "resume")
             return False
         finally:
@@ -593,6 +598,11 @@ class LocalBackend(Backend):
         self.log.info("%s attempt %d checkpointed (snapshot %s, %s bytes, dump %.2f s)",
                       workload, attempt, sid, out.get("bytes"), out.get("seconds") or 0.0)
         return True
+
+    def checkpoint_fallback(self, workload: str, attempt: int) -> str | None:
+        """Why the last stop of a ``checkpoint: auto`` attempt was not a checkpoint (it was
+        signalled, and starts again from its command), once; None when it was one."""
+        return self._fell_back.pop((workload, attempt), None)
 
     def stop(self, workload: str, attempt: int) -> BackendStatus:
         if self.status(workload, attempt).alive and self._checkpoint(workload, attempt):

@@ -516,14 +516,17 @@ class SchedulingLoop:
                                                 "lost_gpu_hours": d.lost})
             asked = self.clock()
             st = self.backend.stop(row.id, iv.seq if iv else 0)
+            detail = {"for": d.for_workload, "requeued": row.resumable}
+            fell_back = getattr(self.backend, "checkpoint_fallback", None)
+            why = fell_back(row.id, iv.seq if iv else 0) if fell_back else None
+            if why:  # checkpoint: auto, but signalled instead: the record says why
+                detail["checkpoint_fallback"] = why
             with self.ledger.tx() as s:
                 self.ledger.stop(row.id, now=self._stopped_at(asked, st), closed_by="preempt",
                                  reason=d.reason,
                                  state="pending" if row.resumable else "preempted", s=s)
                 self.ledger.record_decision(now=now, kind="preempt", workload=row.id,
-                                            reason=d.reason, cycle=cycle,
-                                            detail={"for": d.for_workload,
-                                                    "requeued": row.resumable}, s=s)
+                                            reason=d.reason, cycle=cycle, detail=detail, s=s)
         elif isinstance(d, Start):
             if (opened := self._start(d, by_id, now)) is not None:
                 self._launch_started([opened])

@@ -176,6 +176,11 @@ def build_notice(*, kind: str, reason: str = "", detail: dict | None = None,
             saved = ("No snapshot was saved: the kernels' state since the server started is "
                      "lost." + _hours(lost_gpu_hours if lost_gpu_hours is not None
                                       else detail.get("lost_gpu_hours")))
+        elif detail.get("checkpoint_fallback"):
+            saved = ("Its processes could not be checkpointed "
+                     f"({detail['checkpoint_fallback']}), so it was stopped with a signal "
+                     "and starts again from its command.")
+            ids["checkpoint_fallback"] = detail["checkpoint_fallback"]
         else:
             saved = ("Nothing of a batch job's memory is saved: it starts again from its "
                      "command (resume from your own checkpoints).")

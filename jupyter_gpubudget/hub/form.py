@@ -200,7 +200,38 @@ def form_context(offer: dict, chosen: dict, presets: list[str], default_min_runt
     mr = str(chosen.get("min_runtime") or default_min_runtime)
     ctx["custom_runtime"] = all(o["value"] != mr for o in ctx["presets"])
     ctx["selected"] = {"project": project, "slice": sl, "min_runtime": mr, "cluster": cluster}
+    ctx["bookings"] = booking_choices(offer, keys)
     return ctx
+
+
+def booking_choices(offer: dict, keys: list[str]) -> list[dict]:
+    """The bookings of the user's projects the form offers to start "in reservation X": each
+    with whether its window is open now and the whole-GPU slice it fits (``gpu:N``, the
+    largest offered up to its GPUs)."""
+    now = float(offer.get("now") or time.time())
+    out = []
+    for b in offer.get("bookings") or []:
+        if not isinstance(b, dict) or b.get("state") not in ("booked", "active"):
+            continue
+        n = next((k for k in (f"gpu:{i}" for i in range(int(b.get("gpus") or 0), 0, -1))
+                  if k in keys), "")
+        out.append(dict(b, open=float(b["start"]) <= now < float(b["end"]), slice=n))
+    return out
+
+
+def in_booking(opts: dict, booking_id: str, offer: dict | None, now: float, who: str) -> dict:
+    """``opts`` for a session started "in reservation ``booking_id``": charged to the
+    booking's project. Refused (400) when it is not one of the user's bookings or its window
+    is not open now."""
+    found = next((b for b in (offer or {}).get("bookings") or []
+                  if isinstance(b, dict) and b.get("id") == booking_id), None)
+    if found is None:
+        raise ChoiceRefused(400, f"Reservation: {booking_id[:40]!r} is not a reservation of "
+                                 "your projects.", who)
+    if not float(found["start"]) <= now < float(found["end"]):
+        raise ChoiceRefused(400, f"Reservation {booking_id}: its window is not open now; "
+                                 "start the session inside it.", who)
+    return dict(opts, project=found["project"])
 
 
 def cluster_hint(c: dict) -> str:

@@ -42,7 +42,7 @@ from jupyter_gpubudget.service.validate import Invalid, duration
 from . import mig, mps, queue, restore, watch
 from .child import ClusterSpawnerError, check_cluster_spawners, configure_child, construct_child
 from .client import ServiceClient, ServiceError
-from .form import ChoiceRefused, refuse_in_one_line, render_form
+from .form import ChoiceRefused, in_booking, refuse_in_one_line, render_form
 from .handlers import QUOTE_ROUTE
 from .placement import describe, placement_env
 
@@ -379,6 +379,8 @@ class BudgetSpawner(Spawner):
                 400, f"Cluster: there is no cluster {opts['cluster'][:40]!r}; pick one of "
                      f"{', '.join(str(n) for n in names)}, or 'wherever it starts soonest'.",
                 who)
+        if one("reservation"):  # in a booking's window: charged to its project (form.py)
+            opts = in_booking(opts, one("reservation"), offer, time.time(), who)
         return opts
 
     # ------------------------------------------------------------------ spawning

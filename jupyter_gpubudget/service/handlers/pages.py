@@ -51,7 +51,8 @@ TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 
 PAGES = [("accounts", "Accounts"), ("queue", "Queue and running"), ("nodes", "Nodes"),
-         ("decisions", "Decisions"), ("reports", "Reports"), ("audit", "Audit")]
+         ("decisions", "Decisions"), ("reports", "Reports"),
+         ("reservations", "Reservations"), ("audit", "Audit")]
 #: pages only admins and account managers get (the others would only say "not allowed")
 AUDITORS_ONLY = {"audit"}
 

@@ -14,6 +14,7 @@ from ...ledger import bookings as store
 from ...ledger.models import BookingRow
 from ..auth import SCOPE_MANAGE, SCOPE_READ, Caller, Denied, needs_scope
 from ..base import ApiError, BaseHandler
+from .pages import PageHandler
 
 FIELDS = {"project", "gpus", "start", "end", "nodes", "gpu_model", "cluster", "note"}
 #: epoch seconds accepted (years 2000 to 2200): a bigger number is a mistake, not a time
@@ -190,3 +191,28 @@ def openapi_paths() -> dict[str, Any]:
                           _resp("Cancelled", booking), params=rid,
                           extra={"404": "No such reservation"})},
     }
+
+
+class ReservationsPage(PageHandler):
+    """Bookings not yet over, in the viewer's local time (the zone said once below the page),
+    with a form to book (admins for any project, managers for theirs) and Cancel; members
+    see their projects' bookings read-only. Changes go through the REST API
+    (``static/gpubudget-reservations.js``)."""
+
+    page, title = "reservations", "Reservations"
+
+    async def data(self, c: Caller) -> dict[str, Any]:
+        tree, now = self.tree, self.svc.clock()
+        rows = await self.db(lambda: store.bookings(self.svc.ledger, ending_after=now))
+        seen = c.visible_accounts(tree)
+        items = [dict(booking_json(r, now), may_cancel=c.is_admin or (
+            SCOPE_MANAGE in c.scopes and tree.can_manage(c.name, r.project)))
+            for r in rows if c.is_admin or r.project in seen]
+        bookable = [p for p in tree.accounts if tree.is_project(p) and (
+            c.is_admin or (SCOPE_MANAGE in c.scopes and tree.can_manage(c.name, p)))]
+        return {"items": items, "bookable": bookable, "api": self.svc.api_prefix,
+                "gpus": self.svc.inventory.gpu_count,
+                "nodes": [n.name for n in self.svc.inventory.nodes]}
+
+
+ROOT_ROUTES = [("/reservations", ReservationsPage)]

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from jupyter_gpubudget.core.offer import request_for, slice_choices
 from jupyter_gpubudget.ledger import Ledger, LedgerError
+from jupyter_gpubudget.ledger.bookings import bookings
 from jupyter_gpubudget.ledger.models import WorkloadRow
 from jupyter_gpubudget.ledger.snapshots import resume_chain
 
@@ -37,6 +38,7 @@ from ..validate import (
     request_from_choice,
 )
 from ..views import finite, workload_json
+from .reservations import booking_json
 
 #: ``DELETE /sessions/{id}?reason=`` -> (new state, how the charge was closed)
 END_REASONS = {"stop": ("done", "stop"), "cull": ("done", "cull"),
@@ -150,7 +152,9 @@ class OfferHandler(_SessionBase):
             quotes = await asyncio.get_running_loop().run_in_executor(
                 svc.db_pool, quoter.offer, user, projects, keys, min_runtime, now)
         pol = svc.policy()
-        self.send({"user": user, "projects": projects, "choices": choices,
+        booked = await self.db(lambda: [booking_json(r, now) for r in bookings(
+            svc.ledger, ending_after=now, projects=projects)])
+        self.send({"user": user, "projects": projects, "choices": choices, "bookings": booked,
                    "figures": {p: self.figures(p) for p in projects},
                    "min_runtime": min_runtime, "min_runtime_cap": pol.cap_for("interactive"),
                    "window_s": pol.window, "inventory": svc.inventory.source, "now": now,

@@ -177,11 +177,22 @@ def pending_notices(ledger: Ledger, after: int, limit: int = 200
              .where(DecisionRow.id > after, DecisionRow.kind.in_(NOTICE_KINDS))
              .order_by(DecisionRow.id).limit(limit))
         out = []
-        for d, w, p in s.execute(q).all():
+        rows = s.execute(q).all()
+        for d, w, p in rows:
             if is_notice(d, w):
                 s.expunge(p)
                 out.append((d.id, w.user, notice_of(ledger, d, w, s), p))
-        return out
+        # requests for more budget and their answers (no workload): up to where this round
+        # reads the others
+        from .handlers.budget_requests import pending_deliveries
+
+        top = rows[-1][0].id if len(rows) >= limit else None
+        for did, user, n in pending_deliveries(ledger, after, s):
+            pref = s.get(NoticePrefRow, user)
+            if pref is not None and (top is None or did <= top):
+                s.expunge(pref)
+                out.append((did, user, n, pref))
+        return sorted(out, key=lambda x: x[0])
 
 
 def last_decision_id(ledger: Ledger) -> int:

@@ -593,4 +593,51 @@ def mine_paths() -> dict:
                 "source": {"type": "string", "nullable": True}}}),
             params=[{"name": "id", "in": "path", "required": True, "schema": WORKLOAD_ID}],
             extra={"404": "No such session"})},
+        **budget_request_paths(),
+    }
+
+
+def budget_request_paths() -> dict:
+    """Asking for more budget (handlers/budget_requests.py)."""
+    req = {"type": "object", "properties": {
+        "id": {"type": "integer"}, "project": {"type": "string"}, "user": {"type": "string"},
+        "gpu_hours": NUM, "reason": {"type": "string"},
+        "state": {"type": "string", "enum": ["pending", "granted", "declined"]},
+        "created_at": NUM, "decided_at": NULL_NUM,
+        "decided_by": {"type": "string", "nullable": True}, "note": {"type": "string"},
+        "grant_version": {"type": "integer", "nullable": True}}}
+    rid = [{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}]
+    answered = {"404": "No such request", "409": "Answered already, or the project is "
+                "funded by a share"}
+    return {
+        "/budget-requests": {
+            "get": _op("Requests for more GPU-hours: an admin's all, a manager's those they "
+                       "may grant, and one's own", _resp("Requests", {
+                           "type": "object", "properties": {
+                               "requests": {"type": "array", "items": req}}}),
+                       params=[{"name": "state", "in": "query", "required": False,
+                                "schema": {"type": "string"},
+                                "description": "pending (default), granted, declined; "
+                                               "comma-separated"}],
+                       extra={"400": "Bad state"}),
+            "post": _op("Ask for more GPU-hours per window for a project one is a member of "
+                        "(scope submit); its managers are told", _resp("The request", req),
+                        ok_code="201", body={
+                            "type": "object", "required": ["project", "gpu_hours", "reason"],
+                            "additionalProperties": False, "properties": {
+                                "project": {"type": "string"},
+                                "gpu_hours": {"type": "number", "exclusiveMinimum": 0},
+                                "reason": {"type": "string", "maxLength": 2000}}},
+                        extra={"409": "A request of yours for it is pending"})},
+        "/budget-requests/{id}/grant": {"post": _op(
+            "Grant it (scope manage): the project's grant is raised by the amount through the "
+            "grant change; the member is told", _resp("The request and the new grant"),
+            params=rid, body={"type": "object", "additionalProperties": False,
+                              "properties": {"note": {"type": "string"}}}, extra=answered)},
+        "/budget-requests/{id}/decline": {"post": _op(
+            "Decline it with a reason (scope manage); the member is told",
+            _resp("The request"), params=rid,
+            body={"type": "object", "required": ["reason"], "additionalProperties": False,
+                  "properties": {"reason": {"type": "string", "minLength": 1}}},
+            extra=answered)},
     }

@@ -9,6 +9,7 @@ from ..base import NotFoundHandler
 from . import (
     accounts,
     audit,
+    budget_requests,
     events,
     jobs,
     mine,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
 MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
-           reports, reservations, notices, mine, pages)
+           reports, reservations, notices, mine, budget_requests, pages)
 
 
 def routes(prefix: str, svc: GpuBudgetService) -> list:

@@ -44,13 +44,13 @@ def my_week(rep: dict[str, Any], user: str) -> dict[str, Any]:
     charged = measured = busy = 0.0
     for p in rep["projects"]:
         line = next((u for u in p["users"] if u["user"] == user), None)
-        figs = {k: (line or {}).get(k) for k in _FIGS}
-        figs["charged_gpu_h"] = figs["charged_gpu_h"] or 0.0
-        figs["measured_gpu_h"] = figs["measured_gpu_h"] or 0.0
+        figs: dict[str, Any] = {k: (line or {}).get(k) for k in _FIGS}
+        figs["charged_gpu_h"] = float(figs["charged_gpu_h"] or 0.0)
+        figs["measured_gpu_h"] = float(figs["measured_gpu_h"] or 0.0)
         projects.append({"project": p["project"], **figs})
         charged += figs["charged_gpu_h"]
         measured += figs["measured_gpu_h"]
-        busy += figs["busy_gpu_h"] or 0.0
+        busy += float(figs["busy_gpu_h"] or 0.0)
     totals: dict[str, Any] = {"charged_gpu_h": charged, "measured_gpu_h": measured}
     if measured > 0:
         totals.update(busy_gpu_h=busy, idle_gpu_h=max(0.0, measured - busy),

@@ -52,7 +52,8 @@ STATIC = HERE / "static"
 
 PAGES = [("accounts", "Accounts"), ("queue", "Queue and running"), ("nodes", "Nodes"),
          ("decisions", "Decisions"), ("reports", "Reports"),
-         ("reservations", "Reservations"), ("audit", "Audit")]
+         ("reservations", "Reservations"), ("requests", "Budget requests"),
+         ("audit", "Audit")]
 #: pages only admins and account managers get (the others would only say "not allowed")
 AUDITORS_ONLY = {"audit"}
 

@@ -112,7 +112,9 @@ class NoticesHandler(BaseHandler):
                             "decision_reason": d.reason,
                             "requeued": d.kind == "requeue"
                             or bool((d.detail or {}).get("requeued")), "state": w.state})
-            return out
+            from .budget_requests import notices_json  # requests for more budget, answers
+
+            return sorted(out + notices_json(ledger, c.name), key=lambda n: -n["at"])
 
         self.send({"notices": await self.db(read)})
 

@@ -1,6 +1,7 @@
-"""Fixtures for the Kubernetes backend tests: an in-process fake API server with GPU nodes
-labelled as GPU feature discovery labels them (the test_fake_api_*.py tests), and one real
-control plane per test session (``k8s``, tests/fixtures/k8s.py; the test_real_*.py tests)."""
+"""Fixtures for the Kubernetes backend tests: one real control plane per test session (``k8s``,
+tests/fixtures/k8s.py; the test_real_*.py tests), and an in-process fake API server with GPU
+nodes labelled as GPU feature discovery labels them, kept only for the faults the real one
+cannot produce at a chosen moment (the test_fake_api_*.py tests)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memor
 
 
 def gpu_node(api, name: str, gpus: int, mig: dict[str, int] | None = None,
-             mig_gpus: int = 0, **kw) -> dict:  # noqa: ANN001, ANN003
+             mig_gpus: int = 0) -> dict:  # noqa: ANN001
     labels = {**H100, "nvidia.com/gpu.count": str(gpus + mig_gpus)}
     alloc = {"nvidia.com/gpu": str(gpus)}
     if mig:
@@ -34,7 +35,7 @@ def gpu_node(api, name: str, gpus: int, mig: dict[str, int] | None = None,
         for p, n in mig.items():
             labels[f"nvidia.com/mig-{p}.count"] = str(n)
             alloc[f"nvidia.com/mig-{p}"] = str(n)
-    return api.add_node(name, labels, alloc, **kw)
+    return api.add_node(name, labels, alloc)
 
 
 def need(module: str) -> object:

@@ -4,7 +4,7 @@ It speaks enough of the Kubernetes REST API, over real HTTP on 127.0.0.1, for th
 kubernetes-asyncio client and the real KubeSpawner:
 
 - objects: pods, events, nodes, namespaces, services, secrets, persistentvolumeclaims,
-  batch/v1 jobs, resource.k8s.io/v1 resourceclaims and resourceclaimtemplates;
+  batch/v1 jobs, resource.k8s.io/v1 resourceclaims and resourceclaimtemplates (stored only);
 - verbs: list (label and field selectors, resourceVersion), watch (chunked stream of JSON
   lines, from a resourceVersion, ``timeoutSeconds``; a resourceVersion older than the
   retained history answers an ERROR event with code **410 Gone**, as a real API server does
@@ -12,7 +12,7 @@ kubernetes-asyncio client and the real KubeSpawner:
   stale resourceVersion), patch (merge, strategic treated as merge, JSON patch), delete
   (``gracePeriodSeconds``, ``propagationPolicy`` Orphan/Background/Foreground; a Job's
   default is Orphan, as in batch/v1), owner-reference garbage collection;
-- optional bearer-token authentication and TLS (for the in-cluster configuration path).
+- optional bearer-token authentication.
 
 Controllers that run inside it:
 
@@ -29,12 +29,11 @@ Controllers that run inside it:
   ``OutOf<resource>``), as the kubelet does;
 - a **fake Job controller**: Indexed Jobs (one pod per completion index, with
   ``JOB_COMPLETION_INDEX`` and the completion-index annotation), ``backoffLimit`` (a failed
-  pod over the limit fails the Job and terminates its other pods), Complete/Failed conditions;
-- a **fake resource-claim controller** (DRA): creates a pod's claims from
-  ResourceClaimTemplates, owned by the pod; the scheduler binds a pod only once its claims
-  exist and records a fake allocation. CEL selectors are *not* evaluated.
+  pod over the limit fails the Job and terminates its other pods), Complete/Failed conditions.
 
-What it does not emulate is listed in docs/backends.md.
+It is kept only for faults the real control plane of tests/fixtures/k8s.py cannot produce at a
+chosen moment (each test using it says which); what it does not emulate is listed in
+docs/backends.md.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ import os
 import random
 import re
 import signal
-import ssl
 import string
 import threading
 import time
@@ -230,22 +228,19 @@ class FakeApiServer:
     """Start with :meth:`start` (a thread with its own event loop); ``url`` is its address."""
 
     def __init__(self, workdir: Path, token: str | None = None,
-                 tls: tuple[str, str] | None = None, run_processes: bool = True,
+                 run_processes: bool = True,
                  history: int = 10_000) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.token = token
-        self.tls = tls
         self.run_processes = run_processes
         self.history_max = history
         self.objects: dict[str, dict[tuple[str, str], dict]] = {k.plural: {} for k in KINDS}
         self.rv = 1
         self.history: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, obj)
-        self.gone_sent = 0  # 410 Gone answers given
         self.compacted = 0  # watches from a resourceVersion below this get 410 Gone
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str, str]] = []  # (method, path, query)
-        self.timeline: list[tuple[float, str, str]] = []  # (time, method, path)
         self.kubelet_log: list[tuple[float, str, str]] = []  # (time, pod, what)
         self.runtimes: dict[tuple[str, str], PodRuntime] = {}
         self._ip_base = random.randint(64, 250)
@@ -293,14 +288,10 @@ class FakeApiServer:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
-        sslctx = None
-        if self.tls:
-            sslctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            sslctx.load_cert_chain(*self.tls)
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=sslctx)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.port}"
         self._kick = asyncio.Event()
         self._tasks.append(asyncio.ensure_future(self._controllers()))
 
@@ -336,41 +327,17 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ test helpers
     def add_node(self, name: str, labels: dict[str, str] | None = None,
-                 allocatable: dict[str, str] | None = None, ready: bool = True,
-                 unschedulable: bool = False) -> dict:
+                 allocatable: dict[str, str] | None = None) -> dict:
         obj = {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
                                                       **(labels or {})}},
-               "spec": {"unschedulable": True} if unschedulable else {},
+               "spec": {},
                "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
                                           **(allocatable or {})},
                           "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110",
                                        **(allocatable or {})},
-                          "conditions": [{"type": "Ready",
-                                          "status": "True" if ready else "False",
-                                          "reason": "KubeletReady" if ready
-                                          else "KubeletNotReady"}]}}
+                          "conditions": [{"type": "Ready", "status": "True",
+                                          "reason": "KubeletReady"}]}}
         return self.call(lambda: self._create(BY_KIND["Node"], "", obj))
-
-    def set_node_ready(self, name: str, ready: bool, reason: str = "KubeletNotReady") -> None:
-        def do() -> None:
-            node = self.objects["nodes"][("", name)]
-            new = copy.deepcopy(node)
-            new["status"]["conditions"] = [{"type": "Ready",
-                                            "status": "True" if ready else "False",
-                                            "reason": "KubeletReady" if ready else reason}]
-            self._put(BY_KIND["Node"], new)
-        self.call(do)
-
-    def set_node_label(self, name: str, key: str, value: str | None) -> None:
-        def do() -> None:
-            node = copy.deepcopy(self.objects["nodes"][("", name)])
-            labels = node["metadata"].setdefault("labels", {})
-            if value is None:
-                labels.pop(key, None)
-            else:
-                labels[key] = value
-            self._put(BY_KIND["Node"], node)
-        self.call(do)
 
     def get(self, plural: str, name: str, namespace: str = "default") -> dict | None:
         ns = "" if not BY_PATH_PLURAL[plural].namespaced else namespace
@@ -379,14 +346,6 @@ class FakeApiServer:
     def list(self, plural: str, selector: str = "") -> list[dict]:
         return self.call(lambda: [copy.deepcopy(o) for o in self.objects[plural].values()
                                   if label_match(selector, o["metadata"].get("labels") or {})])
-
-    def compact(self) -> int:
-        """Forget the event history (etcd compaction): older resourceVersions answer 410."""
-        def do() -> int:
-            self.compacted = self.rv + 1
-            self.history.clear()
-            return self.compacted
-        return self.call(do)
 
     def drop_watches(self) -> None:
         """Close every open watch (as an API server restart would)."""
@@ -609,7 +568,6 @@ class FakeApiServer:
     # ------------------------------------------------------------------ HTTP
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path, request.query_string))
-        self.timeline.append((time.time(), request.method, request.path))
         try:
             if self.token is not None and \
                     request.headers.get("Authorization") != f"Bearer {self.token}":
@@ -716,7 +674,6 @@ class FakeApiServer:
             await resp.write(json.dumps({"type": typ, "object": obj}).encode() + b"\n")
 
         if rv not in (None, "", "0") and int(rv) < self.compacted:
-            self.gone_sent += 1
             await send("ERROR", ApiError(410, "Expired",
                                          f"too old resource version: {rv} "
                                          f"({self.compacted})").status())
@@ -805,7 +762,6 @@ class FakeApiServer:
                 continue
             if pod["status"].get("phase") != "Pending":
                 continue
-            self._claim_controller(pod)
             if not pod["spec"].get("nodeName"):
                 self._schedule(pod)
             elif (pod["metadata"]["namespace"], pod["metadata"]["name"]) not in self.runtimes:
@@ -828,49 +784,6 @@ class FakeApiServer:
             "reason": reason, "message": message, "type": typ, "count": 1,
             "firstTimestamp": now_iso(), "lastTimestamp": now_iso(),
             "source": {"component": "fake-apiserver"}})
-
-    # -- resource claims (DRA) -------------------------------------------------
-    def _claim_controller(self, pod: dict) -> None:
-        md = pod["metadata"]
-        statuses = pod["status"].get("resourceClaimStatuses") or []
-        have = {s["name"] for s in statuses}
-        changed = False
-        for rc in pod["spec"].get("resourceClaims") or []:
-            tname = rc.get("resourceClaimTemplateName")
-            if not tname or rc["name"] in have:
-                continue
-            tpl = self.objects["resourceclaimtemplates"].get((md["namespace"], tname))
-            if tpl is None:
-                continue
-            claim = self._create(BY_KIND["ResourceClaim"], md["namespace"], {
-                "metadata": {"generateName": f"{md['name']}-{rc['name']}-",
-                             "labels": (tpl["spec"].get("metadata") or {}).get("labels", {}),
-                             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
-                                                  "name": md["name"], "uid": md["uid"],
-                                                  "controller": True,
-                                                  "blockOwnerDeletion": True}]},
-                "spec": copy.deepcopy(tpl["spec"]["spec"])})
-            statuses.append({"name": rc["name"],
-                             "resourceClaimName": claim["metadata"]["name"]})
-            changed = True
-        if changed:
-            new = copy.deepcopy(pod)
-            new["status"]["resourceClaimStatuses"] = statuses
-            self._put(BY_KIND["Pod"], new)
-
-    def _pod_claims(self, pod: dict) -> list[dict] | None:
-        """The pod's claim objects, or None while one does not exist yet."""
-        md = pod["metadata"]
-        names = {s["name"]: s.get("resourceClaimName")
-                 for s in pod["status"].get("resourceClaimStatuses") or []}
-        out = []
-        for rc in pod["spec"].get("resourceClaims") or []:
-            cname = rc.get("resourceClaimName") or names.get(rc["name"])
-            claim = self.objects["resourceclaims"].get((md["namespace"], cname or ""))
-            if claim is None:
-                return None
-            out.append(claim)
-        return out
 
     # -- scheduler ---------------------------------------------------------------
     def _requests(self, pod: dict) -> dict[str, float]:
@@ -954,10 +867,6 @@ class FakeApiServer:
         return True
 
     def _schedule(self, pod: dict) -> None:
-        claims = self._pod_claims(pod)
-        if claims is None:
-            self._unschedulable(pod, "waiting for resource claims to be created")
-            return
         why = []
         for node in sorted(self.objects["nodes"].values(), key=lambda n: n["metadata"]["name"]):
             name = node["metadata"]["name"]
@@ -979,20 +888,6 @@ class FakeApiServer:
             if short:
                 why.append(f"{name}: {short}")
                 continue
-            for claim in claims:
-                if not claim.get("status", {}).get("allocation"):
-                    c = copy.deepcopy(claim)
-                    c.setdefault("status", {})["allocation"] = {
-                        "devices": {"results": [
-                            {"request": r["name"], "driver": "gpu.nvidia.com", "pool": name,
-                             "device": f"fake-{i}"}
-                            for i, r in enumerate(c["spec"]["devices"]["requests"])]},
-                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                            {"key": "metadata.name", "operator": "In", "values": [name]}]}]}}
-                    c["status"]["reservedFor"] = [{"resource": "pods",
-                                                   "name": pod["metadata"]["name"],
-                                                   "uid": pod["metadata"]["uid"]}]
-                    self._put(BY_KIND["ResourceClaim"], c)
             new = copy.deepcopy(pod)
             new["spec"]["nodeName"] = name
             new["status"]["conditions"] = [{"type": "PodScheduled", "status": "True",

@@ -276,6 +276,12 @@ class KubernetesBackend(Backend):
                              "(needs 'patch' on nodes). False: the core still gives a drained "
                              "node nothing new; the node is not touched.")
     request_timeout = Float(30.0, config=True, help="Seconds for one API request.")
+    start_grace = Float(30.0, config=True,
+                        help="Seconds after a workload's attempt was opened during which its "
+                             "Job not shown by the API server (yet) counts as starting, not "
+                             "lost: a service that took over may find one launched late by "
+                             "the one before. After it, an attempt with no Job and no pods "
+                             "has ended.")
     launch_concurrency = Integer(32, min=1, config=True,
                                  help="Jobs created at once when one scheduling cycle starts "
                                       "many workloads (their creates are sent to the API "

@@ -20,6 +20,9 @@ JSON object.
 
     python bench/cycle.py [--repeat 7] [--service-repeat 3] [--arrivals 200] [--seed 1]
 
+With ``--arrays 50x200`` and/or ``--reservations 20``: the full cycle with job arrays and
+advance reservations in the queue, beside the same run without them (bench/cycle_reservations.py).
+
 Another version of the package (an older checkout, to compare in one run on one machine):
 ``PYTHONPATH=/path/to/checkout python bench/cycle.py`` — the script only falls back to its own
 checkout when the package is not found first.
@@ -172,6 +175,10 @@ def main() -> None:
                     help="runs of the service's whole cycle (schedule + forecast)")
     ap.add_argument("--arrivals", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--arrays", default="", help="NxM: N job arrays of M tasks in the queue, "
+                    "timed beside the same queue without them (bench/cycle_reservations.py)")
+    ap.add_argument("--reservations", type=int, default=0, help="advance reservations, timed "
+                    "beside the same run without them")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -181,6 +188,11 @@ def main() -> None:
     print(f"state: {len(state.inventory.nodes)} nodes, {gpus} GPUs ({used:.0f} GPU-equivalents "
           f"in use), {len(state.running)} running, {len(state.pending)} pending, "
           f"{len(state.accounts.projects())} projects  (built in {time.perf_counter() - t0:.1f} s)")
+    if args.arrays or args.reservations:
+        from cycle_reservations import side_by_side  # beside this script
+
+        side_by_side(state, args, NOW, timed)
+        return
 
     full, full_cpu, ds = timed(lambda: schedule(state, NOW), args.repeat)
     starts = sum(isinstance(d, Start) for d in ds)

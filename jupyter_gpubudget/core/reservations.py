@@ -160,9 +160,8 @@ class Bookings:
         for b in live:
             for g in self._gpus(cluster, b):
                 g.reserved_at = min(g.reserved_at, b.start)
-        for b in live:
-            if not b.active(now):
-                continue
+        active = [b for b in live if b.active(now)]
+        for b in active:
             for g in self._gpus(cluster, b):
                 for wid in list(g.tenants):
                     v = running.get(wid)
@@ -170,7 +169,19 @@ class Bookings:
                             and not v.is_protected(now)):
                         preempt(v, now, f"booked: its GPUs are booked for {b.project} "
                                 f"({b.id})", None, out)
-            self._fill(b, now, cluster, pending, start, lambda w: backed(w, now), out)
+        open_ = [b for b in active if any(g.free for g in self._gpus(cluster, b))]
+        if not open_:
+            return
+        wanted = {b.project for b in open_}
+        mine: dict[str, list[Workload]] = {}
+        for w in pending.values():  # one pass over the queue, only when a booking has room
+            if w.project in wanted and w.request.kind == "gpu" and w.request.gpus >= 1:
+                mine.setdefault(w.project, []).append(w)
+        for ws in mine.values():
+            ws.sort(key=lambda w: (w.kind != "interactive", w.submitted_at, w.id))
+        for b in open_:
+            self._fill(b, now, cluster, mine.get(b.project, []), start,
+                       lambda w: backed(w, now), out)
 
     @staticmethod
     def _gpus(cluster: Cluster, b: Booking) -> list[Gpu]:
@@ -181,17 +192,17 @@ class Bookings:
                 out.append(n.gpus[i])
         return out
 
-    def _fill(self, b: Booking, now: float, cluster: Cluster, pending: Mapping[str, Workload],
+    def _fill(self, b: Booking, now: float, cluster: Cluster, mine: list[Workload],
               start: Start, backed: Callable[[Workload], bool], out: list[Decision]) -> None:
-        """Start ``b``'s project's pending whole-GPU work on the free GPUs of ``b``."""
+        """Start ``b``'s project's pending whole-GPU work (``mine``, in order; what starts
+        leaves it) on the free GPUs of ``b``."""
         free = [g for g in self._gpus(cluster, b)
                 if g.free and g.node.healthy and not g.node.barred]
-        if not free:
-            return
-        mine = sorted((w for w in pending.values() if w.project == b.project
-                       and w.request.kind == "gpu" and 1 <= w.request.gpus <= len(free)),
-                      key=lambda w: (w.kind != "interactive", w.submitted_at, w.id))
-        for w in mine:
+        for w in list(mine):
+            if not free:
+                return
+            if w.request.gpus > len(free) or w.placement is not None:
+                continue
             p = _place_on(free, w)
             if p is None:
                 continue
@@ -204,9 +215,8 @@ class Bookings:
             finally:
                 for g, at in zip(gpus, held, strict=True):
                     g.reserved_at = at
+            mine.remove(w)
             free = [g for g in free if g.free]
-            if not free:
-                return
 
 
 def _place_on(free: list[Gpu], w: Workload) -> Placement | None:

@@ -23,6 +23,7 @@
 #   GPUBUDGET_SNAPSHOT_METHODS  snapshot methods of the servers, in order       [criu,namespace]
 #   GPUBUDGET_CRIU           the CRIU binary the servers use (else found on PATH / in the cache)
 #   GPUBUDGET_SNAPSHOT_ON_PREEMPT  0: preemption stops a server without saving its kernels [1]
+#   GPUBUDGET_PREEMPT_NOTICE seconds JupyterLab warns before a preempted server stops  [60]
 #   GPUBUDGET_CLUSTERS       several clusters under one budget tree, each a declared inventory
 #                            run by the local backend: NAME=INVENTORY.yaml[,NAME=...]  [one]
 #   GPUBUDGET_HUB_EXTRA_CONFIG  a jupyterhub_config.py of yours, loaded last (your changes
@@ -167,7 +168,9 @@ service = {
                 f"--jobs-dir={JOBS}",
                 f"--cycle-interval={env('GPUBUDGET_CYCLE_INTERVAL', '5')}",
                 # a spawn is an event: schedule it almost at once
-                "--GpuBudgetService.event_delay=0.01"],
+                "--GpuBudgetService.event_delay=0.01",
+                "--GpuBudgetService.preempt_notice_time="
+                + env("GPUBUDGET_PREEMPT_NOTICE", "60")],
     "cwd": str(SERVICE_DIR),
     # the ledger URL (a PostgreSQL one carries a password) stays out of the command line,
     # which JupyterHub logs

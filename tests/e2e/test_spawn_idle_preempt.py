@@ -76,4 +76,9 @@ def test_idle_session_is_reported_then_preempted_and_its_charge_ends(hub):
     assert len(ca) == 1 and ca[0].end is not None and ca[0].closed_by == "preempt"
     kinds = [d.kind for d in led.decisions(workloads=[a["id"]])]
     assert "idle" in kinds and "preempt-requested" in kinds
+    # the spawner gave alice's lab its notice (3 s here) before stopping the server
+    asked = next(d.at for d in led.decisions(workloads=[a["id"]])
+                 if d.kind == "preempt-requested")
+    assert "the lab is told; its server stops in" in hub.logtail(200_000)
+    assert ca[0].end >= asked + 3
     http("DELETE", f"{hub.api}/users/carol/server", hub.token)

@@ -190,6 +190,9 @@ def start_demo_hub(d: Path, budgets: Path | None = None, inventory: Path | None 
         "GPUBUDGET_SERVICE_PORT": str(free_port()), "GPUBUDGET_PROXY_API_PORT": str(free_port()),
         "GPUBUDGET_HUB_API_PORT": str(free_port()), "GPUBUDGET_TEST_TOKEN": token,
         "GPUBUDGET_CYCLE_INTERVAL": "1", "GPUBUDGET_QUEUE_POLL": "0.3",
+        # a preempted server's lab is warned this long before it stops (the demo's 60 s
+        # would only slow the tests that preempt through the spawner)
+        "GPUBUDGET_PREEMPT_NOTICE": "3",
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     })
     if budgets:

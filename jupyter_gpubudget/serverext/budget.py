@@ -3,7 +3,7 @@
 ``GET  gpubudget/api/info`` — this server's session and project, whether the service is
 configured and reachable, which optional endpoints it has, the server's clock.
 
-``GET|DELETE gpubudget/api/v1/<path>`` — forwarded to the service's ``/api/v1/<path>`` with the
+``GET|DELETE|POST gpubudget/api/v1/<path>`` — forwarded to the service's ``/api/v1/<path>`` with the
 server's token, only for the (method, path) pairs in ``ALLOWED`` and only with the query
 parameters listed there; everything else is refused (403) without reaching the service. A
 DELETE of a session is forwarded only while that session is queued (leaving the queue): a
@@ -45,6 +45,10 @@ ALLOWED: list[tuple[str, re.Pattern[str], frozenset[str]]] = [
         ("GET", rf"accounts/{_SEG}/usage", ()),
         ("GET", rf"accounts/{_SEG}/usage/daily", ("tz",)),
         ("GET", r"notices", ()),
+        ("GET", r"me/week", ("tz",)),  # my own week, charged and busy
+        ("GET", rf"sessions/{_SID}/utilisation", ()),
+        ("GET", r"budget-requests", ("state",)),
+        ("POST", r"budget-requests", ()),  # asking for more GPU-hours (body forwarded)
         ("GET", r"queue", ()),
         ("GET", r"jobs", ("state",)),
         ("DELETE", rf"jobs/{_SEG}", ()),
@@ -117,7 +121,8 @@ class ForwardHandler(_Base):
         try:
             if method == "DELETE" and path.startswith("sessions/"):
                 await self._check_queued(safe)
-            a = await self.client.call(method, safe, urlencode(params))
+            body = self.get_json_body() if method == "POST" else None
+            a = await self.client.call(method, safe, urlencode(params), body)
         except ServiceUnavailable as e:
             raise web.HTTPError(e.status, e.message) from None
         self.send(a.status, a.body)
@@ -150,7 +155,7 @@ class ForwardHandler(_Base):
     @web.authenticated
     @authorized
     async def post(self, path: str) -> None:
-        """Only the allow-list's POSTs (no body is passed on)."""
+        """Only the allow-list's POSTs (their JSON body, if any, is passed on)."""
         await self._forward("POST", path)
 
 

@@ -16,6 +16,8 @@ FEATURE_PATHS = {
     "usage_daily": "/accounts/{}/usage/daily",
     "job_log": "/jobs/{}/log",
     "session_history": "/sessions/{}/history",
+    "my_week": "/me/week",
+    "budget_requests": "/budget-requests",
 }
 
 

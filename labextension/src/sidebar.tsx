@@ -31,6 +31,7 @@ import {
   standingWords
 } from './format';
 import { historyView } from './history';
+import { MyWeekSection } from './myweek';
 import { BudgetModel } from './model';
 import { noticeBody, noticeDetails, noticeTitle } from './notices';
 import { forecastText } from './preemption';
@@ -810,6 +811,7 @@ export function BudgetView(props: IProps) {
       {info && info.service.configured && info.service.reachable && (
         <>
           <SessionSection {...props} />
+          <MyWeekSection model={props.model} />
           <HistorySection {...props} />
           <SnapshotSection {...props} />
           <NoticesSection {...props} />

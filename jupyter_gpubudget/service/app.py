@@ -239,9 +239,14 @@ class GpuBudgetService(Application):
                                 "snapshot's). 0: stopped at once.").tag(config=True)
     preemption_outlook_horizon = Float(3600.0, help="Seconds ahead the preemption outlook "
                                        "looks (session and job JSON: preemption_forecast). It "
-                                       "runs a scheduling cycle at each protection end within "
-                                       "it (at most 8) and is recomputed on the forecast's "
-                                       "cadence.").tag(config=True)
+                                       "runs a scheduling cycle now, at each protection end "
+                                       "within it (the earliest 4) and at its end: about 3 to "
+                                       "7 cycles (bench/preempt_outlook.py).").tag(config=True)
+    preemption_outlook_interval = Float(15.0, help="Seconds at least between two preemption "
+                                        "outlooks when the queue, the running set or a node's "
+                                        "health changed (at most forecast_interval otherwise); "
+                                        "well below preemption_notice_lead, so a warning is at "
+                                        "most this late.").tag(config=True)
     unhealthy_after_intervals = Float(3.0, help="/healthz answers 503 when no scheduling "
                                       "cycle succeeded for this many cycle intervals (plus 30 "
                                       "s).").tag(config=True)
@@ -504,8 +509,9 @@ class GpuBudgetService(Application):
         loop.forecast_min_interval = self.forecast_min_interval
         loop.outlooks = Outlooks(horizon=max(self.preemption_outlook_horizon,
                                              self.preemption_notice_lead),
-                                 interval=self.forecast_interval,
-                                 min_interval=self.forecast_min_interval)
+                                 interval=max(self.forecast_interval,
+                                              self.preemption_outlook_interval),
+                                 min_interval=self.preemption_outlook_interval)
         loop.warner = PreemptionWarner(self.ledger, self.preemption_notice_lead,
                                        notify=self._warn_job, log=self.log)
         old = getattr(self, "loop", None)

@@ -4,9 +4,9 @@ time before — as a notice (shown in JupyterLab, posted to their webhook, maile
 batch job that asked for one (``warn_signal``), as a signal to its processes.
 
 The outlook runs the scheduler's own cycle at the moments that may change something, so it
-costs a few cycles: it is recomputed on the forecast's cadence (when the queue or the
-running set changed, at most every ``min_interval`` s; at least every ``interval`` s), not
-every cycle.
+costs a few cycles (3 to 7 on bench/preempt_outlook.py's cluster): it is recomputed when the
+queue, the running set or a node's health changed, at most every ``min_interval`` s
+(``preemption_outlook_interval``), and at least every ``interval`` s — not every cycle.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Outlooks:
     """The last outlook, recomputed on the forecast's cadence (module docstring)."""
 
     def __init__(self, horizon: float = HOUR, interval: float = 60.0,
-                 min_interval: float = 2.0, max_probes: int = 10) -> None:
+                 min_interval: float = 15.0, max_probes: int = 6) -> None:
         self.horizon = horizon
         self.interval = interval
         self.min_interval = min_interval

@@ -33,6 +33,7 @@ def svc(hub, tokens, tmp_path_factory):
     s = ServiceProc(hub, d, f"sqlite:///{d / 'ledger.sqlite'}", cycle_interval=0.5,
                     extra_args=["--GpuBudgetService.health_interval=0.5",
                                 "--GpuBudgetService.forecast_min_interval=0.5",
+                                "--GpuBudgetService.preemption_outlook_interval=0.5",
                                 f"--GpuBudgetService.preempt_notice_time={NOTICE_S}",
                                 "--LocalBackend.stop_grace=2"])
     s.start()

@@ -236,6 +236,6 @@ def test_session_endpoints_have_openapi_paths():
     paths = session_paths()
     assert set(paths) == {"/sessions/offer", "/sessions/quote", "/sessions", "/sessions/{id}",
                           "/sessions/{id}/heartbeat", "/sessions/{id}/idle",
-                          "/sessions/{id}/history"}
+                          "/sessions/{id}/history", "/sessions/{id}/release"}
     assert paths["/sessions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "required"] == ["user", "project"]

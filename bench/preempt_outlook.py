@@ -8,6 +8,7 @@ workloads the outlook foresees preempted. The service recomputes the outlook on 
 forecast's cadence, not every cycle. Last line: one JSON object.
 
     python bench/preempt_outlook.py [--nodes 1024] [--queued 10000] [--repeat 3] [--seed 1]
+                                    [--max-probes 6]
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ def main() -> None:
     ap.add_argument("--queued", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-probes", type=int, default=6, help="as the service (Outlooks)")
     args = ap.parse_args()
     state = build_state(args.seed, args.nodes, args.queued)
-    out: dict = {"nodes": args.nodes, "running": len(state.running),
+    out: dict = {"nodes": args.nodes, "max_probes": args.max_probes, "running": len(state.running),
                  "queued": len(state.pending)}
     for name, st in (("full", state), ("freed", freed_tenth(state, args.seed))):
         cyc, _ = cpu_median(lambda st=st: schedule(st, NOW), args.repeat)
-        look, res = cpu_median(lambda st=st: preemption_outlook(st, NOW), args.repeat)
+        look, res = cpu_median(lambda st=st: preemption_outlook(
+            st, NOW, max_probes=args.max_probes), args.repeat)
         out[f"{name}_cycle_cpu_ms"] = round(cyc * 1000, 1)
         out[f"{name}_outlook_cpu_ms"] = round(look * 1000, 1)
         out[f"{name}_outlook_per_cycle"] = round(look / cyc, 2) if cyc else None

@@ -110,7 +110,8 @@ def history(size: int, now: float, seed: int = 1) -> dict[str, list]:
             if frac is not None:
                 ms = milli * dur
                 busy.append({"charge": cid, "workload": wid, "project": project, "user": user,
-                             "kind": kind, "measured_ms": ms, "busy_ms": ms * frac, "first": a,
+                             "kind": kind, "measured_ms": ms, "busy_ms": ms * frac,
+                             "idle_ms": ms - ms * frac, "last_busy": frac, "first": a,
                              "last": b, "source": "device"})
             for hour, ms, _stop in split_by_hour(milli, a, b):
                 h = hourly.setdefault((project, user, int(hour)), [0.0, 0.0, 0.0])

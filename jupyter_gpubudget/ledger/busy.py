@@ -145,12 +145,13 @@ def record(s: Session, workload: str, start: float, end: float, busy: float,
         if row is None:
             s.add(BusyChargeRow(charge=cid, workload=workload, project=project, user=user,
                                 kind=kind, measured_ms=ms, busy_ms=ms * busy, first=a, last=b,
-                                source=source, last_busy=busy))
+                                source=source, last_busy=busy, idle_ms=ms - ms * busy))
             s.flush()
         else:
             s.execute(update(BusyChargeRow).where(BusyChargeRow.charge == cid).values(
                 measured_ms=BusyChargeRow.measured_ms + ms,
                 busy_ms=BusyChargeRow.busy_ms + ms * busy,
+                idle_ms=BusyChargeRow.idle_ms + (ms - ms * busy),
                 first=min(row.first, a), last=max(row.last, b), source=source,
                 **({"last_busy": busy} if b >= row.last else {})))
         add_hourly(s, project, user, milli, a, b, busy=busy)

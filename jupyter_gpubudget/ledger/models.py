@@ -259,7 +259,9 @@ class BusyChargeRow(Base):
     __tablename__ = "busy_charges"
     #: the idlest sessions of a period are read from this index alone
     __table_args__ = (Index("ix_busy_charges_kind_last", "kind", "last", "first", "project",
-                            "user", "workload", "measured_ms", "busy_ms"),)
+                            "user", "workload", "measured_ms", "busy_ms"),
+                      Index("ix_busy_charges_idle", "kind", "idle_ms", "last", "first",
+                            "project", "user", "workload"))
     charge: Mapped[int] = mapped_column(ForeignKey("charge_intervals.id"), primary_key=True)
     workload: Mapped[str] = mapped_column(String(64), index=True)
     project: Mapped[str] = mapped_column(String(200))
@@ -272,6 +274,9 @@ class BusyChargeRow(Base):
     source: Mapped[str] = mapped_column(String(20), default="")  # device, gpm, process
     #: the busy fraction of the latest sample (ending at ``last``): the session's live figure
     last_busy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: ``measured_ms - busy_ms``, kept with them: the idlest sessions of a period are the
+    #: first rows of ``ix_busy_charges_idle`` (no sort of the period's rows)
+    idle_ms: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class BudgetRequestRow(Base):
@@ -302,8 +307,10 @@ class UsageHourlyRow(Base):
     local days and weeks with integer arithmetic in SQL."""
 
     __tablename__ = "usage_hourly"
-    #: the key starts with the time: a period's rows are one range of it
-    __table_args__ = (Index("ix_usage_hourly_hod", "hod", "hour"),)
+    #: the key starts with the time: a period's rows are one range of it; the hours a local
+    #: day takes from a neighbouring UTC day are read from the ``hod`` index alone (covering)
+    __table_args__ = (Index("ix_usage_hourly_hod", "hod", "hour", "project", "user",
+                            "charged_ms", "measured_ms", "busy_ms"),)
     hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     project: Mapped[str] = mapped_column(String(200), primary_key=True)
     user: Mapped[str] = mapped_column(String(200), primary_key=True)
@@ -320,6 +327,9 @@ class UsageDailyRow(Base):
     report reads one row per project, user and day, and hours only at its edges."""
 
     __tablename__ = "usage_daily"
+    #: a period's days are read from this index alone (covering: no lookup of each row)
+    __table_args__ = (Index("ix_usage_daily_cover", "day", "project", "user", "charged_ms",
+                            "measured_ms", "busy_ms", "preemptions"),)
     day: Mapped[int] = mapped_column(Integer, primary_key=True)
     project: Mapped[str] = mapped_column(String(200), primary_key=True)
     user: Mapped[str] = mapped_column(String(200), primary_key=True)

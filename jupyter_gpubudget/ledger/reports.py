@@ -347,14 +347,17 @@ def _idle_sessions(s: Session, projects: list[str], only: str | None, start: flo
     if not projects or top <= 0:
         return []
     b = BusyChargeRow.__table__.c
-    idle = (b.measured_ms - b.busy_ms).label("idle")
-    where = [b.kind == "interactive", b.project.in_(projects), b.last > start, b.first < end]
+    where = [b.project.in_(projects), b.last > start, b.first < end]
     if only is not None:
         where.append(b.user == only)
-    wids = list(dict.fromkeys(s.execute(select(b.workload).where(*where)
-                                        .order_by(idle.desc()).limit(4 * top)).scalars()))
+    # the idlest intervals first, from the (kind, idle_ms) index: no sort of the period
+    wids = list(dict.fromkeys(s.execute(select(b.workload).where(b.kind == "interactive",
+                                                                  *where)
+                                        .order_by(b.idle_ms.desc()).limit(4 * top)).scalars()))
     if not wids:
         return []
+    # their intervals through the workload index (their kind is known: not filtered again,
+    # which would lead the planner to the kind index and the whole period)
     rows = sorted(s.execute(select(b.workload, b.user, b.project,
                                    func.sum(b.measured_ms - b.busy_ms), func.sum(b.measured_ms),
                                    func.sum(b.busy_ms))

@@ -436,9 +436,12 @@ class KubernetesBackend(Backend):
             attrs = {"verb": verb, "resource": res, "group": group}
             if namespaced:
                 attrs["namespace"] = self.namespace
-            r = await authz.create_self_subject_access_review(
-                {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                 "spec": {"resourceAttributes": attrs}}, _request_timeout=self.request_timeout)
+            r = await self._again("asking what this account may do", lambda: authz
+                                  .create_self_subject_access_review(
+                                      {"apiVersion": "authorization.k8s.io/v1",
+                                       "kind": "SelfSubjectAccessReview",
+                                       "spec": {"resourceAttributes": attrs}},
+                                      _request_timeout=self.request_timeout))
             return bool(r.status and r.status.allowed)
 
         need = self.needed_access()
@@ -661,23 +664,45 @@ class KubernetesBackend(Backend):
 
         names = []
         for o in objs:
+            if o["kind"] != "ResourceClaimTemplate":
+                names.append(o["metadata"]["name"])
+            what = f"creating {o['kind']} {o['metadata']['name']}"
             try:
                 if o["kind"] == "ResourceClaimTemplate":
-                    await self.resource.create_namespaced_resource_claim_template(
-                        self.namespace, o, _request_timeout=self.request_timeout)
+                    await self._again(what, lambda o=o: self.resource
+                                      .create_namespaced_resource_claim_template(
+                                          self.namespace, o,
+                                          _request_timeout=self.request_timeout))
                 else:
-                    names.append(o["metadata"]["name"])
-                    made = await self.batch.create_namespaced_job(
-                        self.namespace, o, _request_timeout=self.request_timeout)
+                    made = await self._again(what, lambda o=o: self.batch.create_namespaced_job(
+                        self.namespace, o, _request_timeout=self.request_timeout))
                     # read-your-writes: the watch may deliver the new Job a moment later
                     self.jobs.items.setdefault(
                         o["metadata"]["name"], self.api_client.sanitize_for_serialization(made))
             except ApiException as e:
-                if e.status != 409:  # 409: created before a restart of the service
-                    raise RuntimeError(f"creating {o['kind']} {o['metadata']['name']}: "
-                                       f"{e.status} {_api_message(e)}") from None
+                if e.status != 409:  # 409: created before a restart of the service (or by
+                    # this create, answered late and sent again)
+                    raise RuntimeError(f"{what}: {e.status} {_api_message(e)}") from None
         self.log.info("kubernetes backend: created Job(s) %s", ", ".join(names))
         return ",".join(names)
+
+    async def _again(self, what: str, call: Callable[[], Any]) -> Any:
+        """``await call()``, sent again while the API server asks for it (429: it sheds load,
+        API Priority and Fairness; or a 5xx with Retry-After), as client-go does, for at
+        most ``request_timeout``; its last refusal is raised."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            try:
+                return await call()
+            except ApiException as e:
+                wait = _retry_after(e)
+                if wait is None or time.monotonic() + wait >= deadline:
+                    raise
+                self.log.info("kubernetes backend: %s: %s; again in %.1f s", what, e.status,
+                              wait)
+                await asyncio.sleep(wait)
 
     def status(self, workload: str, attempt: int) -> BackendStatus:
         self._ensure()
@@ -813,6 +838,19 @@ def _api_message(e: Any) -> str:
         return str(json.loads(e.body).get("message") or e.reason)
     except (TypeError, ValueError, AttributeError):
         return str(e.reason)
+
+
+def _retry_after(e: Any) -> float | None:
+    """Seconds to wait before sending a refused request again, when the API server asks for
+    it: 429 (too many requests) or a 5xx with a ``Retry-After`` header; else None."""
+    headers = getattr(e, "headers", None) or {}
+    raw = headers.get("Retry-After") if hasattr(headers, "get") else None
+    if e.status != 429 and not (raw and 500 <= (e.status or 0) < 600):
+        return None
+    try:
+        return min(max(float(raw), 0.1), 10.0) if raw else 1.0
+    except ValueError:
+        return 1.0
 
 
 def _terminal(job: dict) -> bool:

@@ -3,7 +3,9 @@ k8s.py says which parts are real; kwok plays the kubelets): 25 one-GPU jobs deci
 cycle by the service's own loop are created with several Job creates in flight at once, each
 workload is recorded once (one start, one open charge, its Job as its reference) and its pod
 runs where the core placed it; the one the core placed on a node the cluster lacks fails
-alone, with the reason, and changes nothing for the others."""
+alone, with the reason, and changes nothing for the others. On an API server that refuses
+creates beyond one in flight (429 Too Many Requests), every create of the burst is sent again
+when the server asks, and all of them are made."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import asyncio
 import time
 
 from jupyter_gpubudget.backends import k8s_objects as ko
+from jupyter_gpubudget.backends.base import Launch
 from jupyter_gpubudget.service.loop import SchedulingLoop
-from tests.fixtures.k8s import NAMESPACE, FakeNode, wait_for
+from tests.fixtures.k8s import NAMESPACE, FakeNode, find_bin_dir, start_control_plane, wait_for
+from tests.kubernetes.conftest import apply_rbac
 from tests.kubernetes.serviceloop import make_loop
 
 LABEL = "gpubudget.test/batch-launch"
@@ -117,3 +121,44 @@ def test_one_cycles_starts_are_created_at_once_and_each_recorded_once(k8s, real_
                              {"propagationPolicy": "Background"})
         for n in NODES:
             k8s.admin.delete(f"/api/v1/nodes/{n}")
+
+
+def test_creates_refused_for_load_are_sent_again(tmp_path, real_backend):
+    """Its own control plane: the API server without API Priority and Fairness, allowing one
+    mutating request in flight, answers the rest of a burst of creates 429 at once."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    bins, why = find_bin_dir()
+    assert bins is not None, why
+    cp = start_control_plane(bins, tmp_path / "cp", {"kube-apiserver": [
+        "--enable-priority-and-fairness=false", "--max-mutating-requests-inflight=1"]})
+    wids = [f"burst{i:02d}" for i in range(20)]
+    try:
+        apply_rbac(cp)
+        b = real_backend(kubeconfig=str(cp.service_kubeconfig),
+                         node_selector="kubernetes.io/hostname in (gpu-a,gpu-b,gpu-c)",
+                         launch_concurrency=20)
+        b._ensure()
+        refused = {"429": 0}
+        create = b.batch.create_namespaced_job
+
+        async def counted(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            try:
+                return await create(*a, **kw)
+            except ApiException as e:
+                refused["429"] += e.status == 429
+                raise
+        b.batch.create_namespaced_job = counted
+        nodes = ("gpu-a", "gpu-b", "gpu-c")
+        got = b.launch_many([Launch(
+            workload=w, attempt=1, user="alice", project="lattice",
+            command=["python", "-c", "pass"],
+            placement=[{"node": nodes[i % 3], "gpu": i // 3, "kind": "gpu", "milli": 1000}])
+            for i, w in enumerate(wids)])
+        assert refused["429"] > 0  # the server did shed load
+        assert got == [ko.job_name(w, 1) for w in wids], got
+        made = [j["metadata"]["name"] for j in
+                cp.admin.items(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", MINE)]
+        assert sorted(made) == sorted(ko.job_name(w, 1) for w in wids)
+    finally:
+        cp.stop()

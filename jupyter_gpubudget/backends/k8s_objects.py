@@ -583,11 +583,39 @@ def node_gpus(node: dict) -> NodeGpus:
     return NodeGpus(name, model, product, strategy, whole, mig, memory, profiles, shared)
 
 
+def mig_layouts(model: str, gpus: int, profiles: dict[str, int]
+                ) -> list[tuple[tuple[str, int], ...]] | None:
+    """A fixed layout for each of a node's ``gpus`` MIG GPUs that holds the node's instances
+    (``profiles``: how many of each the device plugin offers). The node says how many, not on
+    which GPU; any valid assignment serves, since the device plugin hands out any free instance
+    of a profile. Larger profiles first, each at the first GPU and start slot where it fits.
+    None where they do not fit (or the model has no MIG table): the GPUs stay carvable."""
+    table = migtab.profiles_for(model)
+    if not table or gpus <= 0 or not profiles or any(p not in table for p in profiles):
+        return None
+    masks, used = [0] * gpus, [0] * gpus
+    out: list[list[tuple[str, int]]] = [[] for _ in range(gpus)]
+    for name in sorted(profiles, key=lambda n: (-table[n].size, -table[n].compute, n)):
+        p = table[name]
+        for _ in range(profiles[name]):
+            for i in range(gpus):
+                starts = migtab.fits(model, name, masks[i], used[i])
+                if starts:
+                    masks[i] = migtab.occupy(p, starts[0], masks[i])
+                    used[i] += p.compute
+                    out[i].append((name, starts[0]))
+                    break
+            else:
+                return None
+    return [tuple(x) for x in out]
+
+
 def inventory_from_nodes(nodes: list[dict]) -> Inventory:
     """The core's inventory from Node objects: GPU feature discovery labels and allocatable
     ``nvidia.com/*`` resources. MIG GPUs are those the mixed strategy leaves out of
-    ``nvidia.com/gpu`` (or all of them under the single strategy); models are mapped to the
-    core's names (MIG tables key on them)."""
+    ``nvidia.com/gpu`` (or all of them under the single strategy), with a fixed layout that
+    holds the instances the node offers (:func:`mig_layouts`: the core places only on those);
+    models are mapped to the core's names (MIG tables key on them)."""
     specs: list[NodeSpec] = []
     for node in sorted(nodes, key=lambda n: (n.get("metadata") or {}).get("name", "")):
         g = node_gpus(node)
@@ -596,7 +624,9 @@ def inventory_from_nodes(nodes: list[dict]) -> Inventory:
         mig_ok = g.model in migtab.MIG_TABLES
         gpus = [GpuSpec(i, g.model, g.memory_mib if g.strategy != "single" else 0, False,
                         f"GPU-{g.name}-{i}") for i in range(g.whole)]
-        gpus += [GpuSpec(g.whole + i, g.model, 0, mig_ok, f"GPU-{g.name}-{g.whole + i}")
+        layouts = mig_layouts(g.model, g.mig, g.mig_profiles) if mig_ok else None
+        gpus += [GpuSpec(g.whole + i, g.model, 0, mig_ok, f"GPU-{g.name}-{g.whole + i}",
+                         mig_layout=layouts[i] if layouts else None)
                  for i in range(g.mig)]
         alloc = (node.get("status") or {}).get("allocatable") or {}
         labels = (node.get("metadata") or {}).get("labels") or {}

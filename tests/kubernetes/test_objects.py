@@ -410,6 +410,21 @@ def test_inventory_from_gpu_feature_discovery_labels():
     assert ko.node_products(NODES)["a100-s"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
 
 
+def test_mig_gpus_have_a_fixed_layout_holding_the_instances_the_node_offers():
+    """The core places MIG work only on instances that exist: the device plugin's counts per
+    node become the MIG GPUs' fixed layouts (no profile the node does not offer)."""
+    from collections import Counter
+
+    by = {n.name: n for n in ko.inventory_from_nodes(NODES).nodes}
+    h = [g for g in by["h100-a"].gpus if g.mig]
+    assert Counter(p for g in h for p, _ in g.mig_layout) == {"1g.10gb": 7, "3g.40gb": 2}
+    assert h[0].mig_layout == (("3g.40gb", 0), ("3g.40gb", 4))
+    a = by["a100-s"].gpus
+    assert all(g.mig_layout == tuple(("1g.5gb", s) for s in range(7)) for g in a)
+    assert ko.mig_layouts("H100-80GB", 1, {"7g.80gb": 2}) is None  # more than fits: carvable
+    assert ko.mig_layouts("H100-80GB", 2, {}) is None
+
+
 def test_node_health_cordoned_notready_and_mig_reconfiguration():
     nodes = [n for n in NODES]
     nodes.append(node("h100-b", {"nvidia.com/mig.config.state": "pending"}, {}))

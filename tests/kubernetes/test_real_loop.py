@@ -92,3 +92,36 @@ def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, 
     loop.cancel(slow, by="test")
     assert not running(slow)
     events.stop()
+
+
+def test_the_loop_places_only_mig_instances_the_nodes_offer(k8s, real_backend, tmp_path):
+    """On every node, gpu-d's MIG GPUs included (a fixed layout of 1g.10gb and 3g.40gb
+    instances, as its allocatable resources say): one-GPU jobs and a 3g.40gb job run — each on a
+    whole GPU or an instance the node offers, never refused at launch for a profile it lacks."""
+    b = real_backend()
+    ledger, loop = make_loop(tmp_path, b)
+    wids = [submit(ledger, "lattice", "alice", 1, {}) for _ in range(3)]
+    mig = ledger.submit(project="lattice", user="alice", kind="batch", now=time.time(),
+                        request={"kind": "mig", "profile": "3g.40gb"},
+                        command=["python", "-c", "pass"], env={}, backend="kubernetes",
+                        min_runtime=0.0, resumable=True).id
+    wids.append(mig)
+    try:
+        run_until(loop, lambda: all(ledger.get(w).state == "running" for w in wids),
+                  "the four jobs start", 90)
+        offered = {n["metadata"]["name"]: n["status"]["allocatable"]
+                   for n in k8s.admin.items("/api/v1/nodes")}
+        for w in wids:
+            for s in ledger.get(w).placement:
+                if s["kind"] == "mig":
+                    assert int(offered[s["node"]].get(f"nvidia.com/mig-{s['profile']}", 0)), s
+        assert ledger.get(mig).placement[0]["profile"] == "3g.40gb"
+        for w in wids:
+            run_until(loop, lambda w=w: [p for p in k8s.admin.items(
+                f"/api/v1/namespaces/{NAMESPACE}/pods", f"{ko.L_WORKLOAD}={w}")
+                if p["status"].get("phase") == "Running"], f"{w}'s pod runs", 90)
+            assert ledger.get(w).state == "running", ledger.get(w)
+    finally:
+        for w in wids:
+            if ledger.get(w).state in ("running", "pending"):
+                loop.cancel(w, by="test")

@@ -141,7 +141,9 @@ function RequestForm(props: {
   onDone: (r: IBudgetRequest) => void;
 }) {
   const [open, setOpen] = React.useState(false);
-  const [project, setProject] = React.useState(props.projects[0] ?? '');
+  const [picked, setProject] = React.useState('');
+  // the projects arrive with the week (after the form was made): the first until one is picked
+  const project = props.projects.includes(picked) ? picked : (props.projects[0] ?? '');
   const [hours, setHours] = React.useState('');
   const [reason, setReason] = React.useState('');
   const [error, setError] = React.useState<string | null>(null);
@@ -179,7 +181,7 @@ function RequestForm(props: {
     }
   };
   return (
-    <form className="jp-GpuBudget-askForm" onSubmit={ev => void submit(ev)}>
+    <form className="jp-GpuBudget-askForm" noValidate onSubmit={ev => void submit(ev)}>
       <label>
         Project{' '}
         <select value={project} onChange={e => setProject(e.target.value)}>
@@ -250,7 +252,9 @@ export function MyWeekSection(props: { model: BudgetModel }) {
       setState({
         week,
         util,
-        mine: mine.requests.filter(r => r.user === info?.user),
+        // a manager also sees the requests they may answer: here only their own (the
+        // service's name for them, as the week says it)
+        mine: mine.requests.filter(r => r.user === (week?.user ?? info?.user)),
         error: null
       });
     } catch (e) {

@@ -11,21 +11,29 @@ Prints the median full-cycle time (``schedule(state, now)``, the pure entry poin
 from scratch each time as the service does); the service's whole cycle (that schedule plus the
 forecast of start times it computes for quotes and the queue page, ``core.offer.forecast``
 with every slice choice as a probe); the same two on the state in which a tenth of the
-cluster's GPUs freed just before the cycle (running work chosen at random left), so that the
-timed cycle places and preempts — on the full cluster it decides nothing; the median time
+cluster's GPUs freed just before the cycle (running work chosen at random left) and the first
+program's grant is raised 2.6 times, so that the timed cycle places (backed and unbacked work)
+and preempts (unbacked running work of the programs over their grants, for the first
+program's backed work) — on the full cluster it decides nothing, and on the bench's grants no
+queued work is backed; the median time
 for one arrival on the incremental path (``Scheduler.submit``), and placements per second (a
 full cycle that places 10,000 workloads on the empty cluster). Each figure is a median of
 wall time and of CPU time (``time.process_time``: the machine may be shared). Last line: one
 JSON object.
 
     python bench/cycle.py [--repeat 7] [--service-repeat 3] [--arrivals 200] [--seed 1]
+                          [--baseline /path/to/checkout]
 
 With ``--arrays 50x200`` and/or ``--reservations 20``: the full cycle with job arrays and
 advance reservations in the queue, beside the same run without them (bench/cycle_reservations.py).
 
 Another version of the package (an older checkout, to compare in one run on one machine):
 ``PYTHONPATH=/path/to/checkout python bench/cycle.py`` — the script only falls back to its own
-checkout when the package is not found first.
+checkout when the package is not found first. ``--baseline /path/to/checkout`` does that
+first, with the same arguments, then measures this checkout, and prints both and the
+ratios of the CPU-time medians (the goals: full cycle at most 0.6 of the baseline's, the
+service's whole cycle at most the baseline's full cycle); the last line then holds both
+(``"baseline"``) and the ratios.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +52,7 @@ from pathlib import Path
 # after PYTHONPATH (an older checkout to compare with), before nothing else of ours
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from jupyter_gpubudget.core.accounts import load_budgets  # noqa: E402
+from jupyter_gpubudget.core.accounts import AccountTree, load_budgets  # noqa: E402
 from jupyter_gpubudget.core.inventory import Inventory, make_node  # noqa: E402
 from jupyter_gpubudget.core.model import (  # noqa: E402
     HOUR,
@@ -133,8 +143,25 @@ def build_state(seed: int, nodes: int = 1024, queued: int = 10000) -> ClusterSta
                         pending, charges)
 
 
-def freed_tenth(state: ClusterState, seed: int) -> ClusterState:
-    """``state`` after running work chosen at random left, freeing a tenth of the GPUs."""
+FREED_GRANT = 2.6  # the first program's grant, times this, in the freed run
+
+
+def raised_grant(seed: int, times: float = FREED_GRANT) -> AccountTree:
+    """The benchmark's accounts with the first program's grant raised ``times``: its
+    standing falls below the others' and part of its queue is backed (on the benchmark's
+    state every account has used more than its grant, so no queued work is, and running work
+    started unbacked: unprotected)."""
+    text = budgets_yaml(random.Random(seed))
+    head, _, rest = text.partition("grant: ")
+    grant, _, tail = rest.partition("\n")
+    return load_budgets(f"{head}grant: {round(float(grant) * times)}\n{tail}").accounts
+
+
+def freed_tenth(state: ClusterState, seed: int, times: float = FREED_GRANT) -> ClusterState:
+    """``state`` after running work chosen at random left, freeing a tenth of the GPUs, with
+    the first program's grant raised ``times`` (:func:`raised_grant`; 1: as it was), so that
+    the cycle both places (backed and unbacked work) and preempts (unbacked running work of
+    the programs above their grants, for the backed work of the first)."""
     rng = random.Random(seed + 7)
     running = list(state.running)
     rng.shuffle(running)
@@ -146,7 +173,8 @@ def freed_tenth(state: ClusterState, seed: int) -> ClusterState:
         if w.placement is not None:
             freed += w.placement.milli
             gone.add(w.id)
-    return ClusterState(state.accounts, state.inventory, state.policy,
+    accounts = raised_grant(seed, times) if times != 1 else state.accounts
+    return ClusterState(accounts, state.inventory, state.policy,
                         [w for w in state.running if w.id not in gone], state.pending,
                         state.charges)
 
@@ -179,7 +207,11 @@ def main() -> None:
                     "timed beside the same queue without them (bench/cycle_reservations.py)")
     ap.add_argument("--reservations", type=int, default=0, help="advance reservations, timed "
                     "beside the same run without them")
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="another checkout (e.g. a git worktree of an older commit): the same "
+                    "benchmark with its package first, then this one, and the ratios")
     args = ap.parse_args()
+    base = run_baseline(args) if args.baseline else None
 
     t0 = time.perf_counter()
     state = build_state(args.seed)
@@ -238,7 +270,7 @@ def main() -> None:
     print(f"ratios:       full cycle {full / 200:.2f}× of the 200 ms target; "
           f"arrival {inc / 10:.3f}× of the 10 ms target; service cycle {svc / full:.1f}× "
           f"the full cycle")
-    print(json.dumps({"full_cycle_ms_p50": round(full, 2),
+    out = {"full_cycle_ms_p50": round(full, 2),
                       "full_cycle_cpu_ms_p50": round(full_cpu, 2),
                       "service_cycle_ms_p50": round(svc, 2),
                       "service_cycle_cpu_ms_p50": round(svc_cpu, 2),
@@ -246,7 +278,42 @@ def main() -> None:
                       "freed_service_cycle_ms_p50": round(fsvc, 2),
                       "freed_service_cycle_cpu_ms_p50": round(fsvc_cpu, 2),
                       "freed_starts": fr_starts, "freed_preemptions": fr_preempts,
-                      "incremental_ms_p50": round(inc, 3), "placements_per_s": round(pps)}))
+                      "incremental_ms_p50": round(inc, 3), "placements_per_s": round(pps)}
+    if base is not None:
+        out = compare(out, base)
+    print(json.dumps(out))
+
+
+def run_baseline(args: argparse.Namespace) -> dict:
+    """The same benchmark with the package of ``args.baseline`` first on the path."""
+    argv = [sys.executable, __file__, "--repeat", str(args.repeat), "--service-repeat",
+            str(args.service_repeat), "--arrivals", str(args.arrivals), "--seed", str(args.seed)]
+    env = dict(os.environ, PYTHONPATH=str(Path(args.baseline).resolve()))
+    print(f"baseline ({args.baseline}):", flush=True)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    for line in done.stdout.splitlines()[:-1]:
+        print(f"  {line}")
+    print("this checkout:", flush=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def compare(out: dict, base: dict) -> dict:
+    """Both runs' figures and the ratios of their CPU-time medians."""
+    ratios = {
+        "full_cycle_cpu": out["full_cycle_cpu_ms_p50"] / base["full_cycle_cpu_ms_p50"],
+        "service_cycle_cpu_to_base_full": (out["service_cycle_cpu_ms_p50"]
+                                           / base["full_cycle_cpu_ms_p50"]),
+        "service_cycle_cpu": out["service_cycle_cpu_ms_p50"] / base["service_cycle_cpu_ms_p50"],
+        "freed_cycle_cpu": out["freed_cycle_cpu_ms_p50"] / base["freed_cycle_cpu_ms_p50"],
+        "freed_service_cycle_cpu": (out["freed_service_cycle_cpu_ms_p50"]
+                                    / base["freed_service_cycle_cpu_ms_p50"]),
+    }
+    print("ratios (CPU-time medians, this checkout / baseline): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in ratios.items())
+        + f"; goals: full cycle <= 0.6 ({'met' if ratios['full_cycle_cpu'] <= 0.6 else 'MISSED'})"
+        + ", service cycle <= 1.0 of the baseline's full cycle ("
+        + f"{'met' if ratios['service_cycle_cpu_to_base_full'] <= 1.0 else 'MISSED'})")
+    return {**out, "baseline": base, "ratios": {k: round(v, 3) for k, v in ratios.items()}}
 
 
 if __name__ == "__main__":

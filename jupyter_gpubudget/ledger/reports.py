@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import BigInteger, cast, func, literal_column, select
+from sqlalchemy import BigInteger, cast, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from .busy import bucket_seconds, wait_of
@@ -136,6 +136,11 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
            idle_top: int = 10) -> dict[str, Any]:
     """The report's figures (see the module docstring); ``grants``: each project's (and the
     account's) grant in GPU-hours per ``window``, None where it has none."""
+    if s.get_bind().dialect.name == "postgresql":
+        # this read-only transaction sums one statement's rows before it sends the next: on a
+        # loaded machine that can pass the 5 s the server allows an idle transaction (set for
+        # writers, ``db.PG_CONNECT_ARGS``); it holds no lock a writer or a new leader waits for
+        s.execute(text("SET LOCAL idle_in_transaction_session_timeout = '60s'"))
     projects = list(scope.projects)
     only = scope.only_user
     lo, hi = (int(start) // HOUR) * HOUR, int(end)

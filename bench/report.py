@@ -15,7 +15,7 @@ Goals: week ≤ 0.5 s, year ≤ 2 s, sampling ≤ 1 % of one core per 8 GPUs. Th
 is JSON: {"sqlite": {"week_s", "year_s"}, "postgresql": {"week_s", "year_s"},
 "sampling_core_pct_per_8_gpus", ...}.
 
-    python bench/report.py [--size 1000000] [--skip-postgres]
+    python bench/report.py [--size 1000000] [--skip-postgres] [--skip-sqlite]
 """
 
 from __future__ import annotations
@@ -243,6 +243,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=1_000_000, help="charge intervals")
     ap.add_argument("--skip-postgres", action="store_true")
+    ap.add_argument("--skip-sqlite", action="store_true")
     args = ap.parse_args()
     now = time.time()
     t = time.perf_counter()
@@ -254,11 +255,12 @@ def main() -> None:
     out: dict = {"charge_intervals": len(rows["charges"]), "users": USERS,
                  "projects": PROGRAMS * PER_PROGRAM}
     try:
-        t = time.perf_counter()
-        led = load(f"sqlite:///{tmp / 'ledger.sqlite'}", rows, now)
-        print(f"sqlite: loaded in {time.perf_counter() - t:.1f} s")
-        out["sqlite"] = time_reports(led, now)
-        led.dispose()
+        if not args.skip_sqlite:
+            t = time.perf_counter()
+            led = load(f"sqlite:///{tmp / 'ledger.sqlite'}", rows, now)
+            print(f"sqlite: loaded in {time.perf_counter() - t:.1f} s")
+            out["sqlite"] = time_reports(led, now)
+            led.dispose()
         if not args.skip_postgres:
             from tests.fixtures.postgres import start_postgres
 

@@ -56,7 +56,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
                 "backfill_lease", "finish_drain_ratio",
-                "finish_drain_budget", "managers_fund_own_projects"}
+                "finish_drain_budget", "managers_fund_own_projects", "manager_booking_limit"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -392,6 +392,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
         policy = replace(policy, max_pending_per_user=int(
             fields["max_pending_per_user"].number(minimum=0, integer=True,
                                                    maximum=MAX_PENDING_PER_USER)))
+    if "manager_booking_limit" in fields:
+        policy = replace(policy, manager_booking_limit=int(
+            fields["manager_booking_limit"].number(minimum=0, integer=True, maximum=100_000)))
     if "short_lane_patience" in fields:
         policy = replace(policy, short_lane_patience=fields["short_lane_patience"].duration())
     if "short_lane_late_cost" in fields:

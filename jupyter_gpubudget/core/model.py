@@ -264,6 +264,9 @@ class Policy:
     #: in the queue; a submission past it is refused, saying so (0: no limit). Not the
     #: core's to apply — the service does, at submission — but an admin sets it here
     max_pending_per_user: int = 100
+    #: the most whole GPUs one advance reservation booked by a manager (not an admin) may
+    #: hold (0: only admins book). Not the core's to apply — the service does
+    manager_booking_limit: int = 8
     #: whether a manager may raise the grant of an account they are a member of (charge
     #: through ``members:``); off: such a change needs an admin or another manager of its
     #: parent who is not a member. Not the core's to apply — the service does — but an

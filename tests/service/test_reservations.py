@@ -42,6 +42,13 @@ def test_admins_and_managers_book_members_read_others_see_nothing(service, token
     assert status == 403 and "genomics" in out["message"]
     assert book(service, tokens["bob"], project="lattice", gpus=1, start=t0 + 7200,
                 end=t0 + 9000)[0] == 403  # a member reads, does not book
+    # a manager books at most policy manager_booking_limit (8) GPUs at a time; an admin more
+    status, out = book(service, tokens["alice"], project="lattice", gpus=9, start=t0 + 7200,
+                       end=t0 + 9000)
+    assert status == 403 and "manager_booking_limit" in out["message"], out
+    status, out = book(service, tokens["root"], project="lattice", gpus=9, start=t0 + 7200,
+                       end=t0 + 9000)
+    assert status == 400 and out["field"] == "gpus", out  # only over capacity (2 GPUs here)
     ids = lambda tok: {r["id"] for r in listed(service, tok)}  # noqa: E731
     assert mine["id"] in ids(tokens["bob"]) and b["id"] not in ids(tokens["bob"])
     assert b["id"] in ids(tokens["erin"]) and mine["id"] not in ids(tokens["erin"])

@@ -85,14 +85,19 @@ def parse_booking(body: Any) -> dict[str, Any]:
     return out
 
 
-def may_book(c: Caller, tree: Any, project: str) -> None:
-    """Admins book for any project; managers for projects below an account they manage."""
+def may_book(c: Caller, tree: Any, project: str, gpus: int = 0, limit: int = 0) -> None:
+    """Admins book for any project; managers for projects below an account they manage, at
+    most ``limit`` GPUs a booking (the policy's ``manager_booking_limit``; 0: not at all)."""
     if c.is_admin:
         return
     c.require_scope(SCOPE_MANAGE)
     if not tree.can_manage(c.name, project):
         raise Denied(f"user {c.name!r} neither is an admin nor manages {project!r}: "
                      "only they book its GPUs")
+    if gpus > limit:
+        raise Denied(f"gpus: a manager books at most {limit} GPUs at a time (the budgets "
+                     f"file's policy manager_booking_limit); {gpus} asked — an admin may book "
+                     "more")
 
 
 class ReservationsHandler(BaseHandler):
@@ -114,7 +119,7 @@ class ReservationsHandler(BaseHandler):
         tree = self.tree
         if spec["project"] not in tree or not tree.is_project(spec["project"]):
             raise ApiError(400, f"project: no project {spec['project']!r}", "project")
-        may_book(c, tree, spec["project"])
+        may_book(c, tree, spec["project"], spec["gpus"], self.svc.policy().manager_booking_limit)
         now = self.svc.clock()
         row = await self.db(lambda: store.book(
             self.svc.ledger, self.svc.inventory, project=spec["project"], gpus=spec["gpus"],

@@ -626,7 +626,8 @@ def budget_request_paths() -> dict:
                             "type": "object", "required": ["project", "gpu_hours", "reason"],
                             "additionalProperties": False, "properties": {
                                 "project": {"type": "string"},
-                                "gpu_hours": {"type": "number", "exclusiveMinimum": 0},
+                                "gpu_hours": {"type": "number", "minimum": 0,
+                                              "exclusiveMinimum": True},
                                 "reason": {"type": "string", "maxLength": 2000}}},
                         extra={"409": "A request of yours for it is pending"})},
         "/budget-requests/{id}/grant": {"post": _op(

@@ -180,10 +180,14 @@ def main() -> None:
         sys.exit(f"k8s_scale: needs {why}")
     tmp = Path(tempfile.mkdtemp(prefix="gpubudget-k8s-scale-"))
     t0 = time.monotonic()
-    extra = {}
+    # kwok's heartbeats for hundreds of nodes lag on a loaded machine: the node lifecycle
+    # controller would mark nodes NotReady (and the service drain them), which is not what is
+    # measured here
+    grace = ["--node-monitor-grace-period", "10m", "--node-startup-grace-period", "10m"]
+    extra = {"kube-controller-manager": grace}
     if args.api_qps > 0:
         qps = ["--kube-api-qps", str(args.api_qps), "--kube-api-burst", str(2 * args.api_qps)]
-        extra = {"kube-controller-manager": [*qps, "--concurrent-job-syncs", "50"],
+        extra = {"kube-controller-manager": [*grace, *qps, "--concurrent-job-syncs", "50"],
                  "kube-scheduler": qps}
     cp = start_control_plane(bins, tmp / "cp", extra)
     backend = None

@@ -10,17 +10,7 @@ import time
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.service.loop import SchedulingLoop
-
-BUDGETS = """\
-window: 7d
-admins: [root]
-accounts:
-  physics:
-    grant: 100
-    children:
-      lattice: {grant: 100, members: [alice]}
-      scratch: {grant: 0, members: [bob]}
-"""
+from tests.fixtures.smallcluster import TWO_PROJECTS as BUDGETS
 
 
 def make_loop(tmp_path, backend):  # noqa: ANN001, ANN201

@@ -17,25 +17,9 @@ from jupyter_gpubudget.core.inventory import load_inventory
 from jupyter_gpubudget.core.model import Placement, SliceAlloc, Start
 from jupyter_gpubudget.ledger import Ledger, LedgerError, connect, upgrade
 from jupyter_gpubudget.service.loop import SchedulingLoop
+from tests.fixtures.smallcluster import ONE_GPU_NODE as INVENTORY
+from tests.fixtures.smallcluster import TWO_PROJECTS as BUDGETS
 from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
-
-BUDGETS = """\
-window: 7d
-admins: [root]
-accounts:
-  physics:
-    grant: 100
-    children:
-      lattice: {grant: 100, members: [alice]}
-      scratch: {grant: 0, members: [bob]}
-"""
-
-INVENTORY = """\
-nodes:
-  - name: n1
-    model: H100-80GB
-    gpus: 1
-"""
 
 
 @pytest.fixture

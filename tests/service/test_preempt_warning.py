@@ -20,6 +20,7 @@ from jupyter_gpubudget.service.loop import SchedulingLoop
 from jupyter_gpubudget.service.preempt_warning import WARNING_KIND, Outlooks, PreemptionWarner
 from jupyter_gpubudget.service.validate import Invalid, parse_job
 from jupyter_gpubudget.service.views import workload_json
+from tests.fixtures.smallcluster import ONE_GPU_NODE as INVENTORY
 from tests.fixtures.unixusers import TEMPLATE, ensure_accounts
 
 BUDGETS = """\
@@ -31,13 +32,6 @@ accounts:
     children:
       lattice: {grant: 50, members: [alice]}
       scratch: {grant: 50, members: [bob]}
-"""
-
-INVENTORY = """\
-nodes:
-  - name: n1
-    model: H100-80GB
-    gpus: 1
 """
 
 GPU = {"kind": "gpu", "gpus": 1}

@@ -22,27 +22,11 @@ from jupyter_gpubudget.core.inventory import load_inventory
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.service.delivery import notice_of
 from jupyter_gpubudget.service.loop import SchedulingLoop
+from tests.fixtures.smallcluster import ONE_GPU_NODE as INVENTORY
+from tests.fixtures.smallcluster import TWO_PROJECTS as BUDGETS
 from tests.fixtures.unixusers import ensure_accounts, shared_tmp
 
 from .test_job_checkpoint import COUNTER, _backend, counts, nodes, wait_for  # noqa: F401
-
-BUDGETS = """\
-window: 7d
-admins: [root]
-accounts:
-  physics:
-    grant: 100
-    children:
-      lattice: {grant: 100, members: [alice]}
-      scratch: {grant: 0, members: [bob]}
-"""
-
-INVENTORY = """\
-nodes:
-  - name: n1
-    model: H100-80GB
-    gpus: 1
-"""
 
 GPU = {"kind": "gpu", "gpus": 1}
 

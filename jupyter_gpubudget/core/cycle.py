@@ -80,6 +80,9 @@ class CycleState:
     #: unbacked work, and work that could not start in the backed pass; with the memo
     #: generation at which its shape was known not to fit (-1: not known)
     later: list[tuple[Workload, int]] = field(default_factory=list)
+    #: per running workload, what its preemption at ``now`` throws away (GPU-hours, found
+    #: once: the preemption searches of one cycle ask it of the same victims again and again)
+    lost: dict[str, float] = field(default_factory=dict)
 
     def capacity_changed(self) -> None:
         """Capacity was freed (a preemption) or a reservation moved the times GPUs are held
@@ -124,7 +127,8 @@ def preempt_for(cyc: CycleState, w: Workload, end: float, *,
         if try_preempt(w, end, now, cyc.pool, st, cyc.out, overdue,
                        gain_horizon=gain_horizon(), running=cyc.running, cluster=cyc.cluster,
                        policy=cyc.policy, accounts=accounts, grants=grants,
-                       committed=committed, first_planned=cyc.first_planned, take=cyc.take):
+                       committed=committed, first_planned=cyc.first_planned, take=cyc.take,
+                       lost=cyc.lost):
             return True
         cyc.preempt_failed[shape] = mine if worst is None else min(worst, mine)
     return (cyc.policy.short_lane_cost > 0 and short(w)

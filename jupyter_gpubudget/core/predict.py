@@ -9,6 +9,7 @@ work once per change of running work; :func:`next_free` reads those ends for a r
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping
 
 from .backfill import (
@@ -143,27 +144,64 @@ class Predictor:
 
 
 class RunningEnds:
-    """The predicted ends of running work, sorted once and kept until running work changes
-    (:meth:`changed`) or the clock moves."""
+    """The predicted ends of running work, sorted once and kept up to date as work starts
+    (:meth:`started`) and stops (:meth:`stopped`) until the clock moves, a run is learnt (the
+    predictions may change) or a new cycle begins (:meth:`changed`)."""
 
     def __init__(self, predictor: Predictor, policy: Policy) -> None:
         self.predictor = predictor
         self.policy = policy
         self.ends: list[tuple[float, str]] | None = None
+        self.end_by_id: dict[str, float] = {}  # the end each entry of ``ends`` was made with
         self.ends_at = float("nan")
+        self.versions: dict[str, int] = {}  # the history's versions ``ends`` was made with
         # the same ends at RESERVE_QUANTILE, for the list of ends they were made from
         self.reserve_ends: tuple[list[tuple[float, str]], list[tuple[float, str]]] | None = None
 
     def changed(self) -> None:
-        """Work started or stopped: sort again when next asked."""
+        """Sort again when next asked."""
         self.ends = None
+        self.reserve_ends = None
+
+    def _current(self, now: float) -> bool:
+        return (self.ends is not None and self.ends_at == now
+                and self.versions == self.predictor.history.kind_version)
+
+    def started(self, w: Workload, now: float) -> None:
+        """``w`` started at ``now``: its end goes in its place in the sorted list — the
+        list a sort from scratch would make (entries are unique by id)."""
+        if not self._current(now):
+            self.changed()
+            return
+        assert self.ends is not None
+        end = self.end_of(w, now, self.predictor.predict(w))
+        bisect.insort(self.ends, (end, w.id))
+        self.end_by_id[w.id] = end
+        self.reserve_ends = None
+
+    def stopped(self, wid: str) -> None:
+        """``wid`` stopped: its entry leaves the list."""
+        end = self.end_by_id.pop(wid, None)
+        if self.ends is None or end is None:
+            self.changed()
+            return
+        i = bisect.bisect_left(self.ends, (end, wid))
+        if i < len(self.ends) and self.ends[i] == (end, wid):
+            del self.ends[i]
+            self.reserve_ends = None
+        else:  # not where it should be: sort again
+            self.changed()
 
     def running(self, running: Mapping[str, Workload], now: float) -> list[tuple[float, str]]:
         """(predicted end, id) of ``running`` work, ascending."""
-        if self.ends is None or self.ends_at != now:
+        if not self._current(now):
             self.ends = sorted((self.end_of(wr, now, self.predictor.predict(wr)), wid)
                                for wid, wr in running.items())
+            self.end_by_id = {wid: end for end, wid in self.ends}
             self.ends_at = now
+            self.versions = dict(self.predictor.history.kind_version)
+            self.reserve_ends = None
+        assert self.ends is not None
         return self.ends
 
     def end_of(self, w: Workload, now: float, predicted: float) -> float:

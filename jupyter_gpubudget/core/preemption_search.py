@@ -35,14 +35,15 @@ def try_preempt(w: Workload, end: float, now: float, pool: dict[str, Workload],
                 running: Mapping[str, Workload], cluster: Cluster, policy: Policy,
                 accounts: AccountTree, grants: Mapping[str, float],
                 committed: Mapping[str, float], first_planned: Mapping[str, float],
-                take: Take) -> bool:
+                take: Take, lost: dict[str, float] | None = None) -> bool:
     """Preempt eligible running work so that ``w`` starts now, if that pays; for an
     overdue gang (``policy.gang_overdue_after``) whatever it costs, but still only work
     of accounts standing above its own. ``pool``: the running work that may be preempted;
     ``gain_horizon``: the seconds of ``w``'s run that starting now instead of when running
     work frees capacity would buy; ``committed``: per account, the GPU-hours promised to
     protected runs; ``first_planned``: per gang, the start its first reservation
-    planned."""
+    planned; ``lost``: per running workload, what its preemption at ``now`` throws away, as
+    far as known (filled in as found: the same for the whole cycle)."""
     margin = policy.preemption_margin
     frac = request_milli(w.request) / MILLI
     need = frac * policy.effective_min_runtime(w) / HOUR
@@ -104,7 +105,12 @@ def try_preempt(w: Workload, end: float, now: float, pool: dict[str, Workload],
         gap = gap_of(v)
         if gap <= 0:
             continue
-        c = preemption_cost(v, now, policy) + policy.preemption_toll
+        c = lost.get(wid) if lost is not None else None
+        if c is None:
+            c = preemption_cost(v, now, policy)
+            if lost is not None:
+                lost[wid] = c
+        c += policy.preemption_toll
         if overdue or preemption_pays(c, preemption_gain(gain_hours, gap)):
             costs[wid] = c
             eligible[wid] = v

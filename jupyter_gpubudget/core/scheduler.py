@@ -239,7 +239,7 @@ class Scheduler:
                           protected_until=protected, idle=False, stopping=False,
                           backfill_until=backfill_until)
         self.running[w.id] = started
-        self.ends.changed()
+        self.ends.started(started, now)
         self.meter.open_interval(w.id, w.project, w.user, placement.milli, now)
         if backed and protected is not None:
             self.backing.promise(w, placement, protected, now)
@@ -247,7 +247,7 @@ class Scheduler:
 
     def _stop(self, wid: str, now: float) -> Workload:
         w = self.running.pop(wid)
-        self.ends.changed()
+        self.ends.stopped(wid)
         self.cluster.release(wid)
         self.meter.close(wid, now)
         self.predictor.forget(wid)

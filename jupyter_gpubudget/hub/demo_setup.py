@@ -327,6 +327,20 @@ def _userdel(name: str) -> str:
     return "" if r.returncode == 0 else f"{name}: {(r.stderr or '').strip() or r.returncode}"
 
 
+def _owned_by(uid: int, pw: pwd.struct_passwd | None, ours: bool) -> bool:
+    """Whether a home owned by ``uid`` is the demo account ``pw``'s to remove: its own, or
+    (in this checkout's home root only) one whose account is gone."""
+    if pw is not None:
+        return uid == pw.pw_uid
+    if not ours:
+        return False
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return True
+    return False
+
+
 def clean_demo(users: list[str], state: Path, home_root: Path | None = None,
                shared: bool = True) -> list[str]:
     """Remove what the demo made for ``users`` (hub user names) from the state directory
@@ -352,9 +366,12 @@ def clean_demo(users: list[str], state: Path, home_root: Path | None = None,
             problems.append(why)
             continue
         for home in {root / name, *([Path(pw.pw_dir)] if pw is not None else [])}:
-            # only a home the account owned: never another account's or a shared folder
-            if home.is_dir() and not home.is_symlink() and pw is not None and \
-                    os.lstat(home).st_uid == pw.pw_uid:
+            # only a home the account owned: never another account's or a shared folder.
+            # The accounts are the machine's and the homes each checkout's: once another
+            # checkout's clean removed the account, this checkout's home of it belongs to a
+            # uid no account has, and is removed as well
+            if home.is_dir() and not home.is_symlink() and \
+                    _owned_by(os.lstat(home).st_uid, pw, home == root / name):
                 shutil.rmtree(home, ignore_errors=True)
     if root.is_dir() and not root.is_symlink() and not any(root.iterdir()):
         root.rmdir()

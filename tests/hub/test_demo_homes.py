@@ -154,6 +154,26 @@ def test_clean_demo_removes_the_accounts_homes_group_and_drop_in(names, tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_cleaning_two_clones_one_after_the_other_leaves_neither_s_homes(names, tmp_path):
+    # the accounts are the machine's, the homes each checkout's: the first clean removes the
+    # accounts, and the second must still find and remove its own homes (owned by accounts
+    # that are gone by then)
+    tag, env, state = names
+    homes = [setup(env, state, f"/tmp/clone-one{tag}"), setup(env, state, f"/tmp/clone-two{tag}")]
+    assert all(h.is_dir() for h in homes)
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(BUDGETS)
+    for h in homes:
+        r = subprocess.run([sys.executable, "-m", "jupyter_gpubudget.hub.demo_setup", "clean",
+                            "--dir", str(state), "--budgets", str(budgets)],
+                           env=dict(env, GPUBUDGET_DEMO_HOMES=str(h)), capture_output=True,
+                           text=True, cwd=ROOT)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not h.exists(), (r.stdout, sorted(p.name for p in h.iterdir()))
+    with pytest.raises(KeyError):
+        pwd.getpwnam(f"{tag}-alice")
+
+
 def test_a_bad_demo_name_is_refused_before_anything_is_made(tmp_path):
     env = dict(os.environ, GPUBUDGET_DEMO_PREFIX="Demo;rm -rf /")
     r = subprocess.run([sys.executable, "-c", "import jupyter_gpubudget.hub.demo_setup"],

@@ -701,7 +701,7 @@ def test_with_leases_a_gpu_freed_between_cycles_is_kept_for_the_short_lane(
     for k in (1, 2, 3):
         s.submit(job(f"b{k}", "b", limit=8 * HOUR, at=float(k)), NOW)
     s.cycle(NOW)
-    assert len(s.running) == 3 and len(s._lane_held) == 1  # the fourth GPU is kept
+    assert len(s.running) == 3 and len(s.lane.held) == 1  # the fourth GPU is kept
     (st,) = s.submit(job("d1", kind="debug", limit=600.0, at=4.0), NOW + 1)
     assert isinstance(st, Start)
     assert s.submit(job("x", "b", limit=8 * HOUR, at=5.0), NOW + 5) == []

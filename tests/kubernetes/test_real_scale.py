@@ -137,7 +137,9 @@ def test_creates_refused_for_load_are_sent_again(tmp_path, real_backend):
         apply_rbac(cp)
         b = real_backend(kubeconfig=str(cp.service_kubeconfig),
                          node_selector="kubernetes.io/hostname in (gpu-a,gpu-b,gpu-c)",
-                         launch_concurrency=20)
+                         launch_concurrency=20, request_timeout=60)  # (the creates are
+        # sent again for at most request_timeout: one at a time on a loaded machine, the
+        # burst's last may wait longer than the suite's usual 10 s)
         b._ensure()
         refused = {"429": 0}
         create = b.batch.create_namespaced_job

@@ -381,8 +381,20 @@ async def test_the_rendered_hub_config_spawns_a_pod_the_real_scheduler_places(k8
         assert res["limits"]["nvidia.com/gpu"] == "2" and res["requests"]["cpu"] == "1"
         assert spec["terminationGracePeriodSeconds"] == \
             values()["hub"]["config"]["KubePlacement"]["stop_grace"]
-        assert wait_for(lambda: k8s.admin.get(f"{pods}/z2jh-notebook")["spec"].get("nodeName"),
-                        "the notebook pod to be bound", 60) == node
+        try:
+            bound = wait_for(lambda: k8s.admin.get(f"{pods}/z2jh-notebook")["spec"].get(
+                "nodeName"), "the notebook pod to be bound", 180)  # (earlier tests' pods on
+            # the node may still be going: their Jobs are deleted in the background)
+        except AssertionError as e:  # say why the scheduler did not bind it
+            status = k8s.admin.get(f"{pods}/z2jh-notebook").get("status", {})
+            there = [(p["metadata"]["namespace"], p["metadata"]["name"],
+                      p["status"].get("phase"))
+                     for p in k8s.admin.get(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")[
+                         "items"]]
+            raise AssertionError(f"{e}: {status.get('conditions')}; on {node}: {there}; "
+                                 f"node: {k8s.admin.get(f'/api/v1/nodes/{node}')['spec']}") \
+                from None
+        assert bound == node
     finally:
         k8s.admin.delete(f"{pods}/z2jh-notebook", {"gracePeriodSeconds": 0})
 

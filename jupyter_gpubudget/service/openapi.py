@@ -238,7 +238,6 @@ def openapi_document(api_prefix: str) -> dict:
     paths.update(session_paths())
     paths.update(operator_paths())
     paths.update(snapshot_paths())
-    from .handlers.reservations import openapi_paths as reservation_paths
     paths.update(reservation_paths())
     paths.update(mine_paths())
     return {
@@ -641,4 +640,42 @@ def budget_request_paths() -> dict:
             body={"type": "object", "required": ["reason"], "additionalProperties": False,
                   "properties": {"reason": {"type": "string", "minLength": 1}}},
             extra=answered)},
+    }
+
+
+def reservation_paths() -> dict[str, Any]:
+    """The reservations' part of the service's OpenAPI document."""
+    num = {"type": "number"}
+    booking = {"type": "object", "properties": {
+        "id": {"type": "string"}, "project": {"type": "string"},
+        "cluster": {"type": "string", "nullable": True}, "gpus": {"type": "integer"},
+        "devices": {"type": "array", "items": {"type": "string"}},
+        "nodes": {"type": "array", "items": {"type": "string"}}, "start": num, "end": num,
+        "state": {"type": "string", "enum": ["booked", "active", "ended", "cancelled"]},
+        "note": {"type": "string"}, "created_by": {"type": "string"}, "created_at": num}}
+    time = {"oneOf": [num, {"type": "string", "format": "date-time"}]}
+    body = {"type": "object", "required": ["project", "gpus", "start", "end"],
+            "additionalProperties": False, "properties": {
+                "project": {"type": "string"}, "gpus": {"type": "integer", "minimum": 1},
+                "start": time, "end": time, "nodes": {"type": "array", "items": {
+                    "type": "string"}}, "gpu_model": {"type": "string"},
+                "cluster": {"type": "string"}, "note": {"type": "string"}}}
+    rid = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    bad = {"400": "Cannot be booked: the window in the past or ending before it starts, over "
+                  "capacity, a node's other booking, an unknown project, a bad type (the "
+                  "field is named; nothing is booked)"}
+    return {
+        "/reservations": {
+            "get": _op("Advance reservations not yet over (?all=1: every one, cancelled too) "
+                       "of the projects I see", _resp("Reservations", {"type": "object",
+                       "properties": {"reservations": {"type": "array", "items": booking}}})),
+            "post": _op("Book whole GPUs for a project over a window (admins; managers for "
+                        "their projects)", _resp("Booked", booking), body=body, ok_code="201",
+                        extra=bad)},
+        "/reservations/{id}": {
+            "get": _op("One reservation", _resp("Reservation", booking), params=rid,
+                       extra={"404": "No such reservation"}),
+            "delete": _op("Cancel a reservation (admins; managers for their projects)",
+                          _resp("Cancelled", booking), params=rid,
+                          extra={"404": "No such reservation"})},
     }

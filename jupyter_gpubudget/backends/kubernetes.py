@@ -312,6 +312,9 @@ class KubernetesBackend(Backend):
         self._tasks: list[asyncio.Future] = []
         self.jobs = self.pods = self.nodes = None  # type: ignore[assignment]
         self._ended: set[str] = set()
+        #: nodes this process cordoned: an undrain straight after the drain lifts the cordon
+        #: even when the node watch has not yet shown it (the label says so after a restart)
+        self._cordoned: set[str] = set()
         self._connected = False
         self.api_client: Any = None
 
@@ -816,6 +819,7 @@ class KubernetesBackend(Backend):
         self._call(self.core.patch_node(node, ko.cordon_patch(reason, time.time()),
                                         _content_type="application/merge-patch+json",
                                         _request_timeout=self.request_timeout))
+        self._cordoned.add(node)
         self.log.warning("kubernetes backend: cordoned node %s (%s)", node, reason)
 
     def undrain_node(self, node: str) -> None:
@@ -823,11 +827,12 @@ class KubernetesBackend(Backend):
             return
         self._ensure()
         cur = self.nodes.items.get(node)
-        if cur is None or not ko.drained_by_us(cur):
+        if node not in self._cordoned and (cur is None or not ko.drained_by_us(cur)):
             return
         self._call(self.core.patch_node(node, ko.uncordon_patch(),
                                         _content_type="application/merge-patch+json",
                                         _request_timeout=self.request_timeout))
+        self._cordoned.discard(node)
         self.log.info("kubernetes backend: uncordoned node %s", node)
 
 

@@ -53,6 +53,24 @@ def test_a_drain_cordons_the_node_with_its_reason_and_the_scheduler_obeys(k8s, r
         k8s.admin.merge_patch("/api/v1/nodes/gpu-b", ko.uncordon_patch())
 
 
+def test_an_undrain_straight_after_the_drain_lifts_the_cordon(k8s, real_backend):
+    """The undrain comes before the node watch shows the drain's cordon (an admin's undo, or
+    a drain the core takes back in its next cycle): the cordon is lifted all the same, each
+    of ten times (before: the backend read "not ours" from its watch and left the node
+    cordoned, and the next test's pod on it never ran)."""
+    b = real_backend()
+    b.discover_inventory()
+    try:
+        for i in range(10):
+            b.drain_node("gpu-b", f"undo {i}")
+            b.undrain_node("gpu-b")
+            node = k8s.admin.get("/api/v1/nodes/gpu-b")
+            assert not node["spec"].get("unschedulable"), f"still cordoned after undo {i}"
+            assert ko.L_DRAINED not in (node["metadata"].get("labels") or {})
+    finally:
+        k8s.admin.merge_patch("/api/v1/nodes/gpu-b", ko.uncordon_patch())
+
+
 def test_a_cordon_made_by_someone_else_stays(k8s, real_backend):
     b = real_backend()
     b.discover_inventory()

@@ -76,6 +76,11 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     out.add_argument("--out", default="sim-out", help="directory for plots and JSON (sim-out)")
     out.add_argument("--json", help="write metrics JSON here (default: OUT/metrics.json)")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    out.add_argument("--report", metavar="FILE",
+                     help="also write the usage report for the simulated period, in the "
+                          "columns of the service's usage report (`gpubudget report`): CSV "
+                          "when FILE ends in .csv, else JSON; with --compare, one per run "
+                          "(the second's name gets -b before the suffix)")
     out.add_argument("--quiet", action="store_true", help="no table, no progress bar")
     rp = p.add_argument_group("openb placement reproduction")
     rp.add_argument("--placement-repro", action="store_true",
@@ -188,6 +193,8 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
     json_path = Path(args.json) if args.json else outdir / "metrics.json"
     report.write_json(payload, json_path)
     written = [json_path]
+    if args.report:
+        written += _write_reports(args.report, [res for _, res, _ in results])
     if not args.no_plots:
         for name, res, m in results:
             label = name if len(results) > 1 else ""
@@ -195,6 +202,25 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
     if not args.quiet:
         console.print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _write_reports(target: str, results: list[Any]) -> list[Path]:
+    """The usage report of each run (``sim/usage.py``) as CSV or JSON."""
+    from ..service.audit import safe_cell
+    from ..sim import usage
+    from ..usage_report import csv_text
+
+    path = Path(target)
+    out = []
+    for k, res in enumerate(results):
+        p = path if k == 0 else path.with_name(f"{path.stem}-b{path.suffix}")
+        rep = usage.report(res)
+        if p.suffix.lower() == ".csv":
+            p.write_text(csv_text(rep, safe_cell), encoding="utf-8")
+        else:
+            p.write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
+        out.append(p)
+    return out
 
 
 def _warn_unplaceable(setup: Any, console: Any) -> None:

@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import BigInteger, cast, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
+from ..usage_report import MS_PER_H, Figures, csv_rows, grant_figures, waits_figures
 from .busy import bucket_seconds, wait_of
 from .models import (
     WAIT_BUCKETS,
@@ -35,33 +36,7 @@ from .models import (
 )
 
 HOUR = 3600
-MS_PER_H = 1000.0 * 3600.0  # milli-GPU-seconds in a GPU-hour
 BY = ("day", "week", "user")
-
-
-@dataclass
-class Figures:
-    charged_ms: float = 0.0
-    measured_ms: float = 0.0
-    busy_ms: float = 0.0
-
-    def add(self, c: float, m: float, b: float) -> None:
-        self.charged_ms += c
-        self.measured_ms += m
-        self.busy_ms += b
-
-    def empty(self) -> bool:  # what moved between periods leaves rounding dust, not 0
-        return abs(self.charged_ms) < 1e-3 and abs(self.measured_ms) < 1e-3
-
-    def json(self) -> dict[str, Any]:
-        charged = max(0.0, self.charged_ms / MS_PER_H)
-        if self.measured_ms <= 1e-3:
-            return {"charged_gpu_h": charged, "busy_gpu_h": None, "measured_gpu_h": 0.0,
-                    "idle_gpu_h": None, "idle_share": None}
-        measured, busy = self.measured_ms / MS_PER_H, max(0.0, self.busy_ms / MS_PER_H)
-        idle = max(0.0, measured - busy)
-        return {"charged_gpu_h": charged, "busy_gpu_h": busy, "measured_gpu_h": measured,
-                "idle_gpu_h": idle, "idle_share": idle / measured}
 
 
 @dataclass
@@ -177,8 +152,8 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
             if only is None or u == only:
                 lines.append({"user": u, **f.json()})
         totals.add(pf.charged_ms, pf.measured_ms, pf.busy_ms)
-        proj_out.append({"project": p, **pf.json(), **_grant(grants.get(p), start, end,
-                                                             window),
+        proj_out.append({"project": p, **pf.json(), **grant_figures(grants.get(p), start, end,
+                                                                    window),
                          "users": lines})
     waits, preempted, by_project = _waits_and_preemptions(s, projects, only, start, end)
     for e in proj_out:
@@ -187,7 +162,7 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
         "account": account, "from": start, "to": end, "by": by,
         "from_local": datetime.fromtimestamp(start, tz).isoformat(),
         "to_local": datetime.fromtimestamp(end, tz).isoformat(),
-        "totals": {**totals.json(), **_grant(grants.get(account), start, end, window),
+        "totals": {**totals.json(), **grant_figures(grants.get(account), start, end, window),
                    "preemptions": preempted},
         "projects": proj_out, "waits": waits,
         "idle_sessions": _idle_sessions(s, projects, only, start, end, idle_top),
@@ -290,26 +265,6 @@ def _series(s: Session, projects: list[str], only: str | None, lo: int, hi: int,
                 add(p, k, off, c, m, bz)
 
 
-def _grant(hours: float | None, start: float, end: float, window: float) -> dict[str, Any]:
-    if hours is None:
-        return {"grant_gpu_h": None}
-    return {"grant_gpu_h": hours * (end - start) / window, "grant_gpu_h_per_window": hours}
-
-
-def _pct(hist: list[tuple[float, int]], q: float) -> float | None:
-    """The ``q`` quantile (nearest rank) of values given as (value, count)."""
-    total = sum(n for _, n in hist)
-    if total == 0:
-        return None
-    rank = min(total - 1, max(0, int(round(q * (total - 1)))))
-    seen = 0
-    for v, n in sorted(hist):
-        seen += n
-        if seen > rank:
-            return float(v)
-    return float(max(v for v, _ in hist))
-
-
 def _waits_and_preemptions(s: Session, projects: list[str], only: str | None, start: float,
                            end: float) -> tuple[dict, int, dict[str, int]]:
     """Waits before the intervals that began in the period (the projects', by UTC day of
@@ -340,8 +295,7 @@ def _waits_and_preemptions(s: Session, projects: list[str], only: str | None, st
     if only is not None:
         q = q.where(d.user == only)
     by_project = {p: int(n or 0) for p, n in s.execute(q) if n}
-    return ({k: {"count": sum(n for _, n in v), "p50_s": _pct(v, 0.5), "p90_s": _pct(v, 0.9)}
-             for k, v in sorted(hist.items())}, sum(by_project.values()), by_project)
+    return waits_figures(hist), sum(by_project.values()), by_project
 
 
 def _idle_sessions(s: Session, projects: list[str], only: str | None, start: float,
@@ -376,27 +330,4 @@ def _idle_sessions(s: Session, projects: list[str], only: str | None, start: flo
              "busy_gpu_h": (bz or 0) / MS_PER_H} for wid, u, p, i, m, bz in rows]
 
 
-def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
-    """The report as CSV rows (header first): one row per project and user (``by=user``) or
-    per period and project (``by=day|week``), then per project and a total row. The rows of
-    one kind sum to the total, as the JSON's figures do."""
-    cols = ["row", "period_start", "project", "user", "charged_gpu_h", "busy_gpu_h",
-            "measured_gpu_h", "idle_gpu_h", "idle_share", "grant_gpu_h", "preemptions"]
-    yield cols
-
-    def fig(d: dict) -> list[Any]:
-        return ["" if d.get(k) is None else d.get(k) for k in
-                ("charged_gpu_h", "busy_gpu_h", "measured_gpu_h", "idle_gpu_h", "idle_share")]
-
-    for per in rep.get("periods", []):
-        for e in per["projects"]:
-            yield ["period", per["start_local"], e["project"], "", *fig(e), "", ""]
-    for p in rep["projects"]:
-        for u in p["users"]:
-            yield ["user", "", p["project"], u["user"], *fig(u), "", ""]
-    for p in rep["projects"]:
-        yield ["project", "", p["project"], "", *fig(p),
-               "" if p.get("grant_gpu_h") is None else p["grant_gpu_h"], p["preemptions"]]
-    t = rep["totals"]
-    yield ["total", "", rep["account"], "", *fig(t),
-           "" if t.get("grant_gpu_h") is None else t["grant_gpu_h"], t["preemptions"]]
+__all__ = ["BY", "MS_PER_H", "Figures", "Scope", "csv_rows", "period_start", "periods", "report"]

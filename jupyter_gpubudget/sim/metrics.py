@@ -29,6 +29,7 @@ import numpy as np
 from ..core.accounts import AccountTree
 from ..core.model import HOUR, KINDS, gpu_fraction
 from .engine import UNUSED_CAUSES, SimResult
+from .usage import max_member_share_error, member_shares
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -114,6 +115,11 @@ def compute(res: SimResult) -> dict[str, Any]:
         "unused": unused_breakdown(res),
         "accounts": accounts,
     }
+    # inside each project: each member's share of its GPU-hours against an equal (or the
+    # stated) share among the members who asked (sim/usage.py)
+    out["member_shares"] = member_shares(res)
+    out["member_share_error_pts"], out["member_entitled_share_error_pts"] = (
+        max_member_share_error(out["member_shares"]))
     if len(res.cluster_gpus) > 1:
         out["clusters"] = cluster_figures(res, span)
     return out

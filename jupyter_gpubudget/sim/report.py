@@ -115,6 +115,10 @@ def summary_table(m: dict[str, Any], title: str = "Cluster") -> Table:
                   + ("" if "share_error_floor_pts" not in m else
                      f"; the fair split's own error from grants: "
                      f"{m['share_error_floor_pts']:.1f} pt"))
+    if "member_share_error_pts" in m:
+        t.add_row("members' share − fair share inside a project (max)",
+                  f"{m['member_share_error_pts']:.1f} pt (from the entitled share "
+                  f"{m['member_entitled_share_error_pts']:.1f} pt)")
     t.add_row("events / cycles", f"{m['events']} / {m['cycles']}")
     return t
 
@@ -135,8 +139,31 @@ def print_report(m: dict[str, Any], console: Console | None = None) -> None:
     c.print(summary_table(m))
     c.print(kinds_table(m))
     c.print(accounts_table(m))
+    if m.get("member_shares"):
+        c.print(members_table(m))
     if m.get("clusters"):
         c.print(clusters_table(m))
+
+
+def members_table(m: dict[str, Any], title: str = "Members' shares inside projects",
+                  top: int = 40) -> Table:
+    """Per project and member who asked for GPU time: delivered GPU-hours, their share of
+    the project's, the fair share (equal among those who asked, or the stated one), the
+    difference and the difference from the max-min entitled share; the ``top`` members
+    furthest from their fair share."""
+    t = Table(title=title)
+    for col in ("project", "member", "delivered GPU-h", "share", "fair share",
+                "share − fair", "share − entitled"):
+        t.add_column(col, justify="left" if col in ("project", "member") else "right")
+    rows = [(p, u, e) for p, pe in m["member_shares"].items() for u, e in pe["members"].items()]
+    rows.sort(key=lambda x: (-abs(x[2]["share_error_pts"]), x[0], x[1]))
+    for p, u, e in sorted(rows[:top], key=lambda x: (x[0], x[1])):
+        t.add_row(p, u or "–", f"{e['delivered_gpu_h']:.1f}", _pct(e["delivered_share"]),
+                  _pct(e["fair_share"]), f"{e['share_error_pts']:+.1f} pt",
+                  f"{e['entitled_share_error_pts']:+.1f} pt")
+    if len(rows) > top:
+        t.caption = f"the {top} of {len(rows)} members furthest from their fair share"
+    return t
 
 
 def clusters_table(m: dict[str, Any], title: str = "Per cluster (one budget tree)") -> Table:

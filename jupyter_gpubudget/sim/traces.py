@@ -19,6 +19,9 @@ Native CSV (one workload per row; header required; columns in any order)::
 - ``interconnect`` (a gang's: ``nvlink``, ``node`` or ``any``; docs/core.md),
   ``checkpoint_interval`` (a duration; 0: nothing is lost when preempted) and ``command``
   (command or image name, a feature of the run-time prediction) are optional.
+- ``busy`` (optional): the share of its held GPU time the devices computed, 0 to 1 (as NVML's
+  utilisation measures it); the simulator's usage report counts it as busy time. Empty or
+  absent: unknown (never 0).
 - ``project``/``user`` may be empty or absent: projects are then assigned deterministically
   from the budgets (see :func:`assign_projects`).
 
@@ -63,6 +66,7 @@ class TraceJob:
     time_limit: float | None = None
     checkpoint_interval: float | None = None  # declared (None: the simulator's default)
     command: str = ""  # command or image name (a prediction feature)
+    busy: float | None = None  # share of its held GPU time computing, 0..1 (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +209,7 @@ def _read(path: str | os.PathLike[str]) -> tuple[str, str]:
 NATIVE_REQUIRED = ("submit", "duration")
 NATIVE_OPTIONAL = ("id", "project", "user", "kind", "min_runtime", "resumable", "time_limit",
                    "model", "cpu_milli", "memory_mib", "checkpoint_interval", "command",
-                   "interconnect")
+                   "interconnect", "busy")
 _TRUE = {"true", "yes", "1", "y", "t"}
 _FALSE = {"false", "no", "0", "n", "f"}
 
@@ -293,9 +297,12 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
             raise rows.error(f"project name {project!r} must be letters, digits, '-', '_' or '.'",
                              "project", line)
         ci = rows.duration(row, "checkpoint_interval", line, default=-1.0)
+        busy = rows.number(row, "busy", line, default=-1.0) if row.get("busy") else None
+        if busy is not None and not 0.0 <= busy <= 1.0:
+            raise rows.error(f"expected a share from 0 to 1, got {row['busy']!r}", "busy", line)
         jobs.append(TraceJob(jid, submit, duration, req, project, row.get("user", ""), kind,
                              min_rt, resumable, tl if tl >= 0 else None,
-                             ci if ci >= 0 else None, row.get("command", "")))
+                             ci if ci >= 0 else None, row.get("command", ""), busy))
     return Trace(tuple(sorted(jobs, key=lambda j: (j.submit, j.id))), source, "native")
 
 

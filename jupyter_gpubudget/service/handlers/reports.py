@@ -8,14 +8,13 @@ line inside them."""
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from jupyter_gpubudget.ledger.reports import BY, Scope, csv_rows, report
+from jupyter_gpubudget.ledger.reports import BY, Scope, report
+from jupyter_gpubudget.usage_report import csv_text
 
 from ..audit import BadFilter, parse_time, safe_cell
 from ..auth import Caller, Denied
@@ -130,16 +129,12 @@ class ReportsHandler(BaseHandler):
         if fmt == "json":
             self.send(out)
             return
-        buf = io.StringIO()
-        w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\r\n")
-        for row in csv_rows(out):
-            w.writerow([safe_cell(x) for x in row])
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         stamp = time.strftime("%Y%m%d-%H%M")
         self.set_header("Content-Disposition",
                         f'attachment; filename="gpubudget-report-{stamp}.csv"')
         self.set_header("X-Content-Type-Options", "nosniff")
-        self.finish(buf.getvalue())
+        self.finish(csv_text(out, safe_cell))
 
 
 API_ROUTES = [("/reports", ReportsHandler)]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from .model import DAY, INTERCONNECTS, Policy
+from .pricing import off_peak_from_node
 from .yamlnodes import ConfigError, Node, parse
 
 BudgetError = ConfigError
@@ -56,7 +57,8 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "short_lane_patience", "short_lane_late_cost", "gang_overdue_after",
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
                 "backfill_lease", "finish_drain_ratio",
-                "finish_drain_budget", "managers_fund_own_projects", "manager_booking_limit"}
+                "finish_drain_budget", "managers_fund_own_projects", "manager_booking_limit",
+                "off_peak"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
 
@@ -415,6 +417,8 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
             "managers_fund_own_projects"].boolean())
     if "stop_grace" in fields:  # a preempted session's grace period (its snapshot's time)
         policy = replace(policy, stop_grace=fields["stop_grace"].duration())
+    if "off_peak" in fields:
+        policy = replace(policy, off_peak=off_peak_from_node(fields["off_peak"]))
     if "placement" in fields:
         how = fields["placement"].string()
         if how not in ("fgd", "pack"):

@@ -11,6 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .pricing import OffPeak
 from .slices import INTERCONNECTS as INTERCONNECTS
 from .slices import MIG_COMPUTE_SLICES as MIG_COMPUTE_SLICES
 from .slices import MILLI as MILLI
@@ -275,6 +276,9 @@ class Policy:
     #: a gang's interconnect when it declares none, per kind (``INTERCONNECTS``); a kind
     #: not listed: ``nvlink`` where the inventory has NVLink domains, else ``node``
     interconnect: tuple[tuple[str, str], ...] = ()
+    #: off-peak pricing (core/pricing.py): windows of the week in which a GPU-hour is
+    #: charged at a fraction; None: every hour at full price
+    off_peak: OffPeak | None = None
 
     def interconnect_for(self, kind: str) -> str | None:
         """The interconnect a gang of ``kind`` that declared none gets (None: the

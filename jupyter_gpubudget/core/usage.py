@@ -2,7 +2,9 @@
 
 usage(project, now) = Σ over charge intervals of (milli / 1000) × hours of the interval that
 fall inside [now - window, now]; with a half-life h instead, each moment t counts
-2^-((now - t) / h). Open intervals count up to ``now``.
+2^-((now - t) / h). Open intervals count up to ``now``. With off-peak pricing
+(``Policy.off_peak``, core/pricing.py) each interval is split at the windows' edges to the
+second and each part counts at its price factor.
 """
 
 from __future__ import annotations
@@ -13,15 +15,25 @@ from collections import deque
 from collections.abc import Iterable
 
 from .model import HOUR, MILLI, ChargeInterval, Policy
+from .pricing import OffPeak, weighted_seconds
 
 LN2 = math.log(2.0)
 
 
 def interval_usage(milli: int, start: float, end: float, now: float, policy: Policy) -> float:
-    """GPU-hours one interval contributes at ``now``."""
+    """GPU-hours one interval contributes at ``now`` (off-peak parts at their price)."""
     end = min(end, now)
     if end <= start:
         return 0.0
+    if policy.off_peak is not None:  # each part of the interval at its price (pricing.py)
+        if not policy.half_life:
+            start = max(start, now - policy.window)
+        return sum(f * _at_full_price(milli, a, b, now, policy)
+                   for a, b, f in policy.off_peak.split(start, end) if f)
+    return _at_full_price(milli, start, end, now, policy)
+
+
+def _at_full_price(milli: int, start: float, end: float, now: float, policy: Policy) -> float:
     if policy.half_life:
         h = policy.half_life
         # ∫_start^end 2^(-(now - t)/h) dt
@@ -34,10 +46,10 @@ def interval_usage(milli: int, start: float, end: float, now: float, policy: Pol
 
 
 def usage_by_span(charges: Iterable[ChargeInterval], spans: list[tuple[float, float]],
-                  now: float) -> list[float]:
+                  now: float, off_peak: OffPeak | None = None) -> list[float]:
     """GPU-hours charged inside each ``(start, end)`` span — sorted, not overlapping, e.g. the
     days of a chart — without window or decay: slice fraction × wall time of each interval's
-    overlap. Open intervals count up to ``now``."""
+    overlap (its off-peak parts at their price). Open intervals count up to ``now``."""
     out = [0.0] * len(spans)
     ends = [hi for _, hi in spans]
     for c in charges:
@@ -47,7 +59,7 @@ def usage_by_span(charges: Iterable[ChargeInterval], spans: list[tuple[float, fl
         i = bisect_right(ends, c.start)  # the first span ending after the interval starts
         while i < len(spans) and spans[i][0] < end:
             lo, hi = spans[i]
-            overlap = min(end, hi) - max(c.start, lo)
+            overlap = weighted_seconds(off_peak, max(c.start, lo), min(end, hi))
             if overlap > 0:
                 out[i] += c.milli / MILLI * overlap / HOUR
             i += 1

@@ -20,6 +20,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from ..core.model import HOUR, MILLI, ChargeInterval, Policy
+from ..core.pricing import priced_clock
 from ..core.usage import UsageMeter
 
 
@@ -40,6 +41,9 @@ class IncrementalUsageMeter(UsageMeter):
         self._seq = 0
         self._last_now = float("-inf")
         self._exact = policy.half_life is not None
+        # off-peak prices: interval lengths and the window's start on the priced clock
+        # (core/pricing.py), whose differences are the priced seconds between two instants
+        self._op = policy.off_peak
 
     def add(self, c: ChargeInterval) -> None:
         super().add(c)
@@ -56,25 +60,28 @@ class IncrementalUsageMeter(UsageMeter):
             return
         if c.start >= self._lo:
             heapq.heappush(p.full, (c.start, self._seq, c.end, c.milli))
-            p.s_full += c.milli * (c.end - c.start)
+            p.s_full += c.milli * (self._clock(c.end) - self._clock(c.start))
         else:
             heapq.heappush(p.partial, (c.end, self._seq, c.milli))
-            p.a_part += c.milli * c.end
+            p.a_part += c.milli * self._clock(c.end)
             p.b_part += c.milli
+
+    def _clock(self, t: float) -> float:
+        return t if self._op is None else priced_clock(self._op, t)
 
     def _advance(self, lo: float) -> None:
         for p in self._proj.values():
             full, part = p.full, p.partial
             while full and full[0][0] < lo:
                 start, seq, end, milli = heapq.heappop(full)
-                p.s_full -= milli * (end - start)
+                p.s_full -= milli * (self._clock(end) - self._clock(start))
                 if end > lo:
                     heapq.heappush(part, (end, seq, milli))
-                    p.a_part += milli * end
+                    p.a_part += milli * self._clock(end)
                     p.b_part += milli
             while part and part[0][0] <= lo:
                 end, _, milli = heapq.heappop(part)
-                p.a_part -= milli * end
+                p.a_part -= milli * self._clock(end)
                 p.b_part -= milli
             if not full:
                 p.s_full = 0.0
@@ -94,7 +101,7 @@ class IncrementalUsageMeter(UsageMeter):
         out: dict[str, float] = {}
         scale = 1.0 / (MILLI * HOUR)
         for project, p in self._proj.items():
-            total = (p.s_full + p.a_part - lo * p.b_part) * scale
+            total = (p.s_full + p.a_part - self._clock(lo) * p.b_part) * scale
             if total > 1e-12:
                 out[project] = total
         self.add_open(out, now)

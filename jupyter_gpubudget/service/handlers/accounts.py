@@ -149,7 +149,8 @@ class UsageDailyHandler(BaseHandler):
 
         now, charges = await self.db(work)
         spans = day_spans(now, window, tz)
-        hours = usage_by_span(charges, [(a, b) for _, a, b in spans], now)
+        hours = usage_by_span(charges, [(a, b) for _, a, b in spans], now,
+                              svc.policy().off_peak)
         self.send({"account": name, "tz": tz_name, "window_s": window,
                    "days": [{"date": d.isoformat(), "start": a, "end": b, "gpu_hours": h}
                             for (d, a, b), h in zip(spans, hours, strict=True)],

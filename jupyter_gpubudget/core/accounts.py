@@ -11,14 +11,19 @@ A budgets file looks like::
         grant: 4000            # GPU-hours per window ...
         managers: [alice]
         children:
-          lattice: {grant: 2500, members: [bob, carol]}
+          lattice:
+            grant: 2500
+            members: [bob, carol]
+            member_limits: {bob: {gpu_hours: 200, gpus: 4}}   # per member, optional
           astro:   {share: 30%, members: [dave]}      # ... or a percent of the parent
       biology:
         share: 40%
         children:
           genomics: {parent: biology, members: [erin]}   # `parent:` works for flat files too
 
-Siblings' grants are their fair-share weights. Every error names the path and line, and
+Siblings' grants are their fair-share weights. ``member_limits`` caps one member's backed
+work in a project: GPU-hours per window and GPUs running at once; past either, the member's
+work still runs, unbacked. Every error names the path and line, and
 nothing is loaded when there is one.
 """
 
@@ -28,6 +33,7 @@ import math
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
+from .members import MemberLimit, limit_problem, member_limits, valid_user_name
 from .model import DAY, INTERCONNECTS, Policy
 from .pricing import off_peak_from_node
 from .yamlnodes import ConfigError, Node, parse
@@ -49,7 +55,8 @@ def grant_in_steps(v: float) -> bool:
 MAX_PENDING_PER_USER = 1_000_000  # policy.max_pending_per_user at most (0: no limit)
 
 _TOP_KEYS = {"window", "half_life", "admins", "policy", "accounts"}
-_ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description"}
+_ACCOUNT_KEYS = {"grant", "share", "members", "managers", "children", "parent", "description",
+                 "member_limits"}
 _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backfill", "preemption",
                 "placement", "preemption_margin", "checkpoint_interval", "restart_overhead",
                 "whole_gpu_on_mig", "short_lane", "preemption_toll", "short_lane_cost",
@@ -72,6 +79,8 @@ class Account:
     managers: frozenset[str] = frozenset()
     children: tuple[str, ...] = ()
     line: int = 0
+    #: per member (sorted by name), their limits in this project
+    member_limits: tuple[tuple[str, MemberLimit], ...] = ()
 
 
 @dataclass(slots=True)
@@ -112,6 +121,24 @@ class AccountTree:
         return [p for p in self.projects()
                 if any(user in self.accounts[a].members or user in self.accounts[a].managers
                        for a in self._paths[p])]
+
+    def member_limit(self, project: str, user: str) -> MemberLimit | None:
+        """``user``'s limits in ``project`` (None: none set)."""
+        for name, lim in self.accounts[project].member_limits:
+            if name == user:
+                return lim
+        return None
+
+    def with_member_limit(self, project: str, user: str,
+                          limit: MemberLimit | None) -> AccountTree:
+        """A copy with ``user``'s limits in ``project`` set (None: cleared)."""
+        acc = self.accounts[project]
+        rest = {n: lim for n, lim in acc.member_limits if n != user}
+        if limit is not None:
+            rest[user] = limit
+        accounts = dict(self.accounts)
+        accounts[project] = replace(acc, member_limits=tuple(sorted(rest.items())))
+        return AccountTree(accounts, self.roots)
 
     def can_manage(self, user: str, account: str) -> bool:
         return any(user in self.accounts[a].managers for a in self._paths[account])
@@ -250,8 +277,10 @@ def load_budgets(text: str | bytes, source: str = "<budgets>") -> Budgets:
             share = _percent(fields["share"])
         members = frozenset(fields["members"].string_list()) if "members" in fields else frozenset()
         managers = frozenset(fields["managers"].string_list()) if "managers" in fields else frozenset()
+        limits = member_limits(fields["member_limits"], name, children[name]) \
+            if "member_limits" in fields else ()
         accounts[name] = Account(name, parent_of[name], grant, share, members, managers,
-                                 tuple(children[name]), node.line)
+                                 tuple(children[name]), node.line, limits)
 
     # siblings' percent shares may not exceed 100 %
     groups: dict[str | None, list[str]] = {}
@@ -266,7 +295,13 @@ def load_budgets(text: str | bytes, source: str = "<budgets>") -> Budgets:
             raise node.error(f"shares of the {where} add up to {total:g}% (over 100%)")
 
     roots = tuple(n for n, a in accounts.items() if a.parent is None)
-    return Budgets(AccountTree(accounts, roots), policy, admins)
+    tree = AccountTree(accounts, roots)
+    for name, a in accounts.items():  # a limit is for someone who may charge the project
+        for user, _ in a.member_limits:
+            if name not in tree.projects_of(user):
+                node = raw[name][0].mapping()["member_limits"].mapping()[user]
+                raise node.error(f"member_limits: {user!r} is not a member of {name!r}")
+    return Budgets(tree, policy, admins)
 
 
 def _check_tree(raw: dict[str, tuple[Node, str | None]], parent_of: dict[str, str | None],
@@ -428,4 +463,4 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
 
 
 __all__ = ["Account", "AccountTree", "Budgets", "BudgetError", "load_budgets", "DAY",
-           "grant_approvers", "self_funded"]
+           "MemberLimit", "grant_approvers", "limit_problem", "self_funded", "valid_user_name"]

@@ -4,7 +4,9 @@ semantics 3 and 4).
 :class:`Backing` keeps, between cycles, the grants the account tree gives out of the
 cluster's GPU-hours, the standings of the last full cycle, and the GPU-hours promised to
 protected runs still going (a protected run's rest is spoken for: a grant that has promised
-it cannot back more work).
+it cannot back more work). Per member of a project it keeps the same figures — usage inside
+the project, hours promised, GPUs their backed work holds — against the member's limits
+(members.py): past either limit their work is not backed, exactly as past the grant.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from .accounts import AccountTree
+from .members import over_limit
 from .model import HOUR, MILLI, Placement, Policy, Workload, request_milli
 from .ranking import Standings, compute_standings
+from .usage import MemberUsage
+
+Member = tuple[str, str]  # (project, user)
 
 
 class Backing:
@@ -29,6 +35,10 @@ class Backing:
         self.st: Standings | None = None  # as of the last full cycle (None: none yet)
         # per account, the GPU-hours the protected runs going on under it still hold
         self.committed: dict[str, float] = {}
+        # per member: the GPU-hours their protected runs still hold, and the GPUs (slice
+        # fractions) their backed running work holds
+        self.member_committed: dict[Member, float] = {}
+        self.member_gpus: dict[Member, float] = {}
 
     def set_accounts(self, accounts: AccountTree) -> None:
         """A budget change: grants and standings are worked out afresh."""
@@ -43,20 +53,28 @@ class Backing:
             self._grants = self.accounts.effective_grants(self.capacity_gpu_hours)
         return self._grants
 
-    def stand(self, usage: Mapping[str, float], running: Iterable[Workload],
-              now: float) -> Standings:
-        """Standings from ``usage`` (GPU-hours in the window per project), and the hours the
-        ``running`` work's protected runs still hold at ``now``."""
-        st = compute_standings(self.accounts, usage, self.grants())
+    def stand(self, usage: Mapping[str, float], members: MemberUsage,
+              running: Iterable[Workload], now: float) -> Standings:
+        """Standings from ``usage`` (GPU-hours in the window per project) and ``members``
+        (per project and user), and the hours the ``running`` work's protected runs still
+        hold at ``now``."""
+        st = compute_standings(self.accounts, usage, self.grants(), members)
         self.st = st
         committed: dict[str, float] = {}
+        m_committed: dict[Member, float] = {}
+        m_gpus: dict[Member, float] = {}
         for w in running:
+            if w.backed and w.placement:
+                key = (w.project, w.user)
+                m_gpus[key] = m_gpus.get(key, 0.0) + w.placement.fraction
             if w.backed and w.protected_until and w.protected_until > now and w.placement:
                 left = w.placement.fraction * (w.protected_until - now) / HOUR
                 if w.project in self.accounts:
                     for a in self.accounts.path(w.project):
                         committed[a] = committed.get(a, 0.0) + left
+                    m_committed[key] = m_committed.get(key, 0.0) + left
         self.committed = committed
+        self.member_committed, self.member_gpus = m_committed, m_gpus
         return st
 
     def backs(self, w: Workload, standings: Callable[[], Standings]) -> bool:
@@ -76,7 +94,25 @@ class Backing:
         for a, g in path:
             if g <= 0 or usage[a] + committed.get(a, 0.0) + need > g + 1e-9:
                 return False
-        return True
+        return not self.accounts.accounts[w.project].member_limits \
+            or self.member_over(w, st) is None
+
+    def member_over(self, w: Workload, st: Standings | None = None
+                    ) -> tuple[str, float, float] | None:
+        """Which of its member's limits in its project ``w`` would pass if backed
+        (:func:`members.over_limit`), or None."""
+        if not self.accounts.is_project(w.project):
+            return None
+        limit = self.accounts.member_limit(w.project, w.user)
+        if limit is None:
+            return None
+        st = st if st is not None else self.st
+        key = (w.project, w.user)
+        used = st.member_usage.get(key, 0.0) if st is not None else 0.0
+        gpus = request_milli(w.request) / MILLI
+        need = gpus * self.policy.effective_min_runtime(w) / HOUR
+        return over_limit(limit, used, self.member_committed.get(key, 0.0),
+                          self.member_gpus.get(key, 0.0), need, gpus)
 
     def promise(self, w: Workload, placement: Placement, protected: float, now: float) -> None:
         """``w`` started on ``placement``, protected until ``protected``: its project's grant
@@ -85,11 +121,19 @@ class Backing:
             promised = placement.fraction * (protected - now) / HOUR
             for a in self.accounts.path(w.project):
                 self.committed[a] = self.committed.get(a, 0.0) + promised
+            key = (w.project, w.user)
+            self.member_committed[key] = self.member_committed.get(key, 0.0) + promised
+            self.member_gpus[key] = self.member_gpus.get(key, 0.0) + placement.fraction
 
     def release(self, w: Workload, now: float) -> None:
         """Running ``w`` stopped at ``now``: what is left of its protected run is no longer
         promised."""
+        key = (w.project, w.user)
+        if w.backed and w.placement and key in self.member_gpus:
+            self.member_gpus[key] = max(0.0, self.member_gpus[key] - w.placement.fraction)
         if w.backed and w.protected_until and w.protected_until > now and w.placement:
             left = w.placement.fraction * (w.protected_until - now) / HOUR
             for a in self.accounts.path(w.project) if w.project in self.accounts else ():
                 self.committed[a] = max(0.0, self.committed.get(a, 0.0) - left)
+            if key in self.member_committed:
+                self.member_committed[key] = max(0.0, self.member_committed[key] - left)

@@ -9,18 +9,24 @@ workload is ranked as if the k-1 before it had already charged their expected de
 cluster in a single cycle; projects interleave in proportion to their grants, like weighted
 fair queueing.
 
-Within a project its own work goes by kind — debug jobs first, then interactive sessions,
-then batch jobs (:data:`KIND_ORDER`) — each kind in submission order: a researcher's
-ten-minute debug run or notebook does not wait behind the project's own week of queued
-training. Across accounts only standing counts. Ties go to the kind, then the earlier
-submission, then the workload id.
+Within a project, its members are one more Fair Tree level: each member has an equal share
+of the project, so the member who used less of it in the window (their own charges, through
+the same window or half-life: usage.py) goes first, projected within the cycle the same way —
+a member's k-th pending workload ranks as if their k-1 before it had charged their demand.
+One member's hundred queued jobs do not starve a colleague's one notebook; members take
+turns in proportion to what they have used. Within a member their work goes by kind — debug
+jobs first, then interactive sessions, then batch jobs (:data:`KIND_ORDER`) — each kind in
+submission order: a researcher's ten-minute debug run or notebook does not wait behind their
+own week of queued training. Across accounts only standing counts (a member's order never
+moves their project's key). Ties go to the kind, then the earlier submission, then the
+workload id.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .accounts import AccountTree
 from .model import Workload
@@ -47,10 +53,13 @@ class Standings:
     grant: dict[str, float]
     standing: dict[str, float]
     path_standing: dict[str, tuple[float, ...]]  # for each project: standing of each level
+    #: per (project, user): the member's usage inside the project (GPU-hours in the window)
+    member_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
-                      grants: Mapping[str, float]) -> Standings:
+                      grants: Mapping[str, float],
+                      member_usage: Mapping[tuple[str, str], float] | None = None) -> Standings:
     usage: dict[str, float] = {name: 0.0 for name in tree.accounts}
     for project, u in project_usage.items():
         if project in tree.accounts:
@@ -62,7 +71,7 @@ def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
         # pair each level's standing with the account name so that equal standings of
         # *different* accounts still order deterministically and identical prefixes compare equal
         paths[p] = tuple(standing[a] for a in tree.path(p))
-    return Standings(usage, dict(grants), standing, paths)
+    return Standings(usage, dict(grants), standing, paths, member_usage or {})
 
 
 #: added to the keys of the short lane (see :func:`rank`) so they sort before every other key
@@ -111,8 +120,7 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
             # demand is 0: Scheduler.demand)
             items = [t[4] for t in heapq.merge(*(order(c) for c in acc.children))]
         else:
-            items = by_project.get(name, [])
-            items.sort(key=lambda w: (kind_rank(w.kind), w.submitted_at, w.id))
+            items = members_in_turn(name, by_project.get(name, []), st.member_usage, need)
         out: list[Item] = []
         for w in items:
             out.append((cum / g if g > 0 else INF, kind_rank(w.kind), w.submitted_at, w.id, w))
@@ -120,3 +128,25 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
         return out
 
     return [(t[0], t[4]) for t in heapq.merge(*(order(r) for r in tree.roots))]
+
+
+def members_in_turn(project: str, items: list[Workload],
+                    member_usage: Mapping[tuple[str, str], float],
+                    need: Mapping[str, float]) -> list[Workload]:
+    """A project's pending work in order: members by projected usage inside the project
+    (equal shares), each member's own work by kind, then submission, then id."""
+    by_user: dict[str, list[Workload]] = {}
+    for w in items:
+        by_user.setdefault(w.user, []).append(w)
+    streams = []
+    for user, ws in by_user.items():
+        ws.sort(key=lambda w: (kind_rank(w.kind), w.submitted_at, w.id))
+        if len(by_user) == 1:
+            return ws
+        cum = member_usage.get((project, user), 0.0)
+        stream = []
+        for w in ws:
+            stream.append((cum, kind_rank(w.kind), w.submitted_at, w.id, w))
+            cum += need[w.id]
+        streams.append(stream)
+    return [t[4] for t in heapq.merge(*streams)]

@@ -175,7 +175,7 @@ class Scheduler:
 
     def standings(self, now: float) -> Standings:
         """Where every account stands now (:meth:`Backing.stand`)."""
-        return self.backing.stand(self.meter.usage(now), self.running.values(), now)
+        return self.backing.stand(*self.meter.split(now), self.running.values(), now)
 
     _standings = standings
 

@@ -4,7 +4,9 @@ usage(project, now) = Σ over charge intervals of (milli / 1000) × hours of the
 fall inside [now - window, now]; with a half-life h instead, each moment t counts
 2^-((now - t) / h). Open intervals count up to ``now``. With off-peak pricing
 (``Policy.off_peak``, core/pricing.py) each interval is split at the windows' edges to the
-second and each part counts at its price factor.
+second and each part counts at its price factor. The same sum per (project, user) is a
+member's usage inside the project, which ranks the project's members (ranking.py) and meets
+their limits (members.py).
 """
 
 from __future__ import annotations
@@ -76,13 +78,17 @@ def usage_by_project(charges: Iterable[ChargeInterval], now: float, policy: Poli
     return out
 
 
+#: usage per (project, user): a member's GPU-hours inside one project
+MemberUsage = dict[tuple[str, str], float]
+
+
 class UsageMeter:
-    """Keeps the scheduler's own charges: closed intervals per project (dropped once they
-    leave the window) and the open interval of each running workload."""
+    """Keeps the scheduler's own charges: closed intervals per project and user (dropped once
+    they leave the window) and the open interval of each running workload."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.closed: dict[str, deque[ChargeInterval]] = {}
+        self.closed: dict[tuple[str, str], deque[ChargeInterval]] = {}
         self.open: dict[str, ChargeInterval] = {}
         self.horizon = policy.window if not policy.half_life else 20 * policy.half_life
 
@@ -90,7 +96,7 @@ class UsageMeter:
         if c.end is None:
             self.open[c.workload] = c
         elif c.end > c.start:
-            self.closed.setdefault(c.project, deque()).append(c)
+            self.closed.setdefault((c.project, c.user), deque()).append(c)
 
     def open_interval(self, workload: str, project: str, user: str, milli: int, start: float
                       ) -> None:
@@ -105,16 +111,23 @@ class UsageMeter:
         return done
 
     def usage(self, now: float) -> dict[str, float]:
+        """GPU-hours per project at ``now``."""
+        return self.split(now)[0]
+
+    def split(self, now: float) -> tuple[dict[str, float], MemberUsage]:
+        """GPU-hours per project and per (project, user) at ``now``."""
         out: dict[str, float] = {}
+        members: MemberUsage = {}
         self.forget_old(now)
-        for project, dq in self.closed.items():
+        for key, dq in self.closed.items():
             total = 0.0
             for c in dq:
                 total += interval_usage(c.milli, c.start, c.end or now, now, self.policy)
             if total:
-                out[project] = total
-        self.add_open(out, now)
-        return out
+                members[key] = total
+                out[key[0]] = out.get(key[0], 0.0) + total
+        self.add_open(out, now, members)
+        return out, members
 
     def forget_old(self, now: float) -> None:
         """Drop closed intervals that ended before the horizon: they count for nothing."""
@@ -123,12 +136,17 @@ class UsageMeter:
             while dq and dq[0].end is not None and dq[0].end <= cutoff:
                 dq.popleft()
 
-    def add_open(self, out: dict[str, float], now: float) -> None:
-        """Add the open intervals' usage up to ``now`` to ``out`` (per project)."""
+    def add_open(self, out: dict[str, float], now: float,
+                 members: MemberUsage | None = None) -> None:
+        """Add the open intervals' usage up to ``now`` to ``out`` (per project) and to
+        ``members`` (per project and user)."""
         for c in self.open.values():
             u = interval_usage(c.milli, c.start, now, now, self.policy)
             if u:
                 out[c.project] = out.get(c.project, 0.0) + u
+                if members is not None:
+                    key = (c.project, c.user)
+                    members[key] = members.get(key, 0.0) + u
 
     def charges(self) -> list[ChargeInterval]:
         out = [c for dq in self.closed.values() for c in dq]

@@ -3,7 +3,7 @@
 ``core.usage.UsageMeter.usage(now)`` sums every closed charge interval still in the window on
 every call: O(intervals in the window) per scheduling cycle, which dominates month-long replays.
 This meter gives the same figures (sliding window) in amortised O(log n) per interval: per
-project it keeps
+project and user (a member's usage inside the project) it keeps
 
 - ``full``: intervals entirely inside the window (Σ milli × length), ordered by start;
 - ``partial``: intervals straddling the window start lo (Σ milli × end and Σ milli, so their
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..core.model import HOUR, MILLI, ChargeInterval, Policy
 from ..core.pricing import priced_clock
-from ..core.usage import UsageMeter
+from ..core.usage import MemberUsage, UsageMeter
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class _Proj:
 class IncrementalUsageMeter(UsageMeter):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
-        self._proj: dict[str, _Proj] = {}
+        self._proj: dict[tuple[str, str], _Proj] = {}  # per project and user
         self._lo = float("-inf")
         self._seq = 0
         self._last_now = float("-inf")
@@ -52,9 +52,9 @@ class IncrementalUsageMeter(UsageMeter):
         if c.end < self._last_now:  # a late, back-dated interval: keep it simple and exact
             self._exact = True
             return
-        p = self._proj.get(c.project)
+        p = self._proj.get((c.project, c.user))
         if p is None:
-            p = self._proj[c.project] = _Proj()
+            p = self._proj[(c.project, c.user)] = _Proj()
         self._seq += 1
         if c.end <= self._lo:
             return
@@ -89,23 +89,25 @@ class IncrementalUsageMeter(UsageMeter):
                 p.a_part = p.b_part = 0.0
         self._lo = lo
 
-    def usage(self, now: float) -> dict[str, float]:
+    def split(self, now: float) -> tuple[dict[str, float], MemberUsage]:
         if self._exact or now < self._last_now:
             self._exact = True
-            return super().usage(now)
+            return super().split(now)
         self._last_now = now
         lo = now - self.policy.window
         if lo > self._lo:
             self._advance(lo)
         self.forget_old(now)  # keeps the base class's lists (behind charges()) bounded
         out: dict[str, float] = {}
+        members: MemberUsage = {}
         scale = 1.0 / (MILLI * HOUR)
-        for project, p in self._proj.items():
+        for key, p in self._proj.items():
             total = (p.s_full + p.a_part - self._clock(lo) * p.b_part) * scale
             if total > 1e-12:
-                out[project] = total
-        self.add_open(out, now)
-        return out
+                members[key] = total
+                out[key[0]] = out.get(key[0], 0.0) + total
+        self.add_open(out, now, members)
+        return out, members
 
 
 def install(scheduler: object) -> None:

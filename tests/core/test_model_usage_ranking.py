@@ -183,7 +183,8 @@ def test_the_meter_keeps_closed_and_open_intervals():
     assert m.close("o", -5.0).end == 0.0  # never before its start: counts nothing
     assert m.usage(4 * HOUR) == {"y": 0.5}
     assert m.usage(12 * HOUR) == {}  # out of the window: forgotten
-    assert m.closed["y"] == type(m.closed["y"])() and m.charges() == []
+    # closed intervals are kept per project and user (a member's usage inside the project)
+    assert m.closed[("y", "u")] == type(m.closed[("y", "u")])() and m.charges() == []
     m.open_interval("v", "y", "u", 1000, 12 * HOUR)
     assert m.charges() == [ChargeInterval("v", "y", "u", 1000, 12 * HOUR, None)]
     out = {"y": 1.0}
@@ -194,7 +195,7 @@ def test_the_meter_keeps_closed_and_open_intervals():
     m2.add(ChargeInterval("a", "x", "u", 1000, 0.0, HOUR))
     m2.add(ChargeInterval("b", "x", "u", 1000, HOUR, 3 * HOUR))
     m2.forget_old(11 * HOUR)  # the first ended exactly at the horizon: gone
-    assert [c.workload for c in m2.closed["x"]] == ["b"]
+    assert [c.workload for c in m2.closed[("x", "u")]] == ["b"]
 
 
 # ---------------------------------------------------------------- ranking

@@ -41,7 +41,7 @@ def test_meter_closes_open_intervals_and_forgets_old_ones():
     assert done.end == NOW - HOUR and "w" not in m.open
     assert m.usage(NOW)["x"] == pytest.approx(1)
     assert m.usage(NOW + 2 * DAY) == {}  # left the window
-    assert m.closed["x"] == type(m.closed["x"])()  # and was dropped
+    assert m.closed[("x", "u")] == type(m.closed[("x", "u")])()  # and was dropped
 
 
 def test_closing_twice_counts_once():

@@ -18,6 +18,11 @@ sampler is off (:attr:`BusySampler.off` says why) and measures nothing.
 :meth:`BusySampler.tick` turns readings into samples ``(workload, start, end, fraction,
 source)`` for ``Ledger.record_busy``: the span runs from the workload's previous reading (or
 its start) to now, at most ``max_gap`` seconds back (a longer gap stays unmeasured).
+
+Each tick also reads the memory its GPUs use (``nvmlDeviceGetMemoryInfo``: a whole GPU's, or a
+MIG instance's own through its MIG device handle; an MPS share sees its whole GPU's), kept
+per workload for the sidebar (:meth:`BusySampler.memory_of`), not in the ledger. Memory is
+read whether or not utilisation is: one figure does not wait for the other.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ class BusySampler:
         self._proc_seen: dict[int, int] = {}  # gpu -> last per-process sample's timestamp
         self._handles: dict[int, Any] = {}
         self._mig_gi: dict[tuple[int, int], int | None] = {}
+        self._mig_dev: dict[tuple[int, int], Any] = {}  # (gpu, MIG start) -> MIG handle
+        #: workload -> (when, memory per local slice) of the latest tick (:meth:`memory`)
+        self.memory_seen: dict[str, tuple[float, list[dict]]] = {}
 
     # ------------------------------------------------------------------ library
     def open(self) -> bool:
@@ -119,6 +127,7 @@ class BusySampler:
                     info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(h, gi))
                     if info.placement.start == mig_start:
                         found = gi
+                        self._mig_dev[key] = mh
                         break
             except Exception:  # noqa: BLE001
                 found = None
@@ -212,18 +221,60 @@ class BusySampler:
             return None
         return busy / total, "+".join(sorted(sources))
 
+    def memory(self, placement: list[dict]) -> list[dict] | None:
+        """Memory used and total per local slice of ``placement`` (bytes): ``gpu`` (index),
+        ``mig_start`` (a MIG instance's, else None), ``shared`` (an MPS share: the figures
+        are its whole GPU's); None when any local slice's memory cannot be read."""
+        if not self.open():
+            return None
+        out = []
+        for sl in placement or []:
+            if not isinstance(sl, dict) or (self.node is not None
+                                            and str(sl.get("node")) != self.node):
+                continue
+            gpu = sl.get("gpu", -1)
+            if not isinstance(gpu, int) or gpu < 0:
+                continue
+            ms = sl.get("mig_start", -1)
+            mig = isinstance(ms, int) and ms >= 0
+            try:
+                if mig:
+                    if self._gi_of(gpu, ms) is None:
+                        return None
+                    h = self._mig_dev[(gpu, ms)]
+                else:
+                    h = self._handle(gpu)
+                info = self._nv.nvmlDeviceGetMemoryInfo(h)
+                used, total = int(info.used), int(info.total)
+            except Exception:  # noqa: BLE001 - not supported, GPU lost
+                return None
+            out.append({"gpu": gpu, "mig_start": ms if mig else None,
+                        "shared": not mig and int(sl.get("milli", 1000)) < 1000,
+                        "used_bytes": used, "total_bytes": total})
+        return out or None
+
+    def memory_of(self, workload: str) -> tuple[float, list[dict]] | None:
+        """The latest tick's memory reading of ``workload``: (when, per slice), or None."""
+        return self.memory_seen.get(workload)
+
     def tick(self, running: Iterable[Running], now: float
              ) -> list[tuple[str, float, float, float, str]]:
         """One reading of every running workload: the samples to record."""
         running = list(running)
         if not running or not self.open():
             self._last.clear()
+            self.memory_seen.clear()
             return []
         per_gpu: dict[int, list] = {}
         out = []
         seen = set()
         for r in running:
             seen.add(r.workload)
+            mem = self.memory(r.placement)
+            if mem is None:
+                self.memory_seen.pop(r.workload, None)
+            else:
+                self.memory_seen[r.workload] = (now, mem)
             m = self.measure(r.placement, r.pids, per_gpu)
             since = max(self._last.get(r.workload, r.started_at), r.started_at,
                         now - self.max_gap)
@@ -239,6 +290,8 @@ class BusySampler:
                 self._proc_seen[gpu] = max(stamps)
         for w in set(self._last) - seen:
             del self._last[w]
+        for w in set(self.memory_seen) - seen:
+            del self.memory_seen[w]
         return out
 
 

@@ -320,6 +320,10 @@ class GpuBudgetService(Application):
     busy_nvml_module = Unicode("pynvml", help="Module providing the NVML API for busy "
                                "sampling (nvidia-ml-py's 'pynvml'); a stand-in for tests."
                                ).tag(config=True)
+    busy_node = Unicode("", help="The inventory node whose GPUs this machine's NVML reports, "
+                        "for busy sampling and the sidebar's GPU memory (default: this "
+                        "machine's host name; set it where the inventory names the node "
+                        "otherwise).").tag(config=True)
     usage_history_days = Float(400.0, help="Days of hourly usage history (charged and busy "
                                "GPU time per project and per user) kept for usage reports, "
                                "well past the usage window.").tag(config=True)
@@ -463,6 +467,7 @@ class GpuBudgetService(Application):
         self.health_pool = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-health")
         #: session -> (GPU utilisation %, when, user, project), from the hub's idle sampler
         self.session_util: dict[str, tuple[float, float, str, str]] = {}
+        self.busy_sampler: object | None = None  # inventory.busy.BusySampler, while it samples
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="gpubudget-cycle")
         self.db_pool = ThreadPoolExecutor(self.db_threads, thread_name_prefix="gpubudget-db")
         self._ledger_error: tuple[float, str] | None = None
@@ -823,12 +828,13 @@ class GpuBudgetService(Application):
 
         from jupyter_gpubudget.inventory.busy import BusySampler, running_here, sample_into
 
-        node = socket.gethostname()
+        node = self.busy_node or socket.gethostname()
         sampler: BusySampler | None = None
         if self.busy_interval > 0 and node in {n.name for n in self.inventory.nodes}:
             try:
                 sampler = BusySampler(importlib.import_module(self.busy_nvml_module),
                                       node=node, max_gap=max(300.0, 3 * self.busy_interval))
+                self.busy_sampler = sampler  # its latest memory readings: the sidebar's
             except ImportError as e:
                 self.log.info("busy sampling off: %s (busy GPU time is reported unknown)", e)
         else:

@@ -38,6 +38,16 @@ export interface IUtilisation {
   age_s: number | null;
   source: string | null;
   message: string;
+  /** memory its GPUs use per slice (null: unknown, nothing reads it) */
+  memory?: IGpuMemory[] | null;
+}
+
+export interface IGpuMemory {
+  gpu: string;
+  used_bytes: number;
+  total_bytes: number;
+  /** an MPS share: the figures are its whole GPU's */
+  shared: boolean;
 }
 
 export interface IBudgetRequest {
@@ -79,6 +89,29 @@ export function utilisationWords(u: IUtilisation | null): string {
   return u.average !== null
     ? `${pct} now; ${Math.round(100 * u.average)} % since it started`
     : `${pct} now`;
+}
+
+function gib(bytes: number): string {
+  const g = Math.round((10 * bytes) / 2 ** 30) / 10;
+  return Number.isInteger(g) ? g.toFixed(0) : g.toFixed(1);
+}
+
+/** The memory of this session's GPUs in words, one line per GPU: "12.1 of 80 GiB";
+ * "unknown (…)" where nothing reads it (never 0). */
+export function memoryWords(u: IUtilisation | null): string[] {
+  if (u === null) {
+    return ['–'];
+  }
+  const mem = u.memory ?? null;
+  if (mem === null || mem.length === 0) {
+    return ['unknown (nothing reads this GPU: no NVIDIA driver, or a declared inventory)'];
+  }
+  return mem.map(
+    m =>
+      `${gib(m.used_bytes)} of ${gib(m.total_bytes)} GiB` +
+      (mem.length > 1 ? ` (GPU ${m.gpu})` : '') +
+      (m.shared ? ', the whole shared GPU' : '')
+  );
 }
 
 /** Check the request form: the body to send, or the field's problem. */
@@ -299,6 +332,16 @@ export function MyWeekSection(props: { model: BudgetModel }) {
             <div className="jp-GpuBudget-row jp-GpuBudget-liveUtil">
               <dt>GPU now</dt>
               <dd>{utilisationWords(state.util)}</dd>
+            </div>
+          )}
+          {session && (
+            <div className="jp-GpuBudget-row jp-GpuBudget-gpuMemory">
+              <dt>GPU memory</dt>
+              <dd>
+                {memoryWords(state.util).map(line => (
+                  <div key={line}>{line}</div>
+                ))}
+              </dd>
             </div>
           )}
         </dl>

@@ -5,6 +5,7 @@ import {
   IUtilisation,
   MyWeekClient,
   requestBody,
+  memoryWords,
   utilisationWords,
   weekWords
 } from '../src/myweek';
@@ -39,6 +40,26 @@ describe('my week in words', () => {
     );
     expect(utilisationWords(util({ status: 'unknown', utilisation: null }))).toMatch(/^unknown/);
     expect(utilisationWords(null)).toBe('–');
+  });
+});
+
+describe('GPU memory in words', () => {
+  it('says used of total per GPU, and unknown (never 0) where nothing reads it', () => {
+    const gib = 2 ** 30;
+    const gpu = (g: string, used: number, total: number, shared = false) => ({
+      gpu: g, used_bytes: used * gib, total_bytes: total * gib, shared
+    });
+    expect(memoryWords(util({ memory: [gpu('0', 12.1, 80)] }))).toEqual(['12.1 of 80 GiB']);
+    expect(memoryWords(util({ memory: [gpu('0', 3, 79.6), gpu('1', 0, 80)] }))).toEqual([
+      '3 of 79.6 GiB (GPU 0)',
+      '0 of 80 GiB (GPU 1)'
+    ]);
+    expect(memoryWords(util({ memory: [gpu('2', 40, 141, true)] }))).toEqual([
+      '40 of 141 GiB, the whole shared GPU'
+    ]);
+    expect(memoryWords(util({ memory: null }))[0]).toMatch(/^unknown/);
+    expect(memoryWords(util({}))[0]).toMatch(/^unknown/);
+    expect(memoryWords(null)).toEqual(['–']);
   });
 });
 

@@ -1,8 +1,9 @@
 """The sidebar's own week and asking for more budget, in real Chromium: bob's real JupyterLab
 (its server extension talks to the real gpubudget service, registered with a real
-JupyterHub) shows his GPU-hours this week — charged, busy unknown (the demo's declared
-inventory measures nothing) — per project, and his session's live GPU utilisation as
-unknown; he asks for more GPU-hours for lattice-qcd from the sidebar; alice, the manager of
+JupyterHub) shows his GPU-hours this week — charged, busy unknown (the GPUs of the demo's
+declared inventory report no utilisation) — per project, his session's live GPU utilisation
+as unknown, and the memory its GPU uses (the service reads node h100-a's GPUs through the
+test NVML fake, which reports memory but no utilisation: this machine has no GPU); he asks for more GPU-hours for lattice-qcd from the sidebar; alice, the manager of
 physics, logs in to the hub, finds the request on the Budget requests page (after a refusal
 that names physics' own grant, until the admin raises it) and grants it; the project's grant
 changes, and bob's sidebar shows the notice. Screenshots: ``lab-my-week.png``,
@@ -10,8 +11,10 @@ changes, and bob's sidebar shows the notice. Screenshots: ``lab-my-week.png``,
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import time
 
 import pytest
 
@@ -49,7 +52,14 @@ def cluster(parts, tmp_path_factory):  # noqa: F811
     assert "members: [alice, bob]" in demo
     (d / "budgets.yaml").write_text(demo.replace("members: [alice, bob]", "members: [bob]"))
     shutil.copy(ROOT / "examples" / "inventory-demo.yaml", d / "inventory.yaml")
-    svc = ServiceProc(hub, d, f"sqlite:///{d / 'ledger.sqlite'}")
+    # node h100-a's GPUs as the NVML fake describes them: 80 GiB each, 12.1 GiB in use, no
+    # utilisation (NVML: "Not Supported"), so busy time stays unknown
+    gpus = [{"name": "NVIDIA H100 80GB HBM3", "memory_gib": 80, "memory_used_gib": 12.1,
+             "uuid": f"GPU-fake-{i:02d}", "mig": False} for i in range(8)]
+    svc = ServiceProc(hub, d, f"sqlite:///{d / 'ledger.sqlite'}", extra_args=[
+        "--GpuBudgetService.busy_nvml_module=tests.inventory.fake_nvml_module",
+        "--GpuBudgetService.busy_node=h100-a", "--GpuBudgetService.busy_interval=1"],
+        extra_env={"PYTHONPATH": str(ROOT), "GPUBUDGET_FAKE_NVML": json.dumps(gpus)})
     svc.start()
     yield hub, svc, hub.token("root")
     svc.stop()
@@ -71,6 +81,18 @@ def test_my_week_live_utilisation_and_a_request_granted_by_the_manager(cluster, 
     hub, svc, root = cluster
     s = _session(svc, root, user="bob", project="lattice-qcd", slice="gpu:1", min_runtime="1h")
     token = hub.token("bob", scopes=SERVER_SCOPES)
+    # the sampler's first reading of the session's GPU (every second)
+    assert [sl["node"] for sl in s["placement"]] == ["h100-a"], s["placement"]
+    deadline = time.monotonic() + 60
+    while True:
+        st, util = http("GET", f"{svc.api}/sessions/{s['id']}/utilisation", token)
+        assert st == 200, util
+        if util["memory"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert util["memory"] == [{"gpu": str(s["placement"][0]["gpu"]), "shared": False,
+                               "used_bytes": int(12.1 * 2**30), "total_bytes": 80 * 2**30}]
+    assert util["status"] == "unknown"  # memory is read, utilisation is not
     st, week = http("GET", f"{svc.api}/me/week?tz=UTC", token)
     assert st == 200, week
     before = _grant(svc, root, "lattice-qcd")
@@ -93,6 +115,9 @@ def test_my_week_live_utilisation_and_a_request_granted_by_the_manager(cluster, 
                 assert "lattice-qcd" in mine.locator(".jp-GpuBudget-weekProject dt").first.inner_text()
                 live = mine.locator(".jp-GpuBudget-liveUtil dd").inner_text()
                 assert live.startswith("unknown"), live
+                memory = mine.locator(".jp-GpuBudget-gpuMemory")
+                assert memory.locator("dt").inner_text() == "GPU memory"
+                assert memory.locator("dd").inner_text() == "12.1 of 80 GiB"
                 b.shot("lab-my-week.png")
 
                 # ask for more GPU-hours from the sidebar: a bad amount is refused first

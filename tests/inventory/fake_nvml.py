@@ -113,7 +113,14 @@ class FakeNvml:
         return self._gpu(h)["name"].encode()
 
     def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=self._gpu(h)["memory_gib"] * 2**30)
+        """A GPU's memory, or a MIG device's own (its instance's ``memory_gib``, default the
+        profile's, e.g. 71 for ``3g.71gb``); ``memory_used_gib`` (default 0) is in use."""
+        g = self._gpu(h)
+        d = g["mig"][h[2]] if h[0] == "mig" else g
+        total = d.get("memory_gib") or float(d["profile"].split(".")[1].rstrip("gb"))
+        used = d.get("memory_used_gib", 0.0)
+        return SimpleNamespace(total=int(total * 2**30), used=int(used * 2**30),
+                               free=int((total - used) * 2**30))
 
     def nvmlDeviceGetUUID(self, h):
         if h[0] == "mig":

@@ -9,7 +9,10 @@ member's.
 the latest sample of its GPUs (NVML device utilisation, MIG GPM or per-process utilisation,
 ``inventory/busy.py``), when it was taken and by what; ``status`` is ``live`` while the latest
 sample is recent, ``stale`` past ``max_age_s``, ``unknown`` where nothing ever measured the
-session (no NVIDIA driver, a declared inventory) — never shown as 0.
+session (no NVIDIA driver, a declared inventory) — never shown as 0. ``memory``: the memory
+its GPUs use, per slice (bytes used and total; a MIG instance's own, an MPS share's whole
+GPU's) from the sampler's latest reading on this machine, or null (unknown) where nothing
+reads it.
 """
 
 from __future__ import annotations
@@ -104,6 +107,19 @@ def utilisation(ledger: Any, wid: str, now: float, max_age: float) -> dict[str, 
             f"no sample for {age:.0f} s: the figure is the last one measured"}
 
 
+def memory(sampler: Any, wid: str, state: str, now: float, max_age: float) -> dict[str, Any]:
+    """The latest memory reading of ``wid``'s GPUs (null: unknown), while it runs."""
+    got = None if sampler is None or state != "running" else sampler.memory_of(wid)
+    if got is None or now - got[0] > max_age:
+        return {"memory": None, "memory_at": None}
+    at, slices = got
+    return {"memory": [{"gpu": str(m["gpu"]) if m["mig_start"] is None
+                        else f"{m['gpu']} (MIG instance at slice {m['mig_start']})",
+                        "used_bytes": m["used_bytes"], "total_bytes": m["total_bytes"],
+                        "shared": m["shared"]} for m in slices],
+            "memory_at": at}
+
+
 class SessionUtilisationHandler(BaseHandler):
     @needs_scope(SCOPE_READ)
     async def get(self, wid: str) -> None:
@@ -115,7 +131,8 @@ class SessionUtilisationHandler(BaseHandler):
         c.require_see_workload(row.user)
         max_age = max(90.0, 3 * svc.busy_interval)
         out = await self.db(utilisation, svc.ledger, row.id, svc.clock(), max_age)
-        self.send({"session": row.id, "state": row.state, "max_age_s": max_age, **out})
+        self.send({"session": row.id, "state": row.state, "max_age_s": max_age, **out,
+                   **memory(svc.busy_sampler, row.id, row.state, svc.clock(), max_age)})
 
 
 API_ROUTES = [

@@ -126,6 +126,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     if args.project:
         body["project"] = args.project
+    if args.dry_run:
+        return _dry_run(args, body)
     try:
         out = call(args, "POST", "/jobs", body,
                    headers={"Idempotency-Key": args.key or uuid.uuid4().hex})
@@ -139,6 +141,55 @@ def cmd_submit(args: argparse.Namespace) -> int:
               f"gpubudget cancel {out['id']}_<index>)")
     else:
         print(f"submitted {out['id']} ({out['state']})")
+    return 0
+
+
+def _dry_run(args: argparse.Namespace, body: dict) -> int:
+    """``submit --dry-run``: what the job would get, from the service's quote (the spawn
+    form's): its predicted start, what its time limit costs, and with off-peak prices the
+    price now and the cheaper start. Nothing is submitted."""
+    from urllib.parse import urlencode
+
+    from jupyter_gpubudget.service.validate import parse_job
+
+    job = parse_job(body)
+    run = job["time_limit"] or job["min_runtime"] or 3600.0
+    params = {"project": job["project"], "min_runtime": f"{run:g}s"}
+    if isinstance(body.get("slice"), str):
+        params["slice"] = body["slice"] if body["slice"].startswith("mps:") \
+            else "mig:" + body["slice"]
+    else:
+        params["gpus"] = str(body.get("gpus", 0))
+    if job["request"].cluster:
+        params["cluster"] = job["request"].cluster
+    try:
+        out = call(args, "GET", "/sessions/quote?" + urlencode(params))
+    except (ServiceError, OSError) as e:
+        print(f"gpubudget submit: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    q = out["quote"]
+    if q.get("starts_now"):
+        when = "starts now"
+    elif q.get("predicted_start") is not None:
+        when = f"predicted start in {max(0.0, q['predicted_start'] - out['now']) / 60:.0f} min"
+    else:
+        when = "no predicted start yet"
+    print(f"dry run: nothing submitted. {job['project']}: {when}"
+          + ("" if q.get("backed") else " (unbacked)"))
+    hours = f"{run / 3600:g} h"
+    price = q.get("price")
+    if price is None:
+        print(f"its {hours} cost {q['fraction'] * run / 3600:.2f} GPU-h")
+        return 0
+    print(price["text"])
+    line = f"its {hours} cost {price['run_gpu_hours']:.2f} GPU-h"
+    if price.get("run_off_peak_gpu_hours") is not None:
+        line += (f" now, {price['run_off_peak_gpu_hours']:.2f} GPU-h from "
+                 f"{price['next_off_peak_local'][11:16]} (start: off-peak waits for it)")
+    print(line)
     return 0
 
 
@@ -233,6 +284,9 @@ def add_submit_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("job", help="job YAML file")
     p.add_argument("--project", help="charge this project (overrides the file)")
     p.add_argument("--key", help="idempotency key (default: random; reuse it to retry safely)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="submit nothing: show the predicted start, what the job's time limit "
+                        "costs and, with off-peak prices, the price now and the cheaper start")
     _client_args(p)
     p.set_defaults(func=cmd_submit)
     return p

@@ -80,6 +80,9 @@ class Workload:
     #: work that must finish first, and how (afterok, afterany, afternotok: core/holds.py)
     after: tuple[str, ...] = ()
     after_kind: str = "afterok"
+    #: asked to start off-peak (``start: off-peak``): waits, held out of the cycle like a
+    #: dependent job, until this instant (the next off-peak window's start at submission)
+    not_before: float | None = None
 
     @property
     def running(self) -> bool:

@@ -17,10 +17,12 @@ from typing import Any
 from .forecast import Forecast as Forecast  # the forecast quotes read (forecast.py)
 from .forecast import forecast as forecast
 from .inventory import GpuSpec, Inventory, NodeSpec
+from .members import over_limit_words
 from .mig import profiles_for
 from .model import SliceRequest, Workload, request_milli
 from .placement import gang_links, place
 from .preemption import choose_victims
+from .pricing import OffPeak, describe_start, weighted_seconds
 from .ranking import INF
 from .scheduler import Scheduler
 from .workqueue import with_interconnect
@@ -164,6 +166,7 @@ class Quoter:
             w = with_interconnect(w, s.policy)
             req = w.request
             backed = s.is_backed(w, now)
+            over = None if backed else s.backing.member_over(w)  # the member's limit (members.py)
             end = now + s.predict(w)
             got = place(s.cluster, req, end)
             fits = got is not None
@@ -197,11 +200,16 @@ class Quoter:
             out["waits_for_interconnect"] = links
             out["why"] += (f"; enough GPUs are free now, but not with the {links} "
                            "interconnect it asks for: it waits for its interconnect")
-        if not backed:
+        if over is not None:
+            out["note"] = over_limit_words(project, over)
+            out["member_limit"] = {"limit": over[0], "used": round(over[1], 3), "of": over[2]}
+        elif not backed:
             out["note"] = ("unbacked: the project's grant does not cover this session's "
                            "protected time; it may run on idle capacity but is never "
                            "protected and is preempted first")
         out["cost_gpu_hours"] = round(fraction * protected / 3600, 4)
+        if s.policy.off_peak is not None:
+            price_offpeak(out, s.policy.off_peak, fraction, protected, min_runtime, now)
         return out
 
     def _yielding(self, w: Workload, end: float, now: float) -> float | None:
@@ -238,6 +246,29 @@ class Quoter:
               now: float) -> dict[str, dict[str, dict]]:
         return {p: {k: self.quote(user, p, k, request_for(k), min_runtime, now) for k in keys}
                 for p in projects}
+
+
+def price_offpeak(out: dict, off_peak: OffPeak, fraction: float, protected: float,
+                  run: float, now: float) -> None:
+    """Add off-peak prices to a quote ``out``: ``cost_gpu_hours`` of the ``protected``
+    seconds from the predicted start at their prices, and ``price``: the factor now, the next
+    window's start, the sentence the form shows ("now: 1.0× — start after 20:00 CET for 0.5×
+    (half the cost)"), and what ``run`` seconds (the minimum runtime asked, or a job's time
+    limit) cost from the predicted start (``run_gpu_hours``) and, outside a window, from the
+    next window's start (``run_off_peak_gpu_hours``)."""
+    price = describe_start(off_peak, now)
+    start = out.get("predicted_start") or now
+    out["cost_gpu_hours"] = round(
+        fraction * weighted_seconds(off_peak, start, start + protected) / 3600, 4)
+    price["run_s"] = run
+    price["run_gpu_hours"] = round(fraction * weighted_seconds(off_peak, start, start + run)
+                                   / 3600, 4)
+    nxt = price["next_off_peak"]
+    if nxt is not None:
+        price["run_off_peak_gpu_hours"] = round(
+            fraction * weighted_seconds(off_peak, max(nxt, start), max(nxt, start) + run)
+            / 3600, 4)
+    out["price"] = price
 
 
 def standings_of(sched: Scheduler, now: float) -> dict[str, dict[str, float]]:

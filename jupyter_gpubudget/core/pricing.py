@@ -152,6 +152,15 @@ def describe_start(off_peak: OffPeak, t: float) -> dict:
     return out
 
 
+def waiting_text(off_peak: OffPeak | None, at: float) -> str:
+    """What a job that asked ``start: off-peak`` shows while it waits: "waiting for the
+    off-peak window (Wed 20:00 CET)"."""
+    if off_peak is None:
+        return "waiting for the off-peak window"
+    local = datetime.fromtimestamp(at, ZoneInfo(off_peak.timezone))
+    return f"waiting for the off-peak window ({local.strftime('%a %H:%M %Z')})"
+
+
 def _times(f: float) -> str:
     return f"{f:.2f}".rstrip("0").rstrip(".") + "×" if f != int(f) else f"{f:.1f}×"
 
@@ -307,5 +316,5 @@ def _instant(day: date, minutes: int, tz: ZoneInfo) -> float:
 
 
 __all__ = ["DAYS", "OffPeak", "Window", "describe_start", "make_off_peak", "off_peak_from_node",
-           "parse_window", "priced_clock",
+           "parse_window", "priced_clock", "waiting_text",
            "weighted_seconds"]

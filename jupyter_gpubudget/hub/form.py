@@ -284,9 +284,10 @@ def quote_words(answer: dict | None) -> str:
         f"predicted start {when(q.get('predicted_start'), answer.get('now'))}"
     if q.get("cluster"):
         start += f" on cluster {q['cluster']}"
+    price = f" Off-peak prices: {q['price']['text']}." if q.get("price") else ""
     if q.get("backed"):
         return (f"{answer.get('project')}: {start}; protected for "
                 f"{span(q.get('protected_s') or 0)}, which costs "
-                f"{gpu_hours(q.get('cost_gpu_hours') or 0)}; backed.")
+                f"{gpu_hours(q.get('cost_gpu_hours') or 0)}; backed.{price}")
     return (f"{answer.get('project')}: {start}; unbacked: never protected, stopped first "
-            "when backed work needs the slice.")
+            f"when backed work needs the slice.{price}")

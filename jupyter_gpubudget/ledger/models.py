@@ -97,6 +97,8 @@ class WorkloadRow(Base):
     #: afterok, afterany, afternotok (core/holds.py)
     after: Mapped[str | None] = mapped_column(Text, nullable=True)
     after_kind: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    #: ``start: off-peak``: not started before this instant (the next off-peak window's start)
+    not_before: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ChargeRow(Base):

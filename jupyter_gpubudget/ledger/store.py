@@ -347,7 +347,8 @@ class Ledger:
                checkpoint_interval: float | None = None, max_pending: int = 0,
                cluster: str | None = None, s: Session | None = None,
                array: tuple[str, int, int] | None = None,
-               after: tuple[list[str], str] | None = None) -> WorkloadRow:
+               after: tuple[list[str], str] | None = None,
+               not_before: float | None = None) -> WorkloadRow:
         """A new pending workload. ``max_pending`` (0: none): refused (429) when ``user``
         already has that many pending — counted in the same write transaction, so that
         concurrent submissions cannot slip past it (SQLite; PostgreSQL may let a few
@@ -368,7 +369,8 @@ class Ledger:
                               request=request, command=command, env=env, min_runtime=min_runtime,
                               resumable=resumable, time_limit=time_limit, backend=backend,
                               submitted_at=now, preemptions=0, backed=False, reason="",
-                              checkpoint_interval=checkpoint_interval, cluster=cluster)
+                              checkpoint_interval=checkpoint_interval, cluster=cluster,
+                              not_before=not_before)
             if array is not None:  # (array id, index, max_running): a task of a job array
                 row.array_id, row.array_index, row.array_max = array
             if after is not None:  # ([ids], afterok | afterany | afternotok)
@@ -407,7 +409,7 @@ class Ledger:
     LIVE_COLUMNS = ("id", "project", "user", "kind", "state", "min_runtime", "resumable",
                     "time_limit", "backend", "submitted_at", "started_at", "backed",
                     "protected_until", "checkpoint_interval", "backfill_until",
-                    "array_id", "array_max", "after", "after_kind")
+                    "array_id", "array_max", "after", "after_kind", "not_before")
 
     def live(self, backend: str | None = None,
              states: tuple[str, ...] = ("pending", "running")) -> list[Row]:

@@ -5,7 +5,10 @@ may start is the core's to say (core/holds.py); this only writes what follows fr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from jupyter_gpubudget.core.holds import NEVER, READY, dependency, why_never, why_waiting
+from jupyter_gpubudget.core.pricing import OffPeak, waiting_text
 from jupyter_gpubudget.core.state import ClusterState
 
 
@@ -29,6 +32,34 @@ def settle(ledger, state: ClusterState, now: float) -> dict[str, str]:  # noqa: 
         elif verdict != READY:
             waiting[w.id] = why_waiting(w.after, w.after_kind, state.finished)
     return waiting
+
+
+def off_peak_start(off_peak: OffPeak | None, start: str, now: float) -> float | None:
+    """When a job that asks ``start`` may start: None (now), or with ``off-peak`` the next
+    off-peak window's start (``now`` inside one). Refused (400, naming ``start``) where the
+    policy sets no off-peak windows."""
+    from jupyter_gpubudget.service.base import ApiError
+
+    if start != "off-peak":
+        return None
+    at = off_peak.next_start(now) if off_peak is not None else None
+    if at is None:
+        raise ApiError(400, "start: 'off-peak' asks for an off-peak window, and this "
+                            "cluster's policy sets none (policy off_peak)", "start")
+    return at if at > now else None
+
+
+def off_peak_wait(state: ClusterState, now: float) -> tuple[ClusterState, dict[str, str]]:
+    """Hold the pending work that asked to start off-peak out of the cycle until its window
+    starts; return the state without it and what it waits for, id -> why ("waiting for the
+    off-peak window (Wed 20:00 CET)"). ``state`` itself when nothing waits."""
+    early = [w for w in state.pending if w.not_before is not None and w.not_before > now]
+    if not early:
+        return state, {}
+    off_peak = state.policy.off_peak
+    why = {w.id: waiting_text(off_peak, w.not_before or now) for w in early}
+    held = set(why)
+    return replace(state, pending=[w for w in state.pending if w.id not in held]), why
 
 
 def resolve_after(ledger, user: str, refs: list[str], own_name: str, s) -> list[str]:  # noqa: ANN001

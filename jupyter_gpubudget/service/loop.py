@@ -36,7 +36,7 @@ from jupyter_gpubudget.ledger.models import (
     WorkloadRow,
 )
 
-from .dependencies import settle
+from .dependencies import off_peak_wait, settle
 from .leader import NotLeader
 from .preempt_warning import Foreseen, Outlooks, PreemptionWarner
 from .state import LiveWorkloads, build_state, placement_to_list
@@ -439,9 +439,13 @@ class SchedulingLoop:
             self._out.update(self._unhealthy)
             self._drained &= set(self._out)  # back in service: may be drained again
             state, rows = self.build_state(now, tree)
+            # jobs that asked to start off-peak wait for their window, held out of the cycle
+            state, off_peak_waits = off_peak_wait(state, now)
             # jobs that run after others: cancel those that never can, show the rest waiting
             self.view.held = settle(self.ledger, state, now) if state.finished or any(
                 w.after for w in state.pending) else {}
+            if off_peak_waits:
+                self.view.held = {**self.view.held, **off_peak_waits}
             with paused_gc():
                 sched = Scheduler.from_state(state)
                 decisions = sched.cycle(now)

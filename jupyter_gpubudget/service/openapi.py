@@ -102,6 +102,10 @@ JOB = {"type": "object", "required": ["command", "project"], "additionalProperti
                           "description": "afterok (default): after all succeeded; afterany: "
                           "after all ended; afternotok: after all ended, one not "
                           "successfully"},
+           "start": {"type": "string", "enum": ["now", "off-peak"],
+                     "description": "now (default); off-peak: wait for the next off-peak "
+                     "window (where the policy sets off-peak prices), then be ranked like any "
+                     "work"},
            "warn_signal": {"type": "string", "enum": ["USR1", "USR2", "INT", "TERM", "HUP"],
                            "description": "a signal the job's processes get when its likely "
                            "preemption is within the service's notice lead time (none by "
@@ -589,13 +593,7 @@ def mine_paths() -> dict:
             _resp("Utilisation", {"type": "object", "properties": {
                 "status": {"type": "string", "enum": ["live", "stale", "unknown"]},
                 "utilisation": num, "at": num, "age_s": num, "average": num,
-                "source": {"type": "string", "nullable": True},
-                "memory": {"type": "array", "nullable": True, "description": (
-                    "memory its GPUs use per slice (null: unknown)"), "items": {
-                    "type": "object", "properties": {
-                        "gpu": {"type": "string"}, "used_bytes": {"type": "integer"},
-                        "total_bytes": {"type": "integer"}, "shared": {"type": "boolean"}}}},
-                "memory_at": num}}),
+                "source": {"type": "string", "nullable": True}}}),
             params=[{"name": "id", "in": "path", "required": True, "schema": WORKLOAD_ID}],
             extra={"404": "No such session"})},
         **budget_request_paths(),

@@ -252,7 +252,8 @@ class LiveWorkloads:
                              snapshot_cost=sig[3], snapshot_reliability=sig[4],
                              array=r.array_id, array_max=r.array_max or 0,
                              after=tuple((r.after or "").split()),
-                             after_kind=r.after_kind or "afterok")
+                             after_kind=r.after_kind or "afterok",
+                             not_before=r.not_before)
             fresh[rid] = (r, sig, w)
             out.append(w)
         if not keep:

@@ -43,7 +43,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 JOB_FIELDS = {"checkpoint", "command", "project", "gpus", "slice", "min_runtime", "resumable", "time_limit",
               "name", "kind", "gpu_model", "single_node", "env", "checkpoint_interval",
-              "interconnect", "cluster", "array", "max_running", "after", "after_kind",
+              "interconnect", "cluster", "array", "max_running", "after", "after_kind", "start",
               "warn_signal"}
 #: the most tasks one job array may have
 MAX_ARRAY_TASKS = 10_000
@@ -357,7 +357,21 @@ def parse_job(body: Any) -> dict:
         "time_limit": duration(tl, "time_limit") if tl is not None else None,
         # how often the job saves its progress: what a preemption of it throws away
         "checkpoint_interval": duration(ci, "checkpoint_interval") if ci is not None else None,
+        "start": _start(body),
     }
+
+
+#: when a job may start: ``now`` (as soon as it is ranked first, the default) or ``off-peak``
+#: (it waits for the next off-peak window, core/pricing.py)
+JOB_STARTS = ("now", "off-peak")
+
+
+def _start(body: dict) -> str:
+    v = body.get("start", "now")
+    if v not in JOB_STARTS:
+        raise Invalid("start", "expected 'now' (the default) or 'off-peak' (wait for the next "
+                               f"off-peak window), got {str(v)[:40]!r}")
+    return str(v)
 
 
 def _number(body: dict, key: str, lo: float, hi: float) -> float | None:

@@ -37,6 +37,7 @@ def workload_json(r: WorkloadRow, view: View, now: float, tz=None) -> dict:  # n
         "array_id": getattr(r, "array_id", None), "array_index": getattr(r, "array_index", None),
         "after": (getattr(r, "after", None) or "").split() or None,
         "after_kind": getattr(r, "after_kind", None),
+        "start_after": getattr(r, "not_before", None),  # start: off-peak
         "predicted_start": view.reservations.get(r.id) if r.state == "pending" else None,
         "min_runtime": r.min_runtime, "resumable": r.resumable, "time_limit": r.time_limit,
         "preemptions": r.preemptions, "exit_code": r.exit_code, "reason": r.reason,

@@ -9,7 +9,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..auth import SCOPE_SUBMIT, needs_scope
 from ..base import ApiError, BaseHandler
-from ..dependencies import resolve_after
+from ..dependencies import off_peak_start, resolve_after
 from ..state import request_to_dict
 from ..validate import check_offered, parse_job
 from ..views import array_json, workload_json
@@ -62,6 +62,7 @@ class JobsHandler(BaseHandler):
         if refused:
             raise ApiError(400, f"command: {refused}", "command")
         now = self.svc.clock()
+        not_before = off_peak_start(self.svc.policy().off_peak, job["start"], now)
 
         def apply(s):  # noqa: ANN001, ANN202
             with self.svc.ledger.tx(s) as s:  # all of an array's tasks, or none
@@ -80,7 +81,7 @@ class JobsHandler(BaseHandler):
                     env=env, min_runtime=job["min_runtime"], resumable=job["resumable"],
                     time_limit=job["time_limit"], backend=self.svc.backend.name,
                     name=job["name"], checkpoint_interval=job["checkpoint_interval"],
-                    cluster=job["request"].cluster, after=after,
+                    cluster=job["request"].cluster, after=after, not_before=not_before,
                     max_pending=self.svc.policy().max_pending_per_user, s=s, **kw)
 
             if job["array"] is None:

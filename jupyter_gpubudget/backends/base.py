@@ -211,3 +211,11 @@ class Backend(LoggingConfigurable):
         start/end differ from the ledger's: one dict per mismatch (``workload``, ``attempt``,
         ``difference_s``, ``why``, ...). The ledger stays the truth for charging."""
         return []
+
+    def gpu_busy(self, intervals: list[tuple[str, int, float, float, str]]
+                 ) -> list[tuple[str, float, float, float, str]]:
+        """Busy samples ``(workload, start, end, fraction, source)`` the engine's own
+        accounting recorded for these closed intervals (Slurm: sacct's ``gres/gpuutil``),
+        for the ledger's busy figures where nothing sampled the work while it ran; by
+        default none (unknown)."""
+        return []

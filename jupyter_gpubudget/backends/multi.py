@@ -171,3 +171,19 @@ class ClusterBackends(Backend):
             for m in b.reconcile_usage(mine):
                 out.append({**m, "cluster": name})
         return out
+
+    def gpu_busy(self, intervals: list[tuple[str, int, float, float, str]]
+                 ) -> list[tuple[str, float, float, float, str]]:
+        """Each cluster's engine reads its own work's GPU accounting (as for
+        :meth:`reconcile_usage`)."""
+        out: list[tuple[str, float, float, float, str]] = []
+        for name, b in self.parts.items():
+            mine = []
+            for wid, seq, start, end, backend in intervals:
+                if backend == self.name:
+                    if self.cluster_of(wid) != name:
+                        continue
+                    backend = b.name
+                mine.append((wid, seq, start, end, backend))
+            out.extend(b.gpu_busy(mine))
+        return out

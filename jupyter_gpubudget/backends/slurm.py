@@ -504,6 +504,30 @@ class SlurmBackend(Backend):
                if backend == self.name or w in jobs]
         return usage_mismatches(ivs, jobs, self.usage_threshold)
 
+    def gpu_busy(self, intervals: list[tuple[str, int, float, float, str]]
+                 ) -> list[tuple[str, float, float, float, str]]:
+        """Busy samples ``(workload, start, end, fraction, "slurm")`` for the closed intervals
+        of finished jobs whose steps Slurm's GPU accounting recorded (sacct's
+        ``gres/gpuutil``, ``backends/slurm_gpu.py``); a job without it gives none (its busy
+        time stays unknown, never 0)."""
+        from .slurm_gpu import SACCT_GPU_FIELDS, parse_gpu_usage
+
+        names: dict[str, tuple[str, float, float]] = {}
+        for wid, seq, start, end, backend in intervals:
+            names[job_name(self.job_name_prefix, wid, seq if backend == self.name else None)
+                  ] = (wid, start, end)
+        if not names:
+            return []
+        out = self._run(["sacct", "-n", "-P", f"--format={SACCT_GPU_FIELDS}",
+                         f"--starttime={self.accounting_lookback}", "--endtime=now",
+                         f"--name={','.join(sorted(names))}"])
+        samples = []
+        for u in parse_gpu_usage(out).values():
+            got = names.get(u.name)
+            if got is not None and u.busy is not None:
+                samples.append((got[0], got[1], got[2], u.busy, "slurm"))
+        return samples
+
 
 # ====================================================================== notebooks
 

@@ -728,10 +728,33 @@ class SchedulingLoop:
                 self.ledger.record_decision(now=now, kind="usage-mismatch",
                                             workload=m.get("workload"), actor="reconcile",
                                             reason=str(m.get("why", "")), detail=m)
+            self._engine_busy(ivs)
             self.ledger.set_state("usage_checked_until", repr(until))
         except Exception:  # noqa: BLE001 - accounting is advisory; scheduling goes on
             self.log.exception("usage reconciliation with the %s backend failed",
                                self.backend.name)
+
+    def _engine_busy(self, ivs: list[tuple[str, int, float, float, str]]) -> None:
+        """Busy time the engine's own GPU accounting recorded for finished work (Slurm:
+        sacct's ``gres/gpuutil``), for the intervals nothing sampled while they ran (a
+        sampled interval keeps its samples: never counted twice)."""
+        from sqlalchemy import select
+
+        from jupyter_gpubudget.ledger.models import BusyChargeRow
+
+        if not ivs:
+            return
+        with self.ledger.ro() as s:
+            measured = set(s.scalars(select(BusyChargeRow.workload).where(
+                BusyChargeRow.workload.in_(sorted({w for w, *_ in ivs})))))
+        todo = [iv for iv in ivs if iv[0] not in measured]
+        try:
+            samples = self.backend.gpu_busy(todo) if todo else []
+        except Exception:  # noqa: BLE001 - accounting is advisory; scheduling goes on
+            self.log.exception("GPU accounting from the %s backend failed", self.backend.name)
+            return
+        if samples:
+            self.ledger.record_busy(samples)
 
     def _forecast_for(self, state: ClusterState, now: float) -> Forecast:
         """The forecast (core/offer.py), recomputed when the queue or the running set changed

@@ -104,6 +104,10 @@ class Backend(LoggingConfigurable):
         under way finishes first. Engines that cannot refuse them keep only the token."""
         self.fence_token = token
 
+    def use_ledger(self, ledger: Any) -> None:
+        """The service's ledger, for an engine that carries more than one attempt at a time
+        (Slurm's job arrays and dependencies). Only read; by default unused."""
+
     def launch(self, launch: Launch) -> str:
         """Start the attempt; return a backend reference (pid, job id, pod name)."""
         raise NotImplementedError

@@ -83,6 +83,10 @@ class ClusterBackends(Backend):
         for b in self.parts.values():
             b.fence(token)
 
+    def use_ledger(self, ledger: Any) -> None:
+        for b in self.parts.values():
+            b.use_ledger(ledger)
+
     def launch(self, launch: Launch) -> str:
         where = self.cluster_of_placement(launch.placement)
         self._where[launch.workload] = where

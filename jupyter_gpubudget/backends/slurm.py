@@ -8,7 +8,11 @@
   the protected time plus headroom, ``--job-name=gpubudget.<workload>.<attempt>`` and
   ``--comment`` identifying the attempt. Nothing waits in Slurm: a job is submitted only when
   the core placed it, into a partition that only the gpubudget host may submit to, so Slurm's
-  own fair share never orders these jobs (see docs/backends.md, "Slurm").
+  own fair share never orders these jobs (see docs/backends.md, "Slurm"). The exception:
+  a **job array** is one Slurm job array (``sbatch --array=<indices>%<max_running> --hold``,
+  submitted when its first task starts); each task the core starts is given its node, GRES
+  and name (``scontrol update``) and released, so it runs as ``<id>_<index>``. A job that
+  runs after others names their Slurm jobs in ``--dependency``.
 - **Status** from ``squeue`` (alive) and ``sacct`` (how and when it ended), found by job name,
   so a restarted service finds its jobs again. **Stop** (preemption, cancel) is ``scancel``
   as the user; a resumable job is requeued by the core and resubmitted as its next attempt
@@ -46,6 +50,8 @@ from .slurm_map import (
     JobRecord,
     SlurmMapError,
     SlurmNode,
+    array_indices,
+    array_spec,
     components,
     exit_status,
     inventory_from_nodes,
@@ -170,6 +176,14 @@ class SlurmBackend(Backend):
         self._ended_seen: dict[str, float] = {}
         self._watcher: threading.Thread | None = None
         self._watching: set[str] = set()
+        self._ledger: Any = None
+        self._arrays: dict[str, str] = {}  # gpubudget array id -> its Slurm job array's id
+
+    def use_ledger(self, ledger: Any) -> None:
+        """The service's ledger, read for what a Slurm job carries beyond one attempt: the
+        job array a task belongs to (its indices, ``max_running``) and the jobs it runs
+        after (their Slurm ids)."""
+        self._ledger = ledger
 
     # ------------------------------------------------------------------ commands
     def _exe(self, cmd: str) -> str:
@@ -255,19 +269,34 @@ class SlurmBackend(Backend):
     def job_script(self, launch: Launch) -> str:
         # the job starts with --export=NONE; SLURM_EXPORT_ENV=ALL lets its own srun steps
         # see the environment set here (otherwise they inherit NONE and get no PATH)
+        return self._script(launch, slurm_array=False)
+
+    def _script(self, launch: Launch, slurm_array: bool) -> str:
+        """The job script; ``slurm_array``: it runs as a task of a Slurm job array, whose
+        index (``SLURM_ARRAY_TASK_ID``, set by Slurm) gives the task's own variables."""
         env = {"PATH": self.job_path, **launch.env, "SLURM_EXPORT_ENV": "ALL",
                **job_identity_env(launch)}
-        if "GPUBUDGET_ARRAY_INDEX" in launch.env:  # a task of a job array: as Slurm's own
-            env["SLURM_ARRAY_TASK_ID"] = launch.env["GPUBUDGET_ARRAY_INDEX"]
+        own: dict[str, str] = {}
+        if "GPUBUDGET_ARRAY_INDEX" in launch.env:
+            if slurm_array:  # Slurm sets SLURM_ARRAY_TASK_ID; the rest follows from it
+                aid = launch.env.get("GPUBUDGET_ARRAY_ID", "")
+                own = {"GPUBUDGET_ARRAY_INDEX": '"$SLURM_ARRAY_TASK_ID"',
+                       "GPUBUDGET_WORKLOAD": f'{shlex.quote(aid)}"_$SLURM_ARRAY_TASK_ID"'}
+                for k in own:
+                    env.pop(k, None)
+            else:  # a task run as a plain job: as Slurm's own
+                env["SLURM_ARRAY_TASK_ID"] = launch.env["GPUBUDGET_ARRAY_INDEX"]
         lines = ["#!/bin/sh",
                  f"# gpubudget workload {launch.workload} attempt {launch.attempt} "
                  f"(project {launch.project})"]
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())
                   if k.replace("_", "a").isalnum() and not k[:1].isdigit()]
+        lines += [f"export {k}={v}" for k, v in own.items()]
         lines.append("exec " + shlex.join(launch.command))
         return "\n".join(lines) + "\n"
 
-    def sbatch_args_for(self, launch: Launch) -> list[str]:
+    def sbatch_args_for(self, launch: Launch, job_name_: str | None = None,
+                        comment: str | None = None) -> list[str]:
         home = self._home(launch.user)
         workdir = self.workdir_template.format(user=launch.user, home=home)
         output = self.output_template.format(user=launch.user, home=home, workdir=workdir)
@@ -276,8 +305,9 @@ class SlurmBackend(Backend):
         return sbatch_args(
             launch.placement, account=self.account_for(launch.project),
             partition=self.partition, time_s=t,
-            job_name=job_name(self.job_name_prefix, launch.workload, launch.attempt),
-            comment=f"gpubudget:{launch.workload}:{launch.attempt}:{launch.project}",
+            job_name=job_name_ or job_name(self.job_name_prefix, launch.workload,
+                                           launch.attempt),
+            comment=comment or f"gpubudget:{launch.workload}:{launch.attempt}:{launch.project}",
             gpu_type=self.gpu_type, mig_types=self.mig_types,
             extra=["--export=NONE", f"--chdir={workdir}", f"--output={output}",
                    *self.extra_sbatch_args])
@@ -286,14 +316,30 @@ class SlurmBackend(Backend):
         if not launch.command:
             raise SlurmError("the job has no command")
         name = job_name(self.job_name_prefix, launch.workload, launch.attempt)
+        row = self._row(launch.workload)
+        after = self._dependency(row)
         try:
             args = self.sbatch_args_for(launch)
         except SlurmMapError as e:
             raise SlurmError(str(e)) from e
-        out = self._run(["sbatch", *args], user=launch.user, stdin=self.job_script(launch))
-        job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
-        if not job_id.isdigit():
-            raise SlurmError(f"sbatch gave no job id: {out.strip()[:200]!r}")
+        job_id = None
+        task = self._array_task(launch, row)
+        if task is not None:  # a task of a job array: a task of Slurm's own job array
+            try:
+                job_id = self._release_task(launch, task, args, after)
+            except SlurmError as e:
+                self.log.warning("slurm: %s as a task of its Slurm job array: %s; "
+                                 "submitted as a one-task array", launch.workload, e)
+            if job_id is None:
+                try:
+                    job_id = self._sbatch(launch, [*args, *after, f"--array={task[1]}"],
+                                          slurm_array=True) + f"_{task[1]}"
+                except SlurmError as e:  # (past the cluster's MaxArraySize)
+                    self.log.warning("slurm: %s as a one-task array: %s; submitted as a "
+                                     "job", launch.workload, e)
+        if job_id is None:
+            job_id = self._sbatch(launch, [*args, *after])
+        args = [*args, *after]
         with self._lock:
             self._submitted[(launch.workload, launch.attempt)] = (job_id, time.time())
             self._queue = None
@@ -303,11 +349,161 @@ class SlurmBackend(Backend):
                       job_id, " ".join(args))
         return job_id
 
+    def _sbatch(self, launch: Launch, args: list[str], slurm_array: bool = False) -> str:
+        out = self._run(["sbatch", *args], user=launch.user,
+                        stdin=self._script(launch, slurm_array))
+        job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch gave no job id: {out.strip()[:200]!r}")
+        return job_id
+
+    # ------------------------------------------------------------------ arrays, dependencies
+    def _row(self, workload: str) -> Any:
+        if self._ledger is None:
+            return None
+        try:
+            return self._ledger.get(workload)
+        except Exception as e:  # noqa: BLE001 - a plain job then, as without a ledger
+            self.log.warning("slurm: %s not read from the ledger (%s)", workload, e)
+            return None
+
+    def _dependency(self, row: Any) -> list[str]:
+        """``--dependency=<kind>:<id>:...`` naming the Slurm jobs (their last attempts) of
+        the jobs this one runs after that ran on Slurm, so that squeue and scontrol show
+        them. The service has already seen the condition hold (it gates the start itself):
+        Slurm finds it fulfilled, and counts a job it no longer remembers (ended more than
+        MinJobAge ago) as fulfilled too."""
+        if row is None or not getattr(row, "after", None):
+            return []
+        ids = []
+        for wid in str(row.after).split():
+            pred = self._row(wid)
+            ref = getattr(pred, "backend_ref", None) or ""
+            if pred is not None and pred.backend == self.name and \
+                    ref.replace("_", "").isdigit():
+                ids.append(ref)
+        if not ids:
+            return []
+        return [f"--dependency={row.after_kind or 'afterok'}:{':'.join(ids)}"]
+
+    def _array_task(self, launch: Launch, row: Any) -> tuple[str, int] | None:
+        """(array id, index) of a task of a job array run as a task of a Slurm job array:
+        each of its attempts (a one-task array for a requeued attempt); None: a plain job
+        (no array, or a gang over several nodes or kinds of GPUs)."""
+        if row is None or getattr(row, "array_id", None) is None or row.array_index is None:
+            return None
+        comps = components(launch.placement, self.gpu_type, self.mig_types)
+        if len(comps) != 1 or len(comps[0].nodes) != 1:
+            return None
+        return str(row.array_id), int(row.array_index)
+
+    def _release_task(self, launch: Launch, task: tuple[str, int], args: list[str],
+                      after: list[str]) -> str | None:
+        """Task ``index`` of the array's Slurm job array, held until now: given this
+        attempt's node, GRES, name and comment, then released (``scontrol update``,
+        ``scontrol release``). The array is submitted (held, ``--array=<its pending
+        indices>%max_running``) by its first task to start. None: the Slurm array has no
+        such task waiting (a requeued attempt, a remainder cancelled by hand)."""
+        if launch.attempt != 1 or launch.due_at is not None:
+            return None  # (due_at: the lent GPUs' return is in the job's own script)
+        aid, index = task
+        sid = self._slurm_array(launch, aid, after)
+        if sid is None:
+            return None
+        held = [j for j in self.queue(fresh=True)
+                if (got := array_indices(j.job_id)) and got[0] == sid and index in got[1]
+                and j.state == "PENDING"]
+        if not held:
+            return None
+        comp = components(launch.placement, self.gpu_type, self.mig_types)[0]
+        tid = f"{sid}_{index}"
+        upd = ["scontrol", "update", f"JobId={tid}",
+               f"JobName={job_name(self.job_name_prefix, launch.workload, launch.attempt)}",
+               f"ReqNodeList={comp.nodes[0]}",
+               f"Comment=gpubudget:{launch.workload}:{launch.attempt}:{launch.project}"]
+        if comp.gres:
+            upd.append(f"Gres={comp.gres}")
+        self._run(upd, user=launch.user)
+        self._run(["scontrol", "release", tid], user=launch.user)
+        return tid
+
+    def _slurm_array(self, launch: Launch, aid: str, after: list[str]) -> str | None:
+        """The id of the array's Slurm job array (found by name, ``<prefix>.<array>.array``,
+        after a restart), submitted held with the tasks still pending in the ledger (and the
+        array's dependency, which its held tasks show) when there is none yet."""
+        name = f"{self.job_name_prefix}.{aid}.array"
+        with self._lock:
+            sid = self._arrays.get(aid)
+        if sid is not None:
+            return sid
+        for j in self.queue(fresh=True):
+            if j.name == name and j.state in ALIVE and (got := array_indices(j.job_id)):
+                with self._lock:
+                    self._arrays[aid] = got[0]
+                return got[0]
+        rows = self._ledger.array_tasks(aid)
+        pending = {r.array_index for r in rows if r.state == "pending"
+                   and r.array_index is not None} | {int(launch.env.get(
+                       "GPUBUDGET_ARRAY_INDEX", -1))} - {-1}
+        cap = next((r.array_max for r in rows if r.array_max), 0)
+        held_args = self.sbatch_args_for(
+            launch, job_name_=name, comment=f"gpubudget:{aid}:array:{launch.project}")
+        sid = self._sbatch(launch, [*held_args, *after, f"--array={array_spec(pending, cap)}",
+                                    "--hold"], slurm_array=True)
+        with self._lock:
+            self._arrays[aid] = sid
+        self.log.info("slurm: array %s is Slurm job array %s (%d tasks held)", aid, sid,
+                      len(pending))
+        return sid
+
+    def _sweep_arrays(self, jobs: list[JobRecord]) -> None:
+        """Cancel the held tasks of Slurm job arrays whose gpubudget tasks no longer wait
+        (cancelled, or started as jobs of their own), and a task its user released by hand
+        (the core did not start it: it has not got its name and node)."""
+        if self._ledger is None:
+            return
+        prefix = self.job_name_prefix + "."
+        for j in jobs:
+            if j.state not in ALIVE or not j.name.startswith(prefix) \
+                    or not j.name.endswith(".array"):
+                continue
+            got = array_indices(j.job_id)
+            if got is None:
+                continue
+            if j.state != "PENDING" or not j.reason.startswith("JobHeld"):
+                tid = f"{got[0]}_[{array_spec(got[1])}]"
+                self.log.warning("slurm: %s (%s) was released without the core: cancelled",
+                                 tid, j.name)
+                try:
+                    self._run(["scancel", tid], user=j.user or None)
+                except SlurmError as e:
+                    self.log.warning("slurm: scancel %s: %s", tid, e)
+                continue
+            aid = j.name[len(prefix):-len(".array")]
+            waiting = {r.array_index for r in self._ledger.array_tasks(aid)
+                       if r.state == "pending"}
+            gone = sorted(got[1] - waiting)
+            if not gone:
+                continue
+            tid = f"{got[0]}_[{array_spec(gone)}]"  # (never the array's running tasks)
+            try:
+                self._run(["scancel", tid], user=j.user or None)
+            except SlurmError as e:
+                self.log.warning("slurm: scancel %s: %s", tid, e)
+
     # ------------------------------------------------------------------ status / stop
     def status(self, workload: str, attempt: int) -> BackendStatus:
         name = job_name(self.job_name_prefix, workload, attempt)
         try:
             listed = [j for j in self.queue() if j.name == name]
+            for j in listed:
+                if j.state == "PENDING" and j.reason == "DependencyNeverSatisfied":
+                    # the service saw the condition hold (Slurm read its predecessor's end
+                    # otherwise, e.g. an exit code the ledger could not know): it decides
+                    self.log.warning("slurm: %s: Slurm finds its dependency never "
+                                     "satisfied; the service's reading stands", name)
+                    self._run(["scontrol", "update", f"JobId={j.job_id}", "Dependency="],
+                              user=j.user or None)
             if any(j.state in ALIVE for j in listed):
                 with self._lock:
                     self._watching.add(name)
@@ -398,7 +594,12 @@ class SlurmBackend(Backend):
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         out = []
-        for j in self.queue(fresh=True):
+        jobs = self.queue(fresh=True)
+        try:
+            self._sweep_arrays(jobs)
+        except Exception:  # noqa: BLE001 - the sweep must not stop the orphans' search
+            self.log.exception("slurm: sweeping held array tasks failed")
+        for j in jobs:
             key = parse_job_name(self.job_name_prefix, j.name)
             if key is None or key[1] is None or j.state not in ALIVE:
                 continue  # not ours, a session (the hub owns those), or ended

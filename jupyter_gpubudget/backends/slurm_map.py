@@ -389,6 +389,7 @@ class JobRecord:
     exit_code: int | None = None
     signal: int | None = None
     gres: tuple[str, ...] = field(default=())
+    reason: str = ""  # squeue's: why a pending job waits (JobHeldUser, Dependency, ...)
 
 
 ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
@@ -397,7 +398,7 @@ ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED
 #: ended without the job's own exit status: the node or the system lost it
 LOST = frozenset({"NODE_FAIL", "BOOT_FAIL", "LAUNCH_FAILED"})
 
-SQUEUE_FORMAT = "%i|%j|%T|%u|%N|%b|%S|%e"
+SQUEUE_FORMAT = "%i|%j|%T|%u|%N|%b|%S|%e|%r"
 SACCT_FIELDS = "JobID,JobName,State,ExitCode,Start,End,NodeList,User,AllocTRES"
 
 
@@ -412,7 +413,40 @@ def _epoch(v: str) -> float | None:
 
 
 def _base_id(job_id: str) -> str:
-    return job_id.split("+", 1)[0].split("_", 1)[0]
+    """The job's id without a heterogeneous component's ``+N``; a task of a job array keeps
+    its ``_<index>`` (``123_4``: each task is a job of its own), as does an array's pending
+    remainder (``123_[5-9%3]``)."""
+    return job_id.split("+", 1)[0]
+
+
+def array_spec(indices: Iterable[int], max_running: int = 0) -> str:
+    """sbatch's ``--array`` value: the indices as ranges (``0-4,7``), ``%max_running``."""
+    xs = sorted(set(indices))
+    if not xs:
+        raise SlurmMapError("array: no task to submit")
+    parts, lo = [], xs[0]
+    for prev, x in zip(xs, [*xs[1:], None], strict=True):
+        if x is None or x != prev + 1:
+            parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
+            lo = x if x is not None else lo
+    return ",".join(parts) + (f"%{max_running}" if max_running else "")
+
+
+def array_indices(job_id: str) -> tuple[str, set[int]] | None:
+    """The job array and the task indices a squeue id names: ``123_4`` -> ('123', {4}),
+    ``123_[0-2,5%3]`` -> ('123', {0, 1, 2, 5}); None: not a job array's id."""
+    base, us, rest = job_id.partition("_")
+    if not us or not base.isdigit():
+        return None
+    rest = rest.strip("[]").split("%", 1)[0]
+    out: set[int] = set()
+    for part in rest.split(","):
+        lo, dash, hi = part.partition("-")
+        try:
+            out.update(range(int(lo), int(hi) + 1) if dash else (int(lo),))
+        except ValueError:
+            return None
+    return base, out
 
 
 def parse_squeue(text: str) -> list[JobRecord]:
@@ -427,12 +461,14 @@ def parse_squeue(text: str) -> list[JobRecord]:
         gres = tuple(g for g in (parts[5:6] or [""]) if g and g not in ("N/A", "(null)"))
         start = _epoch(parts[6]) if len(parts) > 6 else None
         end = _epoch(parts[7]) if len(parts) > 7 else None
+        reason = parts[8].strip() if len(parts) > 8 else ""
         state = state.split()[0] if state else ""
         base = _base_id(jid)
         prev = merged.get(base)
         if prev is None:
             merged[base] = JobRecord(base, name, state, user, nodes, start,
-                                     None if state in ALIVE else end, gres=gres)
+                                     None if state in ALIVE else end, gres=gres,
+                                     reason=reason)
         else:  # a job is alive while any component is
             st = prev.state if prev.state in ALIVE else state
             starts = [t for t in (prev.start, start) if t is not None]

@@ -883,6 +883,7 @@ class GpuBudgetService(Application):
         self._role_event = asyncio.Event()
         aloop = self._aloop = asyncio.get_running_loop()
         self.backend.on_exit = lambda: aloop.call_soon_threadsafe(self.kick)
+        self.backend.use_ledger(self.ledger)
         if self.lease is None or self.lease.is_leader:
             await self._lead()
         server = httpserver.HTTPServer(self.make_app(), xheaders=True,

@@ -330,3 +330,22 @@ def test_sacctmgr_association_parsing():
     assert parse_sacctmgr_accounts(out) == {"root": "", "gpubudget": "root",
                                             "lattice": "physics"}
     assert parse_sacctmgr_users(out) == {("root", "root"), ("ana", "lattice")}
+
+
+def test_job_array_tasks_are_jobs_of_their_own():
+    """A task of a Slurm job array (``12_3``) and the array's held remainder
+    (``12_[4-6%2]``) are told apart, not merged into one job ``12``; their indices and the
+    ``--array`` value of a set of indices."""
+    from jupyter_gpubudget.backends.slurm_map import array_indices, array_spec
+
+    jobs = parse_squeue("12_3|gpubudget.a_3.1|RUNNING|ana|gpu1|gres:gpu:h100:1|5|N/A|None\n"
+                        "12_[4-6%2]|gpubudget.a.array|PENDING|ana||N/A|N/A|N/A|JobHeldUser\n")
+    assert [(j.job_id, j.state, j.reason) for j in jobs] == [
+        ("12_3", "RUNNING", "None"), ("12_[4-6%2]", "PENDING", "JobHeldUser")]
+    assert array_indices("12_[4-6%2]") == ("12", {4, 5, 6})
+    assert array_indices("12_3") == ("12", {3})
+    assert array_indices("12") is None and array_indices("12+1") is None
+    assert array_spec([7, 0, 1, 2, 4, 5], 3) == "0-2,4-5,7%3"
+    assert array_spec([9]) == "9"
+    with pytest.raises(SlurmMapError):
+        array_spec([])

@@ -441,7 +441,7 @@ class LocalBackend(Backend):
                 "time_limit": launch.time_limit, "grace": self.stop_grace}
         if self.fence_token is not None:  # a stale replica's launch is refused
             spec["fence"] = self.fence_token
-        images = None
+        restoring = False
         if mode == "auto" and self._checkpoints is not None:
             try:
                 got = self._checkpoints.take(launch.workload)
@@ -449,19 +449,16 @@ class LocalBackend(Backend):
                 self.log.error("%s: its checkpoint cannot be used (%s); it starts again",
                                launch.workload, e)
                 got = None
-            if got is not None:
-                images = got[1]
-                spec["restore"] = {"images_dir": images, "log": got[2]["log"],
+            if got is not None:  # the launcher reads its images from the store's chunks
+                restoring = True
+                spec["restore"] = {**got[1], "log": got[2]["log"],
                                    "gpu": bool(got[2].get("gpu"))}
         try:
             out = self._launcher("launch", spec=spec)
         except BaseException:
             self.release_devices(launch.workload, launch.attempt)
             raise
-        finally:
-            if images is not None:
-                shutil.rmtree(images, ignore_errors=True)
-        if images is not None and self._checkpoints is not None:
+        if restoring and self._checkpoints is not None:
             self._checkpoints.drop(launch.workload)  # restored (or started again: its log says)
         self._modes[(launch.workload, launch.attempt)] = (mode, launch.project)
         self._watch.add(int(out["monitor_pid"]))

@@ -27,7 +27,9 @@ images) and leaves it stopped; ``checkpoint-end WORKLOAD ATTEMPT kill|resume`` e
 its images are stored (its exit record then says ``checkpointed``) or lets it go on. A tree
 that cannot be dumped (a process that left it by ``setsid``, an open internet socket, a device
 CRIU refuses) is refused with the reason, written to the job's log too. A spec with
-``"restore": {"images_dir": DIR, "log": OLD_OUTPUT_LOG}`` starts the attempt from those images
+``"restore": {"images_dir": DIR, "log": OLD_OUTPUT_LOG}`` (or, in place of ``images_dir``,
+``"chunks": STORE_CHUNK_DIR, "files": [...]``: the images' chunks in a snapshot store, written
+once straight into the restore's private directory) starts the attempt from those images
 instead of its command: CRIU restores it as the job's account, into the attempt's cgroup, with
 the attempt's own ``output.log`` in place of the old one (the log continues there), as a child
 of the monitor (a child subreaper), which then watches it as it watches any job.
@@ -159,12 +161,22 @@ def parse_spec(raw: Any, cfg: LauncherConfig) -> dict:
         raise LauncherError("fence: expected a whole number (the leader's fencing token)")
     restore = raw.get("restore")
     if restore is not None:
-        if not isinstance(restore, dict) or not {"images_dir", "log"} <= set(restore) \
-                or not set(restore) <= {"images_dir", "log", "gpu"}:
-            raise LauncherError("restore: expected {images_dir, log, gpu}")
+        where = ("chunks", "files") if isinstance(restore, dict) and "chunks" in restore \
+            else ("images_dir",)
+        if not isinstance(restore, dict) or not {*where, "log"} <= set(restore) \
+                or not set(restore) <= {*where, "log", "gpu"}:
+            raise LauncherError("restore: expected {images_dir, log, gpu} or "
+                                "{chunks, files, log, gpu}")
         if not isinstance(restore.get("gpu", False), bool):
             raise LauncherError("restore.gpu: expected true or false")
-        for k in ("images_dir", "log"):
+        if "files" in restore:
+            from ..snapshot.criu import CriuError, check_chunk_plan
+
+            try:
+                restore["files"] = check_chunk_plan(restore["files"])
+            except CriuError as e:
+                raise LauncherError(f"restore.{e.message}") from None
+        for k in (*where[:1], "log"):
             v = restore[k]
             if not isinstance(v, str) or not os.path.isabs(v) or bad_text(v) or len(v) > 4096 \
                     or ":" in v or os.path.normpath(v) != v:
@@ -419,14 +431,22 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
     from ..snapshot.criuimages import ImageError, task_creds
 
     pw = spec["pw"]
-    images = spec["restore"]["images_dir"]
-    try:
-        uids = {u for t in task_creds(images) for u in t.uids}
-    except (ImageError, OSError) as e:
-        return -1, f"restore: the checkpoint's images cannot be read: {e}".encode()
-    if uids != {pw.pw_uid}:
-        return -1, (f"restore: the checkpoint holds processes of uids {sorted(uids)}, not only "
-                    f"{pw.pw_name}'s (uid {pw.pw_uid}): refused").encode()
+    images = spec["restore"].get("images_dir")
+    # from a store's chunks: written once into the restore's private directory, where the
+    # same check is made (expect_owner) before anything is restored
+    chunks = None if images else (spec["restore"]["chunks"], spec["restore"]["files"])
+    if images:
+        try:
+            uids = {u for t in task_creds(images) for u in t.uids}
+        except (ImageError, OSError) as e:
+            return -1, f"restore: the checkpoint's images cannot be read: {e}".encode()
+        if uids != {pw.pw_uid}:
+            return -1, (f"restore: the checkpoint holds processes of uids {sorted(uids)}, not "
+                        f"only {pw.pw_name}'s (uid {pw.pw_uid}): refused").encode()
+    # the store is the account's that called the launcher (sudo's caller): its chunks must
+    # be that account's files; root calling directly may name any
+    sudo_uid = os.environ.get("SUDO_UID", "")
+    chunk_owner = int(sudo_uid) if sudo_uid.isdigit() and int(sudo_uid) != 0 else None
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
         return -1, b"restore: the monitor cannot become a child subreaper"
@@ -444,7 +464,9 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
             os.environ.pop("SUDO_UID", None)  # the launcher acts for the job's account here
             key = spec["restore"]["log"].lstrip("/")
             pid = criu_restore(images, inherit={out_fd: key},
-                               gpu=bool(spec["restore"].get("gpu")))
+                               gpu=bool(spec["restore"].get("gpu")), chunks=chunks,
+                               chunk_owner=chunk_owner,
+                               expect_owner=pw.pw_uid if chunks else None)
             os.write(w, json.dumps({"pid": pid}).encode())
         except CriuError as e:
             os.write(w, json.dumps({"error": f"{e.reason}: {e.message}"
@@ -464,7 +486,7 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
         out = {}
     if "pid" not in out:
         return -1, str(out.get("error", "restore: no answer")).encode()
-    _note(log_fd, f"restored from {images}")
+    _note(log_fd, "restored from " + (images or f"the snapshot store {spec['restore']['chunks']}"))
     return int(out["pid"]), b""
 
 

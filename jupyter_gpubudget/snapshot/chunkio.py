@@ -26,10 +26,12 @@ either way; it saves hashing the data a second time on restore).
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import hashlib
 import mmap
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +50,12 @@ CHUNK = 32 << 20  # fewer, larger files: 1 GiB in 32 fdatasyncs (8 MiB chunks: ~
 ALIGN = 4096
 DIRECT_MIN = 1 << 20  # buffers smaller than this are chunked from their start, written buffered
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+#: chunks read from or written to the disk at once, per process (reads) or writer (writes).
+#: A thread waits for its turn before its I/O and hashes or compresses outside it: the threads
+#: then fall into a pipeline (while two read or write, the others hash) instead of all reading
+#: at once and then all hashing at once, which left the disk idle half of the time.
+IO_AT_ONCE = 2
+_READS = threading.BoundedSemaphore(IO_AT_ONCE)
 LEVEL = 1  # zstd's fastest ordinary level: ~1 GB/s per core, incompressible data costs little
 CODECS = ("zst", "raw")
 
@@ -95,6 +103,7 @@ class ChunkWriter:
         self._dirs: set[str] = set()
         self._pending: list[str] = []  # temporary files being written
         self._lock = threading.Lock()
+        self._io = threading.BoundedSemaphore(IO_AT_ONCE)
         #: chunks this writer wrote and made durable: digest -> stored size
         self.fresh: dict[str, int] = {}
         self.raw_bytes = 0
@@ -157,11 +166,12 @@ class ChunkWriter:
         fd, direct = self._open(tmp, aligned and codec == "raw" and n >= ALIGN)
         try:
             mv = memoryview(data)
-            if direct:
-                mv = self._write_direct(fd, mv)
-            while mv:
-                k = os.write(fd, mv)
-                mv = mv[k:]
+            with self._io:  # the disk's turn (IO_AT_ONCE); the wait counts as writing
+                if direct:
+                    mv = self._write_direct(fd, mv)
+                while mv:
+                    k = os.write(fd, mv)
+                    mv = mv[k:]
             t1 = time.perf_counter()
             self._busy("write", t1 - t0)
             if self.fsync:  # durable before it has its name; other threads work meanwhile
@@ -286,7 +296,32 @@ def _address(view: memoryview) -> int | None:
         return None
 
 
-def _read_raw_into(path: str, digest: str, n: int, out: memoryview) -> None:
+def _open_chunk(path: str, digest: str, flags: int, owner: int | None) -> int:
+    """Open a chunk for reading. ``owner``: the account the store belongs to, for a reader
+    with more rights than that account (root restoring a job from the service's store): the
+    name must be no symlink and the file that account's, so a store's owner can never point
+    such a reader at a file it could not read itself."""
+    if owner is not None:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+    except OSError as e:
+        if owner is not None and e.errno == errno.ELOOP:
+            raise ChunkError(f"chunk {digest[:12]} is a symlink ({path}): refused") from None
+        raise
+    if owner is not None:
+        st = os.fstat(fd)
+        if st.st_uid != owner or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ChunkError(f"chunk {digest[:12]} ({path}) is not a file of uid {owner}: "
+                             "refused")
+    return fd
+
+
+def _read_raw_into(path: str, digest: str, n: int, out: memoryview,
+                   owner: int | None = None) -> None:
     """A raw chunk read straight into its place in ``out`` (no intermediate copy; with
     O_DIRECT, not even through the page cache, when ``out`` is page-aligned), then checked
     there against its SHA-256."""
@@ -294,39 +329,20 @@ def _read_raw_into(path: str, digest: str, n: int, out: memoryview) -> None:
     fd = -1
     if addr is not None and addr % ALIGN == 0:
         try:
-            fd = os.open(path, os.O_RDONLY | _O_DIRECT)
-        except FileNotFoundError:
-            raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+            fd = _open_chunk(path, digest, os.O_RDONLY | _O_DIRECT, owner)
+        except ChunkError:
+            raise
         except OSError:  # no O_DIRECT on this filesystem
             fd = -1
     direct = fd >= 0
     if not direct:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+        fd = _open_chunk(path, digest, os.O_RDONLY, owner)
     try:
         size = os.fstat(fd).st_size
         if size != n:
             raise ChunkError(f"chunk {digest[:12]} has {size} bytes, expected {n}")
-        got = 0
-        if direct:
-            body = n - n % ALIGN
-            try:
-                while got < body:
-                    k = os.readv(fd, [out[got:body]])
-                    got += k
-                    if not k or k % ALIGN:
-                        break
-            except OSError:  # alignment this device refuses: the rest buffered
-                pass
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
-            os.lseek(fd, got, os.SEEK_SET)
-        while got < n:
-            k = os.readv(fd, [out[got:n]])
-            if not k:
-                break
-            got += k
+        with _READS:  # the disk's turn (IO_AT_ONCE); checked outside it
+            got = _read_fd_into(fd, n, out, direct)
     finally:
         os.close(fd)
     if got != n:
@@ -335,21 +351,43 @@ def _read_raw_into(path: str, digest: str, n: int, out: memoryview) -> None:
         raise ChunkError(f"chunk {digest[:12]} does not match its checksum")
 
 
-def read_chunk(root: str, ref: list, out: memoryview | None = None) -> bytes | None:
+def _read_fd_into(fd: int, n: int, out: memoryview, direct: bool) -> int:
+    """Read ``n`` bytes of ``fd`` into ``out`` (its aligned body with O_DIRECT when
+    ``direct``, the rest buffered); how many were read."""
+    got = 0
+    if direct:
+        body = n - n % ALIGN
+        try:
+            while got < body:
+                k = os.readv(fd, [out[got:body]])
+                got += k
+                if not k or k % ALIGN:
+                    break
+        except OSError:  # alignment this device refuses: the rest buffered
+            pass
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+        os.lseek(fd, got, os.SEEK_SET)
+    while got < n:
+        k = os.readv(fd, [out[got:n]])
+        if not k:
+            break
+        got += k
+    return got
+
+
+def read_chunk(root: str, ref: list, out: memoryview | None = None,
+               owner: int | None = None) -> bytes | None:
     """Read one chunk, check its length and its content (SHA-256, or the zstd frame's own
-    checksum when it has one); into ``out`` when given."""
+    checksum when it has one); into ``out`` when given. ``owner``: see :func:`_open_chunk`."""
     digest, n, codec = ref[0], ref[1], ref[2]
     if codec not in CODECS:
         raise ChunkError(f"chunk {digest[:12]}: unknown codec {codec!r}")
     path = chunk_path(root, digest, codec)
     if codec == "raw" and out is not None:
-        _read_raw_into(path, digest, n, out[:n])
+        _read_raw_into(path, digest, n, out[:n], owner)
         return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ChunkError(f"chunk {digest[:12]} is missing ({path})") from None
+    with os.fdopen(_open_chunk(path, digest, os.O_RDONLY, owner), "rb") as f, _READS:
+        data = f.read()
     checked = False
     if codec == "zst":
         if _zstd is None:
@@ -442,6 +480,44 @@ def read_refs_to_file(root: str, refs: list, path: str, mode: int = 0o600, *,
 
     try:
         _each(one, refs, offsets, threads)
+    finally:
+        os.close(fd)
+
+
+def fill_file(root: str, refs: list, dir_fd: int, name: str, *, owner: int | None = None,
+              threads: int | None = None) -> None:
+    """Reassemble chunks into the new file ``name`` (created, mode 0600, never through a
+    symlink) in the directory ``dir_fd``, in one copy: the file is sized first and mapped, and
+    every chunk is read, in parallel, straight into its place (raw chunks with O_DIRECT: from
+    the disk into the file's pages, not through the page cache) and checked there.
+    ``owner``: see :func:`_open_chunk`. On an error the file is left for the caller to
+    remove with its directory."""
+    offsets, pos = [], 0
+    for r in refs:
+        offsets.append(pos)
+        pos += r[1]
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                 dir_fd=dir_fd)
+    try:
+        if not pos:
+            return
+        os.ftruncate(fd, pos)
+        m = mmap.mmap(fd, pos, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        view = memoryview(m)
+        err = None
+        try:
+            _each(lambda r, o: read_chunk(root, r, view[o:o + r[1]], owner), refs, offsets,
+                  threads)
+        except BaseException as e:  # noqa: BLE001 - raised below, once the map is let go
+            # its traceback's frames hold slices of the map, which could not be closed
+            err = e.with_traceback(None)
+        try:
+            view.release()
+            m.close()
+        except BufferError:  # a slice still held somewhere: the map goes with it
+            pass
+        if err is not None:
+            raise err
     finally:
         os.close(fd)
 

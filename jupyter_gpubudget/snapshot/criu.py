@@ -336,10 +336,7 @@ def _private_copy(images_dir: str) -> tuple[str, str]:
     to the caller's account for CRIU running as it: :func:`_hand_over`)."""
     need = sum(os.path.getsize(os.path.join(images_dir, n)) for n in os.listdir(images_dir)
                if n.endswith(".img"))
-    base = "/dev/shm" if shutil.disk_usage("/dev/shm").free > 2 * need + (64 << 20) else None
-    box = tempfile.mkdtemp(prefix="gpubudget-criu-restore-", dir=base)
-    dest = os.path.join(box, _INNER)
-    os.mkdir(dest, 0o700)
+    box, dest = _private_box(need)
     for name in os.listdir(images_dir):
         if not name.endswith(".img"):
             continue
@@ -348,6 +345,80 @@ def _private_copy(images_dir: str) -> tuple[str, str]:
                       os.O_NOFOLLOW, 0o600)
         with os.fdopen(src, "rb") as fi, os.fdopen(dst, "wb") as fo:
             shutil.copyfileobj(fi, fo, 8 << 20)
+    return box, dest
+
+
+def _private_box(need: int) -> tuple[str, str]:
+    """(a fresh root-owned 0700 box, the empty directory ``images`` inside it): in /dev/shm
+    when it has room for ``need`` bytes twice over."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and \
+        shutil.disk_usage("/dev/shm").free > 2 * need + (64 << 20) else None
+    box = tempfile.mkdtemp(prefix="gpubudget-criu-restore-", dir=base)
+    dest = os.path.join(box, _INNER)
+    os.mkdir(dest, 0o700)
+    return box, dest
+
+
+_IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def check_chunk_plan(files: object) -> list[dict]:
+    """The image files of a stored checkpoint as a restore reads them from the store
+    (``[{"name", "size", "chunks": [[sha256, length, codec, ...], ...]}, ...]``), checked;
+    anything else is ``bad_input``."""
+    if not isinstance(files, list) or not files or len(files) > 100_000:
+        raise CriuError("bad_input", "files: expected a list of image files")
+    out, names = [], set()
+    for e in files:
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) \
+                or not _IMAGE_NAME.fullmatch(e["name"]) or e["name"] in names:
+            raise CriuError("bad_input", f"files: {str(e)[:80]!r} is not an image file "
+                            "(name, size, chunks)")
+        refs, size = e.get("chunks"), e.get("size")
+        if not isinstance(refs, list) or isinstance(size, bool) or not isinstance(size, int):
+            raise CriuError("bad_input", f"files: {e['name']}: expected its size and chunks")
+        total = 0
+        for r in refs:
+            if not isinstance(r, list) or len(r) < 3 or not isinstance(r[0], str) \
+                    or not _DIGEST.fullmatch(r[0]) or isinstance(r[1], bool) \
+                    or not isinstance(r[1], int) or not 0 < r[1] <= 1 << 30 \
+                    or r[2] not in ("zst", "raw"):
+                raise CriuError("bad_input", f"files: {e['name']}: {str(r)[:80]!r} is not a "
+                                "chunk reference")
+            total += r[1]
+        if total != size:
+            raise CriuError("bad_input", f"files: {e['name']}: its chunks hold {total} bytes, "
+                            f"not {size}")
+        names.add(e["name"])
+        out.append({"name": e["name"], "size": size, "chunks": [list(r[:3]) for r in refs]})
+    return out
+
+
+def _private_fill(chunk_root: str, files: list[dict], owner: int | None) -> tuple[str, str]:
+    """Like :func:`_private_copy`, from the snapshot store's chunks instead of a directory of
+    images: each image is written once, straight from its chunks into the box (checked
+    chunk by chunk). ``owner``: the account the store belongs to (its chunks must be that
+    account's files, never reached through a symlink); None when root itself asked."""
+    from . import chunkio
+
+    box, dest = _private_box(sum(e["size"] for e in files))
+    try:
+        dfd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for e in files:
+                if not e["name"].endswith(".img"):
+                    continue  # CRIU's statistics: as _private_copy, only the images
+                chunkio.fill_file(chunk_root, e["chunks"], dfd, e["name"], owner=owner)
+        finally:
+            os.close(dfd)
+    except chunkio.ChunkError as err:
+        shutil.rmtree(box, ignore_errors=True)
+        raise CriuError("restore_failed", f"the checkpoint's images cannot be read back: "
+                        f"{err}") from None
+    except BaseException:
+        shutil.rmtree(box, ignore_errors=True)
+        raise
     return box, dest
 
 
@@ -677,10 +748,12 @@ def criu_finish(pid: int, *, kill: bool, expect_uid: int | None = None) -> dict:
     return {"pid": pid, "killed": kill}
 
 
-def criu_restore(images_dir: str, *, criu: str | None = None,
+def criu_restore(images_dir: str | None, *, criu: str | None = None,
                  cuda_checkpoint: str | None = None, gpu: bool = False,
                  timeout: float = 600, seal_hex: str | None = None,
-                 inherit: dict[int, str] | None = None) -> int:
+                 inherit: dict[int, str] | None = None,
+                 chunks: tuple[str, list[dict]] | None = None,
+                 chunk_owner: int | None = None, expect_owner: int | None = None) -> int:
     """Restore a dumped process tree, detached (its parent is init), with its TCP connections
     and listening sockets (the kernel's ZMQ ports); returns the root pid. ``gpu``: the dump
     carried GPU state, given back to the GPU with cuda-checkpoint after the restore. For an
@@ -692,8 +765,21 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
     ``inherit`` (root callers only: the batch-job launcher): {open fd: the file's name as the
     dump saw it, without its leading ``/``}; CRIU gives the restored tree that open file in
     place of reopening the name (``--inherit-fd``): a requeued job's log on the node where it
-    lands. Those files are root's to hand out and are not held to the account's rights."""
-    images_dir = _check_dir(images_dir, must_exist=True)
+    lands. Those files are root's to hand out and are not held to the account's rights.
+
+    ``chunks`` (root callers only, in place of ``images_dir``): (a snapshot store's chunk
+    directory, the images' files as :func:`check_chunk_plan` takes them): the images are
+    written once, from the store straight into the private box (no directory of images in
+    between); ``chunk_owner``: the account that store belongs to (its chunks must be that
+    account's files). ``expect_owner``: the images must hold that account's tasks only."""
+    if chunks is not None:
+        if images_dir is not None or caller_uid() != 0:
+            raise CriuError("bad_input", "chunks: only root restores from a store's chunks, "
+                            "in place of an images directory")
+        chunk_root = _check_dir(chunks[0], must_exist=True)
+        plan = check_chunk_plan(chunks[1])
+    else:
+        images_dir = _check_dir(images_dir, must_exist=True)
     inherit = dict(inherit or {})
     if inherit and caller_uid() != 0:
         raise CriuError("bad_input", "inherit: only root hands open files to a restore")
@@ -706,6 +792,23 @@ def criu_restore(images_dir: str, *, criu: str | None = None,
     if binary is None:
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
     caller = caller_uid()
+    if chunks is not None:  # the box first: the images exist nowhere else
+        box, private = _private_fill(chunk_root, plan, chunk_owner)
+        try:
+            owner = _sole_owner(private)
+            if expect_owner is not None and owner != expect_owner:
+                raise CriuError("unsafe", f"the checkpoint holds {_whose(private)}, not only "
+                                f"uid {expect_owner}'s: refused")
+            if owner is None:
+                return _restore(private, binary, cuda_checkpoint, gpu, timeout,
+                                inherit=inherit)
+            _setpriv()
+            _hand_over(private, owner)
+            return _restore(private, binary, cuda_checkpoint, gpu, timeout, only=owner,
+                            gids=caller_gids(owner), user=owner, inherit=inherit)
+        finally:
+            shutil.rmtree(box, ignore_errors=True)
+    assert images_dir is not None
     if caller == 0:
         owner = _sole_owner(images_dir)
         if owner is None:  # root's own tree (or several accounts'): CRIU as root
@@ -757,6 +860,17 @@ def _check_names(images_dir: str, uid: int, gids: set[int]) -> None:
         why = path_problem(rf.name, uid, gids, read=rf.reads, write=rf.writes)
         if why:
             raise CriuError("unsafe", f"restore refused: {why}")
+
+
+def _whose(images_dir: str) -> str:
+    """Whose tasks a dump holds, in words (for a refusal)."""
+    from .criuimages import ImageError, task_creds
+
+    try:
+        uids = sorted({u for t in task_creds(images_dir) for u in t.uids})
+    except (ImageError, OSError) as e:
+        return f"tasks that cannot be read ({e})"
+    return f"processes of uids {uids}"
 
 
 def _sole_owner(images_dir: str) -> int | None:

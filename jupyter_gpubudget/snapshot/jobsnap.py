@@ -5,13 +5,14 @@ The launcher dumps a preempted job's process tree with the CRIU helper
 service's account; :meth:`JobCheckpoints.save` puts them into the same store as sessions'
 snapshots (chunked, checksummed, verified, counted against the project's quota), under the
 session id ``job-<workload>``. When the requeued job starts (on whichever node),
-:meth:`JobCheckpoints.take` writes the newest one that verifies back into a directory for
-the launcher to restore from; once the job runs again from it, :meth:`drop` removes it.
+:meth:`JobCheckpoints.take` finds the newest one whose chunks are all there and hands the
+launcher where they are: the launcher writes the images once, from the store straight into
+the private directory CRIU restores from (no directory of images in between, no second copy);
+once the job runs again from it, :meth:`drop` removes it.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 from . import imagefiles
@@ -42,9 +43,10 @@ class JobCheckpoints:
             summary={"job": workload, "attempt": info.get("attempt")}, fresh=w.fresh)
         return snap.id
 
-    def take(self, workload: str) -> tuple[str, str, dict] | None:
-        """(snapshot id, a fresh directory holding its images, its info) for the newest
-        checkpoint of the job that verifies, or None. The caller removes the directory."""
+    def take(self, workload: str) -> tuple[str, dict, dict] | None:
+        """(snapshot id, where its images are: ``{"chunks": the store's chunk directory,
+        "files": [{name, size, chunks}]}``, its info) for the newest checkpoint of the job
+        whose chunks are all there, or None. Its chunks are checked as they are read back."""
         snap, _ = self.store.usable(session_of(workload), deep=False)
         if snap is None:
             return None
@@ -52,11 +54,10 @@ class JobCheckpoints:
         p = m["payload"]
         if not p.get("job"):
             return None
-        images = imagefiles.get_images(self.store, snap.id, p["files"], self.images_tmp,
-                                       "gpubudget-job-")
-        os.chmod(images, 0o700)
+        files = [{"name": e["name"], "size": e["size"], "chunks": e["chunks"]}
+                 for e in p["files"]]
         info = {k: v for k, v in p.items() if k not in ("files", "job")}
-        return snap.id, images, info
+        return snap.id, {"chunks": self.store.chunk_root, "files": files}, info
 
     def drop(self, workload: str) -> None:
         """Remove every checkpoint of the job (it runs again from the newest one, or ended)."""

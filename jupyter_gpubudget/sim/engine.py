@@ -42,6 +42,7 @@ import heapq
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..core.accounts import AccountTree
 from ..core.inventory import Inventory
@@ -93,6 +94,9 @@ class SimConfig:
     # share of a gang's step spent in all-reduce on its best links (sim/interconnect.py;
     # 0: the interconnect costs nothing)
     comm_fraction: float = COMM_FRACTION
+    #: advance reservations replayed through the core (sim/bookings.py: SimBooking, their
+    #: windows from the trace's start)
+    bookings: Sequence[Any] = ()
 
 
 @dataclass(slots=True)
@@ -221,6 +225,8 @@ class SimResult:
     cluster_hours: dict[str, dict[str, float]] = field(default_factory=dict)
     #: cluster -> its GPUs
     cluster_gpus: dict[str, int] = field(default_factory=dict)
+    #: the bookings' use (sim/bookings.py: BookedUse), when the run had bookings
+    booked: Any = None
 
 
 class Simulator:
@@ -255,6 +261,8 @@ class Simulator:
         self._t_contended = float("-inf")
         self._dirty = True  # something happened since the last full cycle
         self._expiries: list[float] = []  # protection ends (a cycle may then preempt)
+        self.booked: Any = None  # bookings' use (sim/bookings.py), with cfg.bookings
+        self._slices: dict[str, tuple] = {}  # (with bookings) each run's slices
         nodes = {n.name for n in inventory.nodes}
         for f in self.cfg.failures:
             if f.node not in nodes:
@@ -322,6 +330,8 @@ class Simulator:
             r.workload = replace(r.workload, started_at=now, backfill_until=d.backfill_until)
         if d.protected_until is not None and d.protected_until > now:
             heapq.heappush(self._expiries, d.protected_until)
+        if self.booked is not None:
+            self._slices[d.workload] = d.placement.slices
         self._push(now + r.run_for, FINISH, (d.workload, r.token))
 
     def _advance(self, to: float) -> None:
@@ -341,6 +351,8 @@ class Simulator:
         p = r.job.project
         self._running_milli[p] = self._running_milli.get(p, 0) - r.milli
         elapsed = max(0.0, now - r.started_at)
+        if self.booked is not None:
+            self.booked.ran(p, self._slices.pop(r.job.id, ()), r.started_at, now)
         hours = r.milli / MILLI * elapsed / HOUR
         r.gpu_hours += hours
         r.useful_gpu_hours += hours * r.rate
@@ -420,6 +432,17 @@ class Simulator:
                     t += self.cfg.failure_down + rng.expovariate(rate)
         for b in self.cfg.budget_changes:
             self._push(t0 + b.at, BUDGET, b.accounts)
+        if self.cfg.bookings:  # the service's bookings, through the same core
+            from ..core.reservations import Bookings
+            from .bookings import BookedUse, place
+
+            placed = place(self.cfg.bookings, self.inventory, self.sched.accounts, t0)
+            self.sched.bookings = Bookings(placed)
+            self.booked = BookedUse(placed)
+            for bk in placed:  # a cycle at each window's edges
+                heapq.heappush(self._expiries, bk.start)
+                heapq.heappush(self._expiries, bk.end)
+            self._cycle(t0)  # (booked GPUs are held back from the first arrival on)
 
         sched = self.sched
         total = sched.cluster.total_milli
@@ -496,7 +519,7 @@ class Simulator:
                          dict(self.contended_hours),
                          {c: dict(h) for c, h in self.cluster_hours.items()},
                          {c: sum(len(n.gpus) for n in self.inventory.nodes if n.cluster == c)
-                          for c in self.inventory.clusters})
+                          for c in self.inventory.clusters}, self.booked)
 
     _last_cycle = float("-inf")
 

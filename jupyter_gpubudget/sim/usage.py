@@ -14,8 +14,9 @@ members.
   service's); preemptions are those the project's work suffered.
 - **Member shares** (``member_shares``): inside each project, each member's share of the
   project's delivered GPU-hours beside their fair share — equal among the members who asked
-  for GPU time in the period, or, where the budgets state a member share, that share — and
-  the difference in percentage points; also the max-min entitled share (a member who asked
+  for GPU time in the period, as the core ranks members inside a project (one more Fair Tree
+  level with equal shares, ``core/ranking.py``; the budgets state no member shares, only
+  members' limits) — and the difference in percentage points; also the max-min entitled share (a member who asked
   for less than the fair share is entitled to all they asked for, the rest shared among the
   others) and the difference from it.
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.accounts import AccountTree
 from ..core.model import HOUR, gpu_fraction
 from ..usage_report import Figures, grant_figures, waits_figures
 from .engine import SimResult
@@ -110,7 +110,7 @@ def report(res: SimResult, account: str | None = None, idle_top: int = 10) -> di
 def member_shares(res: SimResult, projects: list[str] | None = None) -> dict[str, Any]:
     """Per project with GPU-hours delivered, per member who asked for GPU time in the
     period: delivered GPU-hours and share of the project's, fair share (equal among those
-    who asked, or the budgets' stated member share), entitled share (max-min by what each
+    who asked, as the core ranks members), entitled share (max-min by what each
     asked for), and the differences in percentage points (delivered − fair, delivered −
     entitled); per project the largest of each (absolute)."""
     tree = res.accounts
@@ -135,7 +135,7 @@ def member_shares(res: SimResult, projects: list[str] | None = None) -> dict[str
         if total <= 0:
             continue
         asked = demand[p]
-        fair = _fair_shares(tree, p, sorted(asked))
+        fair = _fair_shares(sorted(asked))
         entitled = _water_fill({u: asked[u] for u in asked}, fair, total)
         members = {}
         for u in sorted(asked):
@@ -152,20 +152,10 @@ def member_shares(res: SimResult, projects: list[str] | None = None) -> dict[str
     return out
 
 
-def _fair_shares(tree: AccountTree, project: str, users: list[str]) -> dict[str, float]:
-    """Equal shares among ``users`` (those who asked), or the budgets' stated member shares
-    where the project states any (renormalised over those who asked)."""
-    stated = _stated_member_shares(tree, project)
-    weights = {u: stated.get(u, 0.0) for u in users} if stated else {}
-    if not weights or sum(weights.values()) <= 0:
-        weights = dict.fromkeys(users, 1.0)
-    s = sum(weights.values())
-    return {u: w / s for u, w in weights.items()}
-
-
-def _stated_member_shares(tree: AccountTree, project: str) -> dict[str, float]:
-    """Member weights the budgets state for ``project`` (none today: equal shares)."""
-    return {}
+def _fair_shares(users: list[str]) -> dict[str, float]:
+    """Equal shares among ``users`` (those who asked): the core's member level gives every
+    member of a project the same share (``ranking.members_in_turn``)."""
+    return {u: 1.0 / len(users) for u in users}
 
 
 def _water_fill(asked: dict[str, float], fair: dict[str, float], total: float

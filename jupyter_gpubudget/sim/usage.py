@@ -23,11 +23,13 @@ members.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.model import HOUR, gpu_fraction
 from ..usage_report import Figures, grant_figures, waits_figures
-from .engine import SimResult
+
+if TYPE_CHECKING:  # the figures read a result; the engine is not needed to read one
+    from .engine import SimResult
 
 MS_PER_GPU_H = 1000.0 * HOUR
 

@@ -82,6 +82,16 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
                           "when FILE ends in .csv, else JSON; with --compare, one per run "
                           "(the second's name gets -b before the suffix)")
     out.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    op = p.add_argument_group("off-peak prices")
+    op.add_argument("--off-peak", metavar="FACTOR|policy",
+                    help="replay off-peak prices: the run without them and the run with them, "
+                         "batch jobs that can wait moved to the windows; reports the share of "
+                         "batch GPU-hours that moved there and the windows' utilisation before "
+                         "and after. FACTOR: the budgets file's windows at this price (default "
+                         "windows: Mon-Fri 20:00-07:00 and weekends, UTC); policy: the budgets "
+                         "file's off_peak as it is")
+    op.add_argument("--off-peak-share", type=float, default=1.0, metavar="SHARE",
+                    help="share of the batch jobs that wait for the windows (1.0: all)")
     rp = p.add_argument_group("openb placement reproduction")
     rp.add_argument("--placement-repro", action="store_true",
                     help="place openb pods one at a time without departures until 130%% of "
@@ -151,6 +161,8 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
                     checkpoint_interval=args.checkpoint_interval,
                     restart_overhead=args.restart_overhead,
                     horizon=args.horizon * 3600 if args.horizon else None)
+    if args.off_peak is not None:
+        return _off_peak(args, setup, cfg, console)
     runs = [(setup.budgets_name, setup.budgets)]
     if args.compare:
         b2, name2 = read_budgets(args.compare)
@@ -221,6 +233,55 @@ def _write_reports(target: str, results: list[Any]) -> list[Path]:
             p.write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
         out.append(p)
     return out
+
+
+def _off_peak(args: argparse.Namespace, setup: Any, cfg: Any, console: Any) -> int:
+    """``--off-peak``: both runs (sim/offpeak.py), a table, and the figures as JSON."""
+    from ..sim import report
+    from ..sim.offpeak import replay
+
+    factor: float | None = None
+    if args.off_peak != "policy":
+        try:
+            factor = float(args.off_peak)
+        except ValueError:
+            factor = -1.0
+        if not 0 <= factor < 1:
+            print(f"error: --off-peak expects a price factor from 0 up to 1 (not included) or "
+                  f"'policy', got {args.off_peak!r}", file=sys.stderr)
+            return 2
+    if not 0 <= args.off_peak_share <= 1:
+        print("error: --off-peak-share expects a share from 0 to 1", file=sys.stderr)
+        return 2
+    try:
+        out = replay(setup.trace, setup.budgets, setup.inventory, cfg, factor,
+                     args.off_peak_share)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        from rich.table import Table
+
+        op = out["off_peak"]
+        t = Table(title=f"off-peak at {op['factor']:g}× ({', '.join(op['windows'])}, "
+                        f"{op['timezone']}); {out['jobs_moved']} batch jobs waited for a "
+                        f"window (median {out['jobs_moved_wait_h_median']:g} h)")
+        t.add_column("")
+        t.add_column("before", justify="right")
+        t.add_column("after", justify="right")
+        for label, key, pct in (("batch GPU-hours in the windows", "batch_in_window_share", True),
+                                ("utilisation in the windows", "window_utilisation", True),
+                                ("utilisation outside them", "outside_utilisation", True),
+                                ("batch GPU-hours", "batch_gpu_hours", False)):
+            b, a = out["before"][key], out["after"][key]
+            t.add_row(label, f"{b:.1%}" if pct else f"{b:,.0f}", f"{a:.1%}" if pct else f"{a:,.0f}")
+        console.print(t)
+        console.print(f"share of batch GPU-hours that moved into the windows: "
+                      f"{out['moved_share']:+.1%}")
+    json_path = Path(args.json) if args.json else Path(args.out) / "off-peak.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    report.write_json(out, json_path)
+    return 0
 
 
 def _warn_unplaceable(setup: Any, console: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -27,8 +27,8 @@ def off_peak(hub, tokens, tmp_path_factory):  # noqa: ANN001, ANN201
     six hours; yields (service, the window's start)."""
     d = tmp_path_factory.mktemp("svc-offpeak")
     start = math.ceil((time.time() + 15) / 60) * 60
-    a = datetime.fromtimestamp(start, timezone.utc)
-    b = datetime.fromtimestamp(start + 6 * 3600, timezone.utc)
+    a = datetime.fromtimestamp(start, UTC)
+    b = datetime.fromtimestamp(start + 6 * 3600, UTC)
     (d / "budgets.yaml").write_text(BUDGETS.replace("policy:\n", (
         "policy:\n  off_peak:\n    timezone: UTC\n    factor: 0.5\n"
         f"    windows: [\"Mon-Sun {a:%H:%M}-{b:%H:%M}\"]\n"), 1))
@@ -40,7 +40,7 @@ def off_peak(hub, tokens, tmp_path_factory):  # noqa: ANN001, ANN201
 
 def test_the_quote_shows_the_price_now_and_the_cheaper_start(off_peak, tokens):  # noqa: ANN001
     svc, start = off_peak
-    at = datetime.fromtimestamp(start, timezone.utc).strftime("%H:%M")
+    at = datetime.fromtimestamp(start, UTC).strftime("%H:%M")
     st, out = wait_for(lambda: (r := http(
         "GET", f"{svc.api}/sessions/quote?project=lattice&gpus=1&min_runtime=2h",
         tokens["bob"]))[0] != 503 and r, "a first cycle")
@@ -56,7 +56,7 @@ def test_the_quote_shows_the_price_now_and_the_cheaper_start(off_peak, tokens): 
 
 def test_submit_dry_run_shows_the_price_and_submits_nothing(off_peak, tokens, tmp_path, capsys):  # noqa: ANN001
     svc, start = off_peak
-    at = datetime.fromtimestamp(start, timezone.utc).strftime("%H:%M")
+    at = datetime.fromtimestamp(start, UTC).strftime("%H:%M")
     before = http("GET", svc.api + "/jobs", tokens["bob"])[1]["jobs"]
     job = tmp_path / "job.yaml"
     job.write_text("command: 'true'\nproject: lattice\ngpus: 1\ntime_limit: 4h\n")
@@ -86,7 +86,7 @@ def test_a_bad_start_is_refused_naming_it(off_peak, tokens):  # noqa: ANN001
 def test_an_off_peak_job_waits_for_the_window_then_runs(off_peak, tokens):  # noqa: ANN001
     svc, start = off_peak
     bob = tokens["bob"]
-    at = datetime.fromtimestamp(start, timezone.utc).strftime("%a %H:%M UTC")
+    at = datetime.fromtimestamp(start, UTC).strftime("%a %H:%M UTC")
     st, job = http("POST", svc.api + "/jobs", bob,
                    {"command": "true", "project": "lattice", "gpus": 1, "start": "off-peak"})
     assert st == 201, job

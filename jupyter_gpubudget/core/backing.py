@@ -98,7 +98,7 @@ class Backing:
             or self.member_over(w, st) is None
 
     def member_over(self, w: Workload, st: Standings | None = None
-                    ) -> tuple[str, float, float] | None:
+                    ) -> tuple[str, float, float, float] | None:
         """Which of its member's limits in its project ``w`` would pass if backed
         (:func:`members.over_limit`), or None."""
         if not self.accounts.is_project(w.project):

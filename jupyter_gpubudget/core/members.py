@@ -78,26 +78,28 @@ def member_limits(node: Node, name: str, children: list[str]
 
 def over_limit(limit: MemberLimit | None, used_hours: float, promised_hours: float,
                running_gpus: float, need_hours: float, gpus: float
-               ) -> tuple[str, float, float] | None:
-    """Which of ``limit`` a member's new work would pass — ``("gpu_hours", used, limit)`` or
-    ``("gpus", running, limit)`` — given the GPU-hours they used in the window, those their
-    protected runs still hold, the GPUs their backed work holds, and the new work's protected
-    GPU-hours and GPUs; None when within both (as a grant: usage + promised + need)."""
+               ) -> tuple[str, float, float, float] | None:
+    """Which of ``limit`` a member's new work would pass — ``("gpu_hours", used, limit,
+    need)`` or ``("gpus", running, limit, gpus)`` — given the GPU-hours they used in the
+    window, those their protected runs still hold, the GPUs their backed work holds, and the
+    new work's protected GPU-hours and GPUs; None when within both (as a grant: usage +
+    promised + need)."""
     if limit is None:
         return None
-    if limit.gpu_hours is not None and \
-            used_hours + promised_hours + need_hours > limit.gpu_hours + 1e-9:
-        return ("gpu_hours", used_hours, limit.gpu_hours)
+    used = used_hours + promised_hours
+    if limit.gpu_hours is not None and used + need_hours > limit.gpu_hours + 1e-9:
+        return ("gpu_hours", used, limit.gpu_hours, need_hours)
     if limit.gpus is not None and running_gpus + gpus > limit.gpus + 1e-9:
-        return ("gpus", running_gpus, limit.gpus)
+        return ("gpus", running_gpus, limit.gpus, gpus)
     return None
 
 
-def over_limit_words(project: str, over: tuple[str, float, float]) -> str:
+def over_limit_words(project: str, over: tuple[str, float, float, float]) -> str:
     """``over`` (:func:`over_limit`) in words for the researcher."""
-    what, used, top = over
-    if what == "gpu_hours":
-        return (f"over your member limit in {project}: {used:.0f} of {top:g} GPU-h — "
-                "runs unbacked")
-    return (f"over your member limit in {project}: {used:g} of {top:g} GPUs running — "
-            "runs unbacked")
+    what, used, top, more = over
+    unit = "GPU-h" if what == "gpu_hours" else "GPUs running"
+    if used >= top - 1e-9:
+        return f"over your member limit in {project}: {used:.0f} of {top:g} {unit} — runs unbacked"
+    added = "protected GPU-h" if what == "gpu_hours" else "GPUs"
+    return (f"past your member limit in {project} with this: {used:.0f} of {top:g} {unit}, "
+            f"{more:g} more {added} — runs unbacked")

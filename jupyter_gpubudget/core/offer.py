@@ -202,7 +202,8 @@ class Quoter:
                            "interconnect it asks for: it waits for its interconnect")
         if over is not None:
             out["note"] = over_limit_words(project, over)
-            out["member_limit"] = {"limit": over[0], "used": round(over[1], 3), "of": over[2]}
+            out["member_limit"] = {"limit": over[0], "used": round(over[1], 3), "of": over[2],
+                                   "adds": round(over[3], 3)}
         elif not backed:
             out["note"] = ("unbacked: the project's grant does not cover this session's "
                            "protected time; it may run on idle capacity but is never "

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 #: what the Audit page offers to filter by (``?what=``), and the decision kinds of each
 GROUPS: dict[str, tuple[str, ...]] = {
-    "grants": ("grant",),
+    "grants": ("grant", "member_limit"),
     "nodes": ("health", "drain", "repair", "undrain"),
     "cancellations": ("cancel",),
     "preemptions": ("preempt", "preempt-requested"),
@@ -48,7 +48,8 @@ GROUP_WORDS = {"grants": "grant changes", "nodes": "node drains and undrains",
                "requeues": "requeues"}
 KINDS = tuple(k for ks in GROUPS.values() for k in ks)
 NODE_KINDS = frozenset(GROUPS["nodes"])
-WHAT = {"grant": "grant changed", "health": "drain started (node unhealthy)",
+ACCOUNT_KINDS = frozenset(GROUPS["grants"])  # about an account (``detail["account"]``)
+WHAT = {"grant": "grant changed", "member_limit": "member limit changed", "health": "drain started (node unhealthy)",
         "drain": "node drained", "repair": "node ready for repair",
         "undrain": "node back in service", "cancel": "cancelled", "preempt": "preempted",
         "preempt-requested": "asked to stop (preempted)", "requeue": "requeued"}
@@ -189,7 +190,7 @@ def _hours(x: float) -> str:
 def _entry(d: DecisionRow, w: WorkloadRow | None, now: float, tz: tzinfo | None
            ) -> dict[str, Any]:
     det = d.detail or {}
-    account = det.get("account") if d.kind == "grant" else (w.project if w else None)
+    account = det.get("account") if d.kind in ACCOUNT_KINDS else (w.project if w else None)
     change = ""
     if d.kind == "grant":
         if det.get("grant_hours") is not None:
@@ -201,6 +202,13 @@ def _entry(d: DecisionRow, w: WorkloadRow | None, now: float, tz: tzinfo | None
         if det.get("approved_by"):  # a change that needed a second person (or the policy)
             asked = f"asked by {det['requested_by']}, " if det.get("requested_by") else ""
             change += f" ({asked}approved by {who_text(str(det['approved_by']))})"
+    elif d.kind == "member_limit":  # service/member_limits.py
+        lim = det.get("limit") or {}
+        parts = [f"{_hours(float(lim['gpu_hours']))} GPU-h per window"] \
+            if lim.get("gpu_hours") is not None else []
+        parts += [f"{float(lim['gpus']):g} GPUs at once"] if lim.get("gpus") is not None else []
+        change = (f"{det.get('user')}'s limit set to {' and '.join(parts)}" if parts
+                  else f"{det.get('user')}'s limit cleared")
     elif d.kind == "preempt" and det.get("requeued"):
         change = "requeued to run again"
     elif d.kind in NODE_KINDS:
@@ -235,7 +243,7 @@ def _keeper(tree: AccountTree, scope: set[str] | None, f: Filters
     def keep(d: DecisionRow, w: WorkloadRow | None) -> bool:
         if d.kind in NODE_KINDS:
             return f.account is None
-        if d.kind == "grant":
+        if d.kind in ACCOUNT_KINDS:
             return (d.detail or {}).get("account") in allowed
         return w is not None and w.project in allowed
 

@@ -119,6 +119,13 @@ GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
                      "description": "the manager who asked for this change, when an admin or "
                      "another manager of the parent makes (approves) it for them"}}}
 
+MEMBER_LIMIT_BODY = {"type": "object", "additionalProperties": False, "properties": {
+    "gpu_hours": {"type": "number", "minimum": 0, "maximum": 1e9, "nullable": True,
+                  "description": "GPU-hours per usage window the project backs of the member"},
+    "gpus": {"type": "number", "minimum": 0, "maximum": 1e6, "nullable": True,
+             "description": "GPUs (slice fractions) of the member's backed work at once"},
+    "note": {"type": "string", "maxLength": 2000}}}
+
 EVENT = {"type": "object", "required": ["workload", "event", "at"], "additionalProperties": False,
          "properties": {
              "workload": WORKLOAD_ID, "event": {"type": "string", "enum": ["start", "checkpoint", "stop"]},
@@ -179,6 +186,17 @@ def openapi_document(api_prefix: str) -> dict:
         "/accounts/{name}/grant": {"put": _op(
             "Change a grant (admins, the account's managers)", _resp("New grant version"),
             params=acct, body=GRANT_BODY, extra=nf)},
+        "/accounts/{name}/member_limits": {"get": _op(
+            "Members' limits in a project (GPU-hours per window, GPUs running at once)",
+            _resp("Limits per member"), params=acct, extra=nf)},
+        "/accounts/{name}/member_limits/{user}": {
+            "put": _op("Set a member's limit in a project (admins, the project's managers and "
+                       "those above it); past it the member's work runs unbacked",
+                       _resp("The limit"), params=[*acct, _path_param("user")],
+                       body=MEMBER_LIMIT_BODY, extra=nf),
+            "delete": _op("Clear a member's limit in a project", _resp("Cleared"),
+                          params=[*acct, _path_param("user")],
+                          extra={**nf, "400": "Not a project, or not a member"})},
         "/accounts/{name}/usage": {"get": _op("Usage and standing", _resp("Usage"),
                                               params=acct, extra=nf)},
         "/accounts/{name}/usage/daily": {"get": _op(

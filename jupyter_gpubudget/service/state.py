@@ -31,6 +31,8 @@ from jupyter_gpubudget.ledger.snapshots import snapshot_history
 from jupyter_gpubudget.ledger.store import WorkloadWatch
 from jupyter_gpubudget.sim.costs import RESTORE_COST_S, SNAPSHOT_COST_S
 
+from .member_limits import with_ledger_limits
+
 # only the constructor's fields (the core may add derived, non-init fields)
 _REQ_FIELDS = {f.name for f in fields(SliceRequest) if f.init}
 _ALLOC_FIELDS = {f.name for f in fields(SliceAlloc) if f.init}
@@ -70,12 +72,13 @@ def snapshot_estimate(hist: dict | None, age_s: float) -> tuple[float, float]:
 
 
 def tree_with_ledger_grants(tree: AccountTree, ledger: Ledger) -> AccountTree:
-    """The budgets file's tree with the grants currently in force in the ledger."""
+    """The budgets file's tree with the grants currently in force in the ledger, and the
+    members' limits set through the API (service/member_limits.py)."""
     for name, g in ledger.current_grants().items():
         if name in tree and (tree.get(name).grant_hours, tree.get(name).share_pct) != (
                 g.grant_hours, g.share_pct):
             tree = tree.with_grant(name, g.grant_hours, g.share_pct)
-    return tree
+    return with_ledger_limits(tree, ledger)
 
 
 def command_name(command: list | None) -> str:

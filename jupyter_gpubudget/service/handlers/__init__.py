@@ -12,6 +12,7 @@ from . import (
     budget_requests,
     events,
     jobs,
+    member_limits,
     mine,
     notices,
     operator,
@@ -27,7 +28,7 @@ from . import (
 if TYPE_CHECKING:
     from ..app import GpuBudgetService
 
-MODULES = (system, accounts, workloads, jobs, events, sessions, snapshots, operator, audit,
+MODULES = (system, accounts, member_limits, workloads, jobs, events, sessions, snapshots, operator, audit,
            reports, reservations, notices, mine, budget_requests, pages)
 
 

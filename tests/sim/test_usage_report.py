@@ -202,3 +202,18 @@ def test_busy_column_outside_0_to_1_names_line_and_column() -> None:
         parse_native("id,submit,duration,gpus,busy\na,0,1h,1,0.5\nb,0,1h,1,1.5\n", "t.csv")
     assert str(e.value).startswith("t.csv:3: busy:")
     assert parse_native("submit,duration,gpus,busy\n0,1h,1,\n").jobs[0].busy is None
+
+
+def test_compare_writes_the_report_of_each_run(tmp_path: Path) -> None:
+    (tmp_path / "trace.csv").write_text(TRACE)
+    (tmp_path / "a.yaml").write_text(BUDGETS)
+    (tmp_path / "b.yaml").write_text(BUDGETS.replace("grant: 60", "grant: 80"))
+    simulate_report(tmp_path, "r.json", "--trace", str(tmp_path / "trace.csv"), "--budgets",
+                    str(tmp_path / "a.yaml"), "--compare", str(tmp_path / "b.yaml"), "--gpus",
+                    "2")
+    a = json.loads((tmp_path / "r.json").read_text())
+    b = json.loads((tmp_path / "r-b.json").read_text())
+    grant = {r: next(p for p in x["projects"] if p["project"] == "lattice")
+             ["grant_gpu_h_per_window"] for r, x in (("a", a), ("b", b))}
+    assert grant == {"a": 60, "b": 80}
+    assert a["totals"]["charged_gpu_h"] == pytest.approx(b["totals"]["charged_gpu_h"])

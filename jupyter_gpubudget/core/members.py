@@ -45,6 +45,8 @@ def limit_problem(key: str, v: object) -> str | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return f"{key}: expected a number, got {type(v).__name__}"
     top = MAX_LIMIT_HOURS if key == "gpu_hours" else MAX_LIMIT_GPUS
+    if isinstance(v, int) and not -top <= v <= top:  # an integer beyond any float as well
+        return f"{key}: must be a number from 0 to {top:g}, got a number of {len(str(v))} digits"
     if not math.isfinite(v) or v < 0 or v > top:
         return f"{key}: must be a number from 0 to {top:g}, got {v!r}"
     exponent = Decimal(repr(float(v))).as_tuple().exponent

@@ -241,6 +241,7 @@ def test_member_limits_load_and_errors_name_the_field():
                      "    children:\n      a: {grant: 1, members: [x]}\n")
     assert not valid_user_name("") and not valid_user_name("-x") and valid_user_name("a.b@c")
     assert limit_problem("gpus", True) and limit_problem("gpus", float("nan"))
+    assert "400 digits" in (limit_problem("gpu_hours", 10 ** 399) or "")
     assert over_limit_words("lattice", ("gpu_hours", 212.4, 200.0, 2.0)) == (
         "over your member limit in lattice: 212 of 200 GPU-h — runs unbacked")
     assert over_limit_words("lattice", ("gpus", 3.0, 4.0, 2.0)) == (

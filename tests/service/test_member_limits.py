@@ -94,6 +94,7 @@ def test_a_manager_of_another_subtree_is_refused_and_nothing_changes(limited, to
     ("bob", {"gpu_hours": True}, "gpu_hours"),
     ("bob", {"gpu_hours": 1e12}, "gpu_hours"),
     ("bob", {"gpus": 10 ** 30}, "gpus"),
+    ("bob", {"gpus": 10 ** 400}, "gpus"),
     ("bob", {"gpu_hours": 1.00001}, "gpu_hours"),
     ("bob", {}, "gpu_hours"),
     ("bob", {"gpus": 1, "cpus": 2}, "cpus"),

@@ -65,6 +65,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
                 "backfill_lease", "finish_drain_ratio",
                 "finish_drain_budget", "managers_fund_own_projects", "manager_booking_limit",
+                "reservation_idle_charge",
                 "off_peak"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
@@ -432,6 +433,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     if "manager_booking_limit" in fields:
         policy = replace(policy, manager_booking_limit=int(
             fields["manager_booking_limit"].number(minimum=0, integer=True, maximum=100_000)))
+    if "reservation_idle_charge" in fields:
+        policy = replace(policy, reservation_idle_charge=fields[
+            "reservation_idle_charge"].number(minimum=0, maximum=1))
     if "short_lane_patience" in fields:
         policy = replace(policy, short_lane_patience=fields["short_lane_patience"].duration())
     if "short_lane_late_cost" in fields:

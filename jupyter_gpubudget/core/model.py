@@ -271,6 +271,10 @@ class Policy:
     #: the most whole GPUs one advance reservation booked by a manager (not an admin) may
     #: hold (0: only admins book). Not the core's to apply — the service does
     manager_booking_limit: int = 8
+    #: the share of a booking's idle GPU-hours (booked, and held by nothing in its window)
+    #: charged to its project when the window ends (0: only what runs is charged). Not the
+    #: core's to apply — the service does — but an admin sets it here
+    reservation_idle_charge: float = 0.5
     #: whether a manager may raise the grant of an account they are a member of (charge
     #: through ``members:``); off: such a change needs an admin or another manager of its
     #: parent who is not a member. Not the core's to apply — the service does — but an

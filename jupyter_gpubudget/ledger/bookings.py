@@ -13,12 +13,17 @@ import secrets
 import threading
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from ..core.inventory import Inventory
 from ..core.reservations import Booking, BookingError, choose_gpus
-from .models import BookingRow, DecisionRow
+from . import rollups
+from .models import BookingRow, ChargeRow, DecisionRow, DeviceClaimRow, WorkloadRow
 from .store import Ledger, LedgerError
+
+#: ``closed_by`` of the charge intervals of a booking's idle part (its GPU-hours booked and
+#: held by nobody, times the policy's ``reservation_idle_charge``)
+IDLE_CHARGE = "booking_idle"
 
 _one_at_a_time = threading.Lock()
 
@@ -107,3 +112,78 @@ def cancel(ledger: Ledger, booking_id: str, *, by: str, now: float) -> BookingRo
 def get(ledger: Ledger, booking_id: str) -> BookingRow | None:
     with ledger.ro() as s:
         return s.get(BookingRow, booking_id)
+
+
+def idle_gaps(claims: Iterable[tuple[float, float | None]], start: float,
+              end: float) -> list[tuple[float, float]]:
+    """The parts of ``[start, end)`` that none of ``claims`` (start, end; None: still
+    held) covers, in order."""
+    spans = sorted((max(a, start), min(end if b is None else b, end)) for a, b in claims)
+    out, t = [], start
+    for a, b in spans:
+        if b <= a:
+            continue
+        if a > t:
+            out.append((t, a))
+        t = max(t, b)
+    if t < end:
+        out.append((t, end))
+    return out
+
+
+def charge_idle(ledger: Ledger, now: float, fraction: float) -> list[str]:
+    """Charge the idle part of every booking whose window is over (or that was cancelled
+    inside it: up to its cancellation; one cancelled before its window charges nothing):
+    for each booked GPU, each stretch of the window in which nothing held it (no device
+    claim of any workload, the booking's project's or another's) becomes a closed charge
+    interval of the booking's project at ``fraction`` of a GPU (in thousandths: the policy's
+    ``reservation_idle_charge``; 0 charges nothing), ``closed_by`` :data:`IDLE_CHARGE`,
+    under a finished workload row of the booking's own id (kind ``booking``, user
+    ``booking:<id>``) that also marks the booking as charged. Exact to the second; each
+    booking is charged once. Returns the ids of the bookings charged now."""
+    milli = round(max(0.0, min(1.0, fraction)) * 1000)
+    done: list[str] = []
+    due_q = (select(BookingRow).outerjoin(WorkloadRow, WorkloadRow.id == BookingRow.id)
+             .where(WorkloadRow.id.is_(None),
+                    or_(BookingRow.end_at <= now, BookingRow.cancelled_at.is_not(None)),
+                    or_(BookingRow.cancelled_at.is_(None),
+                        BookingRow.cancelled_at > BookingRow.start_at))
+             .order_by(BookingRow.start_at, BookingRow.id))
+    with ledger.ro() as s:  # (most cycles: nothing due, nothing written)
+        if s.scalars(due_q.limit(1)).first() is None:
+            return done
+    with ledger.tx() as s:
+        for b in s.scalars(due_q).all():
+            end = b.end_at if b.cancelled_at is None else min(b.end_at, b.cancelled_at)
+            gaps: list[tuple[float, float]] = []
+            for node, gpu in parse_keys(b.gpus):
+                claims = s.execute(select(DeviceClaimRow.start, DeviceClaimRow.end).where(
+                    DeviceClaimRow.node == node, DeviceClaimRow.gpu == gpu,
+                    DeviceClaimRow.start < end,
+                    or_(DeviceClaimRow.end.is_(None), DeviceClaimRow.end > b.start_at))).all()
+                gaps += idle_gaps([(c.start, c.end) for c in claims], b.start_at, end)
+            idle_h = sum(e - a for a, e in gaps) / 3600
+            user = f"booking:{b.id}"
+            s.add(WorkloadRow(
+                id=b.id, name=f"idle part of booking {b.id}", project=b.project, user=user,
+                kind="booking", state="done", request={"kind": "gpu", "gpus": b.gpu_count},
+                command=None, env=None, min_runtime=0.0, resumable=False, time_limit=None,
+                backend="booking", submitted_at=b.start_at, preemptions=0, backed=False,
+                ended_at=end, reason=f"{idle_h:.4f} booked GPU-hours idle, charged at "
+                f"{milli / 1000:g} (policy reservation_idle_charge)"))
+            s.flush()
+            if milli:
+                for seq, (a, e) in enumerate(gaps, 1):
+                    s.add(ChargeRow(workload=b.id, seq=seq, project=b.project, user=user,
+                                    milli=milli, start=a, end=e, checkpoint=e,
+                                    closed_by=IDLE_CHARGE))
+                    rollups.add(s, b.project, milli, a, e)
+            s.add(DecisionRow(at=now, kind="booking-charge", actor="scheduler",
+                              workload=b.id,
+                              reason=f"booking {b.id} of {b.project}: {idle_h:.4f} GPU-hours "
+                              f"booked and idle, {idle_h * milli / 1000:.4f} charged "
+                              f"(reservation_idle_charge {milli / 1000:g})",
+                              detail={"booking": b.id, "idle_gpu_hours": round(idle_h, 6),
+                                      "charged_gpu_hours": round(idle_h * milli / 1000, 6)}))
+            done.append(b.id)
+    return done

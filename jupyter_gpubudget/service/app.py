@@ -807,6 +807,22 @@ class GpuBudgetService(Application):
                 continue
             if any(isinstance(d, Preempt) for d in decisions):
                 self.kick()  # requeued work may start elsewhere at once
+            try:  # bookings whose window ended (or that were cancelled): their idle part
+                await aloop.run_in_executor(self.worker, self.charge_bookings)
+            except NotLeader:
+                continue
+            except Exception:  # noqa: BLE001 - charged by a later cycle
+                self.log.exception("charging the idle part of bookings failed")
+
+    def charge_bookings(self) -> list[str]:
+        """Charge the idle part of the bookings whose window is over or that were cancelled
+        (policy ``reservation_idle_charge``; ``ledger/bookings.py``)."""
+        from ..ledger.bookings import charge_idle
+
+        done = charge_idle(self.ledger, self.clock(), self.policy().reservation_idle_charge)
+        for bid in done:
+            self.log.info("booking %s: its idle part charged", bid)
+        return done
 
     async def _health_timer(self) -> None:
         """Poll the health sources (on their own thread); a change triggers a cycle."""

@@ -27,7 +27,11 @@ holding 1 GiB resident (``--job-gib``) of noise and counting, run by the local b
 the real launcher in its cgroup; ``job_dump_s`` is the backend's ``stop`` of it (the launcher's
 CRIU dump, the images into the snapshot store, the tree ended), ``job_restore_s`` its next
 attempt's ``launch`` on a second backend (another jobs root: another node) until the restored
-job prints its next number. The last line is JSON with those two and their parts.
+job prints its next number. The last line is JSON with those two and their parts: the dump's
+CRIU step (``job_criu_dump_s``, its pages hashed meanwhile) and storing the images
+(``job_store_s``, written under those digests); the restore's images written from the store's
+chunks into CRIU's private directory (``job_restore_images_s``, every chunk checked) and CRIU's
+restore (``job_restore_criu_s``), as the launcher's log of the restored attempt says.
 
 The last line is JSON with the headline keys for the first data kind and size, plus the same
 for every kind and size under ``by_data``, the load average at start and end, and the disk
@@ -304,6 +308,7 @@ def job_bench(gib: float, where: str | None) -> dict:
         snaps = a._checkpoints.store.list(session=f"job-{wid}")
         stored = a._checkpoints.store.get(snaps[0].id)
         criu_s = a._checkpoints.store.load(snaps[0].id)["payload"].get("dump_seconds")
+        store_s = stored.seconds.get("store", float("nan"))
         last = numbers(log1)[-1]
         log2 = work / "b" / wid / "2" / "output.log"
         t0 = time.perf_counter()
@@ -313,9 +318,16 @@ def job_bench(gib: float, where: str | None) -> dict:
         wait(lambda: len(numbers(log2)) > 0)
         restore_s = time.perf_counter() - t0
         first = numbers(log2)[0]
+        parts = re.search(r"images written in ([\d.]+) s, CRIU restored them in ([\d.]+) s",
+                          (work / "b" / wid / "2" / "launcher.log").read_text())
+        images_s, restore_criu_s = (float(parts[1]), float(parts[2])) if parts else \
+            (float("nan"), float("nan"))
 
         return {"job_dump_s": round(dump_s, 3), "job_restore_s": round(restore_s, 3),
                 "job_criu_dump_s": round(criu_s or float("nan"), 3),
+                "job_store_s": round(store_s, 3),
+                "job_restore_images_s": round(images_s, 3),
+                "job_restore_criu_s": round(restore_criu_s, 3),
                 "job_launch_call_s": round(launch_s, 3),
                 "job_resident_gib": round(resident / GIB, 3),
                 "job_images_gib": round(stored.raw_bytes / GIB, 3),
@@ -353,9 +365,11 @@ def main() -> None:
         print(f"load average {start_load} on {os.cpu_count()} CPUs", flush=True)
         out = job_bench(a.job_gib, a.dir)
         print(f"batch job of {out['job_resident_gib']} GiB resident: dump (stop) "
-              f"{out['job_dump_s']:.2f} s (CRIU {out['job_criu_dump_s']:.2f} s; goal <= 3 s), "
-              f"restore (launch until it counts) {out['job_restore_s']:.2f} s (goal <= 2.5 s); "
-              f"stopped at {out['job_stopped_at']}, resumed at {out['job_resumed_at']}")
+              f"{out['job_dump_s']:.2f} s (CRIU {out['job_criu_dump_s']:.2f} s + store "
+              f"{out['job_store_s']:.2f} s; goal <= 3 s), restore (launch until it counts) "
+              f"{out['job_restore_s']:.2f} s (images {out['job_restore_images_s']:.2f} s + "
+              f"CRIU {out['job_restore_criu_s']:.2f} s; goal <= 2.5 s); stopped at "
+              f"{out['job_stopped_at']}, resumed at {out['job_resumed_at']}; load {load()}")
         print(json.dumps({**out, "load_start": start_load, "load_end": load()}))
         return
     sizes = [int(x) for x in a.sizes.split(",") if x]

@@ -447,6 +447,7 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
     # be that account's files; root calling directly may name any
     sudo_uid = os.environ.get("SUDO_UID", "")
     chunk_owner = int(sudo_uid) if sudo_uid.isdigit() and int(sudo_uid) != 0 else None
+    took: dict[str, float] = {}
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
         return -1, b"restore: the monitor cannot become a child subreaper"
@@ -466,8 +467,8 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
             pid = criu_restore(images, inherit={out_fd: key},
                                gpu=bool(spec["restore"].get("gpu")), chunks=chunks,
                                chunk_owner=chunk_owner,
-                               expect_owner=pw.pw_uid if chunks else None)
-            os.write(w, json.dumps({"pid": pid}).encode())
+                               expect_owner=pw.pw_uid if chunks else None, seconds=took)
+            os.write(w, json.dumps({"pid": pid, "seconds": took}).encode())
         except CriuError as e:
             os.write(w, json.dumps({"error": f"{e.reason}: {e.message}"
                                     + (f"\n{e.log}" if e.log else "")}).encode()[:8000])
@@ -486,7 +487,10 @@ def _restore_job(spec: dict, out_fd: int, log_fd: int) -> tuple[int, bytes]:
         out = {}
     if "pid" not in out:
         return -1, str(out.get("error", "restore: no answer")).encode()
-    _note(log_fd, "restored from " + (images or f"the snapshot store {spec['restore']['chunks']}"))
+    took = out.get("seconds") or {}
+    _note(log_fd, "restored from " + (images or f"the snapshot store {spec['restore']['chunks']}")
+          + (f" (images written in {took['images']:.2f} s, CRIU restored them in "
+             f"{took['criu']:.2f} s)" if {"images", "criu"} <= set(took) else ""))
     return int(out["pid"]), b""
 
 

@@ -839,7 +839,8 @@ def criu_restore(images_dir: str | None, *, criu: str | None = None,
                  timeout: float = 600, seal_hex: str | None = None,
                  inherit: dict[int, str] | None = None,
                  chunks: tuple[str, list[dict]] | None = None,
-                 chunk_owner: int | None = None, expect_owner: int | None = None) -> int:
+                 chunk_owner: int | None = None, expect_owner: int | None = None,
+                 seconds: dict | None = None) -> int:
     """Restore a dumped process tree, detached (its parent is init), with its TCP connections
     and listening sockets (the kernel's ZMQ ports); returns the root pid. ``gpu``: the dump
     carried GPU state, given back to the GPU with cuda-checkpoint after the restore. For an
@@ -857,7 +858,9 @@ def criu_restore(images_dir: str | None, *, criu: str | None = None,
     directory, the images' files as :func:`check_chunk_plan` takes them): the images are
     written once, from the store straight into the private box (no directory of images in
     between); ``chunk_owner``: the account that store belongs to (its chunks must be that
-    account's files). ``expect_owner``: the images must hold that account's tasks only."""
+    account's files). ``expect_owner``: the images must hold that account's tasks only.
+    ``seconds``: filled with where the time went (``images``: writing them into the private
+    directory; ``criu``: CRIU's restore until the tree runs)."""
     if chunks is not None:
         if images_dir is not None or caller_uid() != 0:
             raise CriuError("bad_input", "chunks: only root restores from a store's chunks, "
@@ -879,7 +882,11 @@ def criu_restore(images_dir: str | None, *, criu: str | None = None,
         raise CriuError("no_criu", "no CRIU >= 4.1 found (run .ci/build-criu.sh)")
     caller = caller_uid()
     if chunks is not None:  # the box first: the images exist nowhere else
+        t0 = time.perf_counter()
         box, private = _private_fill(chunk_root, plan, chunk_owner)
+        if seconds is not None:
+            seconds["images"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         try:
             owner = _sole_owner(private)
             if expect_owner is not None and owner != expect_owner:
@@ -894,6 +901,8 @@ def criu_restore(images_dir: str | None, *, criu: str | None = None,
                             gids=caller_gids(owner), user=owner, inherit=inherit)
         finally:
             shutil.rmtree(box, ignore_errors=True)
+            if seconds is not None:
+                seconds["criu"] = time.perf_counter() - t0
     assert images_dir is not None
     if caller == 0:
         owner = _sole_owner(images_dir)

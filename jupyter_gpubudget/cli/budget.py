@@ -1,5 +1,6 @@
 """`gpubudget budget` — ask for more GPU-hours for a project, see the requests, and (managers)
-grant or decline them, through the service's REST API (``/budget-requests``)."""
+grant or decline them, through the service's REST API (``/budget-requests``); and (managers)
+set or clear a member's limit in a project (``/accounts/{project}/member_limits/{user}``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import json
 import sys
 from typing import Any
+from urllib.parse import quote
 
 from .jobs import ServiceError, _client_args, call
 
@@ -59,6 +61,26 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limit(args: argparse.Namespace) -> int:
+    path = f"/accounts/{quote(args.project, safe='')}/member_limits/{quote(args.user, safe='')}"
+    body: dict[str, Any] = {"gpu_hours": args.gpu_hours, "gpus": args.gpus}
+    if args.note:
+        body["note"] = args.note
+    try:
+        out = call(args, "DELETE", path) if args.clear else call(args, "PUT", path, body)
+    except ServiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    lim = out["limit"]
+    parts = ([f"{lim['gpu_hours']:g} GPU-h per window"] if lim and lim["gpu_hours"] is not None
+             else []) + ([f"{lim['gpus']:g} GPUs at once"] if lim and lim["gpus"] is not None
+                         else [])
+    _print(args, out, f"{out['user']} in {out['account']}: " + (
+        "limited to " + " and ".join(parts) + " (past it, their work runs unbacked)"
+        if parts else "no limit"))
+    return 0
+
+
 def register(sub: Any) -> None:
     b = sub.add_parser("budget", help="ask for more GPU-hours for a project; answer requests")
     bsub = b.add_subparsers(dest="budget_command", required=True)
@@ -84,3 +106,13 @@ def register(sub: Any) -> None:
     d.add_argument("--reason", required=True, help="why (the member is told)")
     _client_args(d)
     d.set_defaults(func=cmd_decide, verb="decline")
+    lim = bsub.add_parser("limit", help="limit a member's GPU-hours per window and running GPUs "
+                          "in a project (managers); past it their work runs unbacked")
+    lim.add_argument("project")
+    lim.add_argument("user")
+    lim.add_argument("--gpu-hours", type=float, default=None, help="GPU-hours per window")
+    lim.add_argument("--gpus", type=float, default=None, help="GPUs running at once")
+    lim.add_argument("--clear", action="store_true", help="remove the member's limit")
+    lim.add_argument("--note", default="", help="why (in the audit log)")
+    _client_args(lim)
+    lim.set_defaults(func=cmd_limit)

@@ -119,3 +119,20 @@ def test_a_limit_goes_on_a_project(limited, tokens):  # noqa: ANN001
     st, out = http("PUT", f"{limited.api}/accounts/nowhere/member_limits/bob",
                    tokens["root"], {"gpus": 1})
     assert st == 404, out
+
+
+def test_the_cli_sets_and_clears_a_limit(limited, tokens, capsys):  # noqa: ANN001
+    from jupyter_gpubudget.cli import main
+
+    args = [f"--url={limited.base}", f"--token={tokens['alice']}"]
+    assert main(["budget", "limit", "lattice", "bob", "--gpu-hours", "200", "--gpus", "4",
+                 *args]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "bob in lattice: limited to 200 GPU-h per window and 4 GPUs at once (past it, their "
+        "work runs unbacked)")
+    assert limits(limited, tokens["bob"]) == {"bob": {"gpu_hours": 200.0, "gpus": 4.0}}
+    assert main(["budget", "limit", "lattice", "bob", "--clear", *args]) == 0
+    assert capsys.readouterr().out.strip() == "bob in lattice: no limit"
+    assert main(["budget", "limit", "lattice", "bob", "--gpus", "-1", *args]) == 1
+    assert "gpus: must be a number from 0" in capsys.readouterr().err
+    assert limits(limited, tokens["bob"]) == {}

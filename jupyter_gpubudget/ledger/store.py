@@ -357,7 +357,7 @@ class Ledger:
             if s.get(AccountRow, project) is None:
                 raise LedgerError(400, f"no project {project!r}", "project")
             if max_pending:
-                n = self.pending_of(user, s)
+                n = self.pending_of(user, s, now)
                 if n >= max_pending:
                     raise LedgerError(
                         429, f"pending: {user} has {n} workloads waiting in the queue, the "
@@ -379,13 +379,17 @@ class Ledger:
             s.flush()
             return row
 
-    def pending_of(self, user: str, s: Session | None = None) -> int:
+    def pending_of(self, user: str, s: Session | None = None, now: float | None = None) -> int:
         """How many workloads ``user`` has waiting in the queue (jobs and sessions); a job
-        that runs after others is not counted (it waits for them, not for GPUs)."""
+        that runs after others is not counted (it waits for them, not for GPUs), nor, at
+        ``now``, one that waits for its off-peak window (``start: off-peak``)."""
         with self.ro(s) as s:
-            return s.scalar(select(func.count()).select_from(WorkloadRow).where(
+            q = select(func.count()).select_from(WorkloadRow).where(
                 WorkloadRow.user == user, WorkloadRow.state == "pending",
-                WorkloadRow.after.is_(None))) or 0
+                WorkloadRow.after.is_(None))
+            if now is not None:
+                q = q.where(WorkloadRow.not_before.is_(None) | (WorkloadRow.not_before <= now))
+            return s.scalar(q) or 0
 
     def get(self, workload_id: str, s: Session | None = None) -> WorkloadRow | None:
         with self.ro(s) as s:

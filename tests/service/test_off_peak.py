@@ -24,13 +24,14 @@ from tests.service.test_api import get_w, wait_for
 @pytest.fixture(scope="module")
 def off_peak(hub, tokens, tmp_path_factory):  # noqa: ANN001, ANN201
     """The service with an off-peak window (factor 0.5, UTC) from the next whole minute on for
-    six hours; yields (service, the window's start)."""
+    six hours, one pending workload per user; yields (service, the window's start)."""
     d = tmp_path_factory.mktemp("svc-offpeak")
     start = math.ceil((time.time() + 15) / 60) * 60
     a = datetime.fromtimestamp(start, UTC)
     b = datetime.fromtimestamp(start + 6 * 3600, UTC)
     (d / "budgets.yaml").write_text(BUDGETS.replace("policy:\n", (
-        "policy:\n  off_peak:\n    timezone: UTC\n    factor: 0.5\n"
+        "policy:\n  max_pending_per_user: 1\n"
+        "  off_peak:\n    timezone: UTC\n    factor: 0.5\n"
         f"    windows: [\"Mon-Sun {a:%H:%M}-{b:%H:%M}\"]\n"), 1))
     svc = ServiceProc(hub, d, f"sqlite:///{d / 'ledger.sqlite'}")
     svc.start()
@@ -91,7 +92,8 @@ def test_an_off_peak_job_waits_for_the_window_then_runs(off_peak, tokens):  # no
                    {"command": "true", "project": "lattice", "gpus": 1, "start": "off-peak"})
     assert st == 201, job
     assert job["start_after"] == start
-    # an ordinary job submitted after it starts at once: the waiting one holds no GPU
+    # an ordinary job submitted after it starts at once: the waiting one holds no GPU, and
+    # is not counted as queued (one pending job allowed here: max_pending_per_user 1)
     st, now_job = http("POST", svc.api + "/jobs", bob,
                        {"command": "true", "project": "lattice", "gpus": 2})
     assert st == 201, now_job

@@ -5,7 +5,8 @@ managers and the admins change them through ``PUT /accounts/{project}/member_lim
 What the API set lives in the ledger's service state under :data:`KEY` as JSON,
 ``{project: {user: {"gpu_hours": …, "gpus": …} | null}}`` (null: cleared, even where the file
 sets one), and is laid over the file's tree wherever the service builds it for a cycle, a
-quote or a page (:func:`with_ledger_limits`)."""
+quote or a page (:func:`with_ledger_limits`). The sidebar reads a member's own limits and
+where they stand against them on ``GET /accounts`` (:func:`mine`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from jupyter_gpubudget.core.accounts import AccountTree, MemberLimit
+from jupyter_gpubudget.core.members import over_limit_words
 from jupyter_gpubudget.ledger import Ledger
 from jupyter_gpubudget.ledger.models import DecisionRow, ServiceStateRow
 
@@ -54,3 +56,32 @@ def store(s: Session, project: str, user: str, limit: MemberLimit | None, by: st
     s.add(DecisionRow(at=now, kind="member_limit", actor=by, reason=note,
                       detail={"account": project, "user": user,
                               "limit": limit.as_json() if limit is not None else None}))
+
+
+def mine(tree: AccountTree, user: str, sched: Any) -> dict[str, dict[str, Any]]:
+    """Per project in which ``user`` has a limit (``tree`` with the API's laid over): the
+    limit, what they used in the window and the GPUs their backed work holds as the last
+    cycle saw them (``sched``, the quoter's scheduler; None: no cycle yet, figures null), and
+    the words the sidebar shows."""
+    out: dict[str, dict[str, Any]] = {}
+    st = sched.backing.st if sched is not None else None
+    for project in tree.projects_of(user):
+        lim = tree.member_limit(project, user)
+        if lim is None:
+            continue
+        used = st.member_usage.get((project, user), 0.0) if st is not None else None
+        gpus = sched.backing.member_gpus.get((project, user), 0.0) if st is not None else None
+        words = None
+        if used is not None and gpus is not None:
+            if lim.gpu_hours is not None and used >= lim.gpu_hours - 1e-9:
+                words = over_limit_words(project, ("gpu_hours", used, lim.gpu_hours, 0.0))
+            elif lim.gpus is not None and gpus >= lim.gpus - 1e-9:
+                words = over_limit_words(project, ("gpus", gpus, lim.gpus, 0.0))
+            else:
+                parts = ([f"{used:.0f} of {lim.gpu_hours:g} GPU-h"]
+                         if lim.gpu_hours is not None else []) + (
+                    [f"{gpus:g} of {lim.gpus:g} GPUs running"] if lim.gpus is not None else [])
+                words = f"your member limit in {project}: {', '.join(parts)}"
+        out[project] = {**lim.as_json(), "used_hours": used, "running_gpus": gpus,
+                        "over": bool(words and "runs unbacked" in words), "text": words}
+    return out

@@ -204,6 +204,19 @@ export interface IAccount {
   usage_hours: number | null;
   effective_grant_hours: number | null;
   standing: number | null;
+  /** The caller's own limit as a member of this project, where a manager set one. */
+  my_limit?: IMemberLimit;
+}
+
+/** A member's limit in a project and where they stand against it (last cycle). */
+export interface IMemberLimit {
+  gpu_hours: number | null;
+  gpus: number | null;
+  used_hours: number | null;
+  running_gpus: number | null;
+  over: boolean;
+  /** e.g. "over your member limit in lattice: 212 of 200 GPU-h — runs unbacked" */
+  text: string | null;
 }
 
 export interface IUsage {

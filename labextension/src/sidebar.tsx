@@ -265,6 +265,14 @@ function AccountCard(props: { a: IAccount; settings: ISettings; window: number |
           {a.standing === null ? '–' : `${a.standing.toFixed(2)} · `}
           {standingWords(a.standing)}
         </Row>
+        {a.my_limit?.text && (
+          <Row
+            label="Your limit"
+            title="what the project backs of your own work (GPU-hours per window, GPUs at once): past it, your work still runs but unbacked, so it may be preempted"
+          >
+            {a.my_limit.text}
+          </Row>
+        )}
       </dl>
     </div>
   );

@@ -48,6 +48,16 @@ def test_the_budgets_files_limit_shows_on_the_quote(limited, tokens):  # noqa: A
     assert q["note"] == "over your member limit in lattice: 0 of 0 GPUs running — runs unbacked"
     assert q["member_limit"] == {"limit": "gpus", "used": 0.0, "of": 0.0, "adds": 1.0}
     assert limits(limited, tokens["bob"]) == {"bob": {"gpu_hours": None, "gpus": 0.0}}
+    # the sidebar's account card says so too (GET /accounts: the caller's own limit)
+    st, out = http("GET", f"{limited.api}/accounts", tokens["bob"])
+    assert st == 200, out
+    mine = {a["name"]: a.get("my_limit") for a in out["accounts"]}
+    assert mine["lattice"] == {
+        "gpu_hours": None, "gpus": 0.0, "used_hours": 0.0, "running_gpus": 0.0, "over": True,
+        "text": "over your member limit in lattice: 0 of 0 GPUs running — runs unbacked"}
+    assert mine["physics"] is None  # a program has no members' limits
+    st, out = http("GET", f"{limited.api}/accounts", tokens["alice"])  # not limited herself
+    assert all("my_limit" not in a for a in out["accounts"]), out
 
 
 def test_a_manager_above_the_project_sets_and_clears_a_limit(limited, tokens):  # noqa: ANN001

@@ -13,6 +13,7 @@ from jupyter_gpubudget.core.model import ChargeInterval
 from jupyter_gpubudget.core.usage import usage_by_span
 from jupyter_gpubudget.ledger.models import DecisionRow, GrantRow
 
+from .. import member_limits
 from ..base import ApiError, BaseHandler
 from ..state import tree_with_ledger_grants
 from ..validate import parse_grant
@@ -25,8 +26,15 @@ class AccountsHandler(BaseHandler):
         c.require_read()
         visible = c.visible_accounts(self.tree)
         grants = await self.db(self.svc.ledger.current_grants)
-        self.send({"accounts": [self.svc.account_json(n, grants.get(n))
-                                for n in sorted(visible)]})
+        accounts = [self.svc.account_json(n, grants.get(n)) for n in sorted(visible)]
+        # the caller's own limits as a member (the sidebar's words: service/member_limits.py)
+        tree = await self.db(member_limits.with_ledger_limits, self.tree, self.svc.ledger)
+        quoter = self.svc.loop.view.quoter
+        mine = member_limits.mine(tree, c.name, quoter.sched if quoter is not None else None)
+        for a in accounts:
+            if a["name"] in mine:
+                a["my_limit"] = mine[a["name"]]
+        self.send({"accounts": accounts})
 
 
 class AccountHandler(BaseHandler):

@@ -5,6 +5,7 @@ may start is the core's to say (core/holds.py); this only writes what follows fr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from jupyter_gpubudget.core.holds import NEVER, READY, dependency, why_never, why_waiting
@@ -62,22 +63,59 @@ def off_peak_wait(state: ClusterState, now: float) -> tuple[ClusterState, dict[s
     return replace(state, pending=[w for w in state.pending if w.id not in held]), why
 
 
+def find_cycle(submitted: Mapping[str, Sequence[str]],
+               after_of: Callable[[str], Sequence[str]]) -> list[str] | None:
+    """A cycle of "runs after" through the jobs of one submission: ``submitted`` maps each
+    new job (or a whole array, whose tasks run after the same jobs) to what it runs after;
+    ``after_of`` gives an existing job's. Depth first over the submitted jobs and the
+    existing graph they reach, each job visited once. The cycle as a path that ends where it
+    starts (``[a, b, a]``), or None."""
+    grey, black = 1, 2
+    color: dict[str, int] = {}
+
+    def edges(n: str) -> Sequence[str]:
+        return submitted[n] if n in submitted else after_of(n)
+
+    for root in submitted:
+        if root in color:
+            continue
+        color[root] = grey
+        path, stack = [root], [iter(edges(root))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                color[path.pop()] = black
+                stack.pop()
+                continue
+            seen = color.get(nxt)
+            if seen == grey:
+                return path[path.index(nxt):] + [nxt]
+            if seen is None:
+                color[nxt] = grey
+                path.append(nxt)
+                stack.append(iter(edges(nxt)))
+    return None
+
+
 def resolve_after(ledger, user: str, refs: list[str], own_name: str, s) -> list[str]:  # noqa: ANN001
     """The workload ids a new job of ``user`` named ``own_name`` runs after: each of
     ``refs`` is a job's id, an array's id (all its tasks), an array task's id
     (``<array>_<index>``) or the name of one of the user's own jobs (the latest of that name;
-    an array: all its tasks). An unknown one, or the job itself (a job that runs after itself
-    never runs: a cycle), is refused (400, naming it; nothing is written)."""
+    an array: all its tasks); its own name names the new job itself. An unknown one is
+    refused (400, naming it; nothing is written), and so is a cycle (a job that runs after
+    itself, directly or through others, never runs): :func:`find_cycle` over the new job and
+    the jobs it reaches."""
     from sqlalchemy import select
 
     from jupyter_gpubudget.ledger.models import WorkloadRow
     from jupyter_gpubudget.ledger.store import LedgerError
 
+    own = "\0this job"  # (no job's id: the new job, or array, in the graph)
     out: list[str] = []
     for ref in refs:
         if own_name and ref == own_name:
-            raise LedgerError(400, f"after: {ref!r} is this job itself: a job that runs after "
-                                   f"itself never runs (cycle {ref} -> {ref})", "after")
+            out.append(own)
+            continue
         row = s.get(WorkloadRow, ref)
         if row is not None:
             out.append(row.id)
@@ -97,4 +135,16 @@ def resolve_after(ledger, user: str, refs: list[str], own_name: str, s) -> list[
             raise LedgerError(400, f"after: no job or array {ref!r} (give a job's id, an "
                                    "array's id or the name of one of your jobs)", "after")
         out.extend(tasks)
-    return list(dict.fromkeys(out))
+    out = list(dict.fromkeys(out))
+
+    def after_of(wid: str) -> list[str]:
+        row = s.get(WorkloadRow, wid)
+        return (row.after or "").split() if row is not None else []
+
+    cycle = find_cycle({own: out}, after_of)
+    if cycle is not None:
+        names = [own_name or "this job" if n == own else n for n in cycle]
+        itself = " itself" if len(cycle) == 2 else " itself, through " + ", ".join(names[1:-1])
+        raise LedgerError(400, f"after: a job that runs after{itself} never runs (cycle "
+                               f"{' -> '.join(names)})", "after")
+    return out

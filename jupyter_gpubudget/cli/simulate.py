@@ -72,6 +72,11 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     sim.add_argument("--budget-change", action="append", default=[], metavar="HOURS:FILE",
                      help="switch to another budgets YAML this many simulated hours in "
                           "(repeatable)")
+    sim.add_argument("--reservations", metavar="FILE.yaml",
+                     help="replay advance reservations (bookings) through the core: the run "
+                          "with them and the same run without them; reports the p50/p90 wait "
+                          "of the work of projects that hold no booking in both, and each "
+                          "booking's GPU-hours used and unused (docs/simulator.md)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="sim-out", help="directory for plots and JSON (sim-out)")
     out.add_argument("--json", help="write metrics JSON here (default: OUT/metrics.json)")
@@ -161,8 +166,14 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
                     checkpoint_interval=args.checkpoint_interval,
                     restart_overhead=args.restart_overhead,
                     horizon=args.horizon * 3600 if args.horizon else None)
+    if args.reservations and (args.off_peak is not None or args.compare):
+        print("error: --reservations runs on its own (not with --off-peak or --compare)",
+              file=sys.stderr)
+        return 2
     if args.off_peak is not None:
         return _off_peak(args, setup, cfg, console)
+    if args.reservations:
+        return _reservations(args, setup, cfg, console)
     runs = [(setup.budgets_name, setup.budgets)]
     if args.compare:
         b2, name2 = read_budgets(args.compare)
@@ -281,6 +292,50 @@ def _off_peak(args: argparse.Namespace, setup: Any, cfg: Any, console: Any) -> i
     json_path = Path(args.json) if args.json else Path(args.out) / "off-peak.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     report.write_json(out, json_path)
+    return 0
+
+
+def _reservations(args: argparse.Namespace, setup: Any, cfg: Any, console: Any) -> int:
+    """``--reservations``: the run with the bookings and without, what they cost the
+    others (sim/bookings.py), a table, and the figures in the metrics JSON."""
+    from dataclasses import replace
+
+    from ..sim import report
+    from ..sim.bookings import cost_to_others, read_bookings
+    from ..sim.run import run_one
+
+    specs = read_bookings(args.reservations)  # (a bad file: exit 2 naming field and line)
+    res, m = run_one(setup, setup.budgets, replace(cfg, bookings=specs), None)
+    plain, _ = run_one(setup, setup.budgets, cfg, None)
+    rep = cost_to_others(res, plain, res.booked.bookings, res.booked)
+    m["budgets"] = setup.budgets_name
+    m["reservations"] = rep
+    if not args.quiet:
+        from rich.table import Table
+
+        report.print_report(m, console)
+
+        def h(s: float | None) -> str:
+            return "-" if s is None else f"{s / 3600:.2f} h"
+
+        t = Table(title=f"reservations: what they cost the others ({rep['others_jobs']} "
+                        "jobs of projects without a booking)")
+        t.add_column("")
+        t.add_column("without", justify="right")
+        t.add_column("with", justify="right")
+        for label, key in (("wait p50", "others_wait_p50_s"), ("wait p90", "others_wait_p90_s")):
+            t.add_row(label, h(rep[key]["without"]), h(rep[key]["with"]))
+        console.print(t)
+        b = Table(title="reservations: booked GPU-hours")
+        for col in ("booking", "project", "GPUs", "booked", "used", "unused"):
+            b.add_column(col, justify="left" if col in ("booking", "project") else "right")
+        for r in rep["bookings"]:
+            b.add_row(r["id"], r["project"], str(r["gpus"]), f"{r['booked_gpu_hours']:.2f}",
+                      f"{r['used_gpu_hours']:.2f}", f"{r['unused_gpu_hours']:.2f}")
+        console.print(b)
+    json_path = Path(args.json) if args.json else Path(args.out) / "metrics.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    report.write_json(m, json_path)
     return 0
 
 

@@ -204,7 +204,7 @@ def test_the_dump_hands_over_its_pages_digests_and_the_store_uses_them(nodes):  
 
     a, _ = nodes
     wid = f"cd{os.getpid():x}"
-    code = "data = bytearray(range(256)) * (300 << 12)\n" + COUNTER  # ~75 MiB: 3 pieces
+    code = "data = bytearray(range(256)) * (300 << 10)\n" + COUNTER  # 75 MiB: 3 pieces
     rc, out = run(a["cfg"], "launch", spec=spec(wid, 1, ["/usr/bin/python3", "-c", code]))
     assert rc == 0, out
     log1 = a["jobs"] / wid / "1" / "output.log"

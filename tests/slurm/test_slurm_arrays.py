@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from jupyter_gpubudget.backends.slurm_map import array_indices
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.service.loop import SchedulingLoop
@@ -97,3 +98,44 @@ def test_an_array_after_a_job_is_slurms_own_and_charged_as_sacct(service):
     # no task of the Slurm array is left waiting
     assert not [r for r in squeue(cluster, "%i", "%T") if r[0].startswith(f"{sid}_")
                 and r[1] == "PENDING"]
+
+
+def test_cancelling_a_task_and_then_the_array_cancels_them_in_slurm(service):
+    """An array of three (``max_running: 1``): task 0 runs as ``<id>_0``, 1 and 2 wait held
+    in the Slurm array. Cancelling task 1 (still waiting) cancels ``<id>_1`` in Slurm by the
+    next cycle; cancelling the array then stops ``<id>_0`` (scancel) and ``<id>_2``; nothing
+    of the array is left in slurmctld's queue."""
+    ledger, loop, cluster = service
+    aid = uuid.uuid4().hex[:10]
+    tasks = [job(ledger, 300, workload_id=f"{aid}_{i}", array=(aid, i, 1),
+                 env={"GPUBUDGET_ARRAY_INDEX": str(i), "GPUBUDGET_ARRAY_ID": aid})
+             for i in range(3)]
+
+    def alive(sid: str) -> dict[str, str]:
+        return {r[0]: r[1] for r in squeue(cluster, "%i", "%T")
+                if r[0].startswith(f"{sid}_") and r[1] in ("PENDING", "RUNNING", "COMPLETING")}
+
+    def held(sid: str) -> set[int]:  # the indices waiting in the Slurm array
+        return {i for jid, st in alive(sid).items() if st == "PENDING"
+                for i in (array_indices(jid) or ("", set()))[1]}
+
+    loop.cycle()
+    ref = ledger.get(tasks[0]).backend_ref
+    assert ledger.get(tasks[0]).state == "running" and ref and ref.endswith("_0"), ref
+    sid = ref.split("_")[0]
+    assert ledger.get(tasks[1]).state == "pending"
+    cluster.wait("task 0 running", lambda: alive(sid).get(f"{sid}_0") == "RUNNING", 60)
+    assert alive(sid)[f"{sid}_0"] == "RUNNING" and held(sid) == {1, 2}, alive(sid)
+    loop.cancel(tasks[1], "gpb-ben")
+    loop.cycle()
+    cluster.wait("task 1 cancelled in Slurm", lambda: held(sid) == {2}, 60)
+    assert alive(sid)[f"{sid}_0"] == "RUNNING"
+    for t in (tasks[0], tasks[2]):
+        loop.cancel(t, "gpb-ben")
+
+    def gone() -> bool:
+        loop.cycle()
+        return not alive(sid)
+
+    cluster.wait("the array gone from Slurm", gone, 90, interval=1.0)
+    assert [ledger.get(t).state for t in tasks] == ["cancelled"] * 3

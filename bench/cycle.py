@@ -7,8 +7,11 @@ MPS shares) and 10,000 pending, built the way the live service builds its queue:
 through the incremental path (starting at once when they fit) with a full cycle every 2,000
 arrivals, until 10,000 wait. Two weeks of charge history.
 
-Prints the median full-cycle time (``schedule(state, now)``, the pure entry point, state built
-from scratch each time as the service does); the service's whole cycle (that schedule plus the
+Prints the median full-cycle time as the service runs it: on the capacity models it keeps
+between cycles (core/kept.py: ``KeptCycle.cycle(state, now)``, the same decisions as
+``schedule(state, now)``; a checkout without them, such as ``--baseline``'s, builds every
+cycle from scratch), and beside it ``schedule(state, now)`` itself (``scratch_cycle``); the
+service's whole cycle (that cycle plus the
 forecast of start times it computes for quotes and the queue page, ``core.offer.forecast``
 with every slice choice as a probe); the same two on the state in which a tenth of the
 cluster's GPUs freed just before the cycle (running work chosen at random left) and the first
@@ -64,6 +67,11 @@ from jupyter_gpubudget.core.model import (  # noqa: E402
 )
 from jupyter_gpubudget.core.offer import forecast, request_for, slice_choices  # noqa: E402
 from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, schedule  # noqa: E402
+
+try:  # the service's cycle on capacity models kept between cycles
+    from jupyter_gpubudget.core.kept import KeptCycle
+except ImportError:  # an older checkout (--baseline): it built every cycle from scratch
+    KeptCycle = None
 
 NOW = 30 * 24 * HOUR
 
@@ -191,9 +199,22 @@ def timed(fn, repeat: int) -> tuple[float, float, object]:  # noqa: ANN001
     return statistics.median(wall), statistics.median(cpu), out
 
 
-def service_cycle(state: ClusterState, probes: dict) -> tuple[list, object]:
-    """What the service computes once per cycle: the decisions and the forecast."""
-    return schedule(state, NOW), forecast(state, NOW, probes=probes)
+def service_scheduler(warm: ClusterState | None = None):  # noqa: ANN201
+    """The service's cycle (a function of the state read): on capacity models kept between
+    cycles (core/kept.py, both of them first used on ``warm``) where the package has them,
+    else ``schedule(state, now)`` from scratch, as the service ran it before."""
+    if KeptCycle is None:
+        return lambda st: schedule(st, NOW)
+    kept = KeptCycle()
+    for _ in range(2 if warm is not None else 0):
+        kept.cycle(warm, NOW)
+    return lambda st: kept.cycle(st, NOW)[1]
+
+
+def service_cycle(run, state: ClusterState, probes: dict) -> tuple[list, object]:  # noqa: ANN001
+    """What the service computes once per cycle: the decisions (``run``: the service's
+    cycle, :func:`service_scheduler`) and the forecast."""
+    return run(state), forecast(state, NOW, probes=probes)
 
 
 def main() -> None:
@@ -226,23 +247,29 @@ def main() -> None:
         side_by_side(state, args, NOW, timed)
         return
 
-    full, full_cpu, ds = timed(lambda: schedule(state, NOW), args.repeat)
+    run = service_scheduler(state)
+    full, full_cpu, ds = timed(lambda: run(state), args.repeat)
     starts = sum(isinstance(d, Start) for d in ds)
     print(f"full cycle:    median {full:7.1f} ms  (CPU time median {full_cpu:.1f} ms;"
-          f" {starts} starts, {len(ds) - starts} other decisions)")
+          f" {starts} starts, {len(ds) - starts} other decisions;"
+          f" {'kept capacity models' if KeptCycle else 'built from scratch'})")
+    scratch, scratch_cpu, _ = timed(lambda: schedule(state, NOW), args.repeat)
+    print(f"from scratch:  median {scratch:7.1f} ms  (CPU time median {scratch_cpu:.1f} ms;"
+          " schedule(state, now))")
     probes = {c["key"]: request_for(c["key"]) for c in slice_choices(state.inventory)}
-    svc, svc_cpu, _ = timed(lambda: service_cycle(state, probes), args.service_repeat)
+    svc, svc_cpu, _ = timed(lambda: service_cycle(run, state, probes), args.service_repeat)
     print(f"service cycle: median {svc:7.1f} ms  (CPU time median {svc_cpu:.1f} ms;"
           f" schedule + forecast of {len(probes)} slice shapes)")
 
     freed = freed_tenth(state, args.seed)
-    fr, fr_cpu, ds = timed(lambda: schedule(freed, NOW), args.repeat)
+    run = service_scheduler(state)  # the models kept from the full cluster's cycles
+    fr, fr_cpu, ds = timed(lambda: run(freed), args.repeat)
     fr_starts = sum(isinstance(d, Start) for d in ds)
     fr_preempts = sum(isinstance(d, Preempt) for d in ds)
     print(f"a tenth freed: {len(state.running) - len(freed.running)} running left first;"
           f" full cycle median {fr:7.1f} ms (CPU {fr_cpu:.1f} ms; {fr_starts} starts,"
           f" {fr_preempts} preemptions, {len(ds) - fr_starts - fr_preempts} other decisions)")
-    fsvc, fsvc_cpu, _ = timed(lambda: service_cycle(freed, probes), args.service_repeat)
+    fsvc, fsvc_cpu, _ = timed(lambda: service_cycle(run, freed, probes), args.service_repeat)
     print(f"               service cycle median {fsvc:7.1f} ms (CPU {fsvc_cpu:.1f} ms)")
 
     sched = Scheduler.from_state(state)
@@ -272,6 +299,7 @@ def main() -> None:
           f"the full cycle")
     out = {"full_cycle_ms_p50": round(full, 2),
                       "full_cycle_cpu_ms_p50": round(full_cpu, 2),
+                      "scratch_cycle_cpu_ms_p50": round(scratch_cpu, 2),
                       "service_cycle_ms_p50": round(svc, 2),
                       "service_cycle_cpu_ms_p50": round(svc_cpu, 2),
                       "freed_cycle_ms_p50": round(fr, 2), "freed_cycle_cpu_ms_p50": round(fr_cpu, 2),

@@ -251,6 +251,42 @@ class Cluster:
             for n in self.nodes:
                 self._index_node(n)
 
+    def resync(self, running: list[tuple[str, Placement]], unhealthy: set[str]) -> None:
+        """Bring a model kept from an earlier cycle to ``running`` (in that order) and the
+        ``unhealthy`` nodes, exactly as a new model that :meth:`load` ed them: what left or
+        moved is released, what is new allocated, and then every order placement reads —
+        the index buckets, each node's free GPUs, each GPU's tenants, the allocations — is
+        laid out again as a load makes it (a kept model's orders follow its history of
+        allocations; placement would pick other GPUs). Raises :class:`CapacityError` when the
+        new work does not fit (the caller loads a new model then)."""
+        want = dict(running)
+        for wid in [wid for wid, p in self.allocations.items()
+                    if (q := want.get(wid)) is None or (q is not p and q != p)]:
+            self.release(wid)
+        for wid, p in running:
+            if wid not in self.allocations:
+                for s in p.slices:
+                    self._take(wid, s, index=False)
+                self.allocations[wid] = p
+        self.allocations = {wid: self.allocations[wid] for wid, _ in running}
+        self.whole_buckets = [{} for _ in self.whole_buckets]
+        self.shared.clear()
+        self.mig_index.clear()
+        self.mig_scored.clear()
+        for n in self.nodes:
+            n.healthy = n.name not in unhealthy
+            n.free_whole = {g.index: None for g in n.gpus
+                            if not g.mig and not g.whole and g.used_milli == 0}
+            for g in n.gpus:
+                g.tenants = {}
+                g.reserved_at = INF
+        for wid, p in running:
+            for s in p.slices:
+                if s.gpu >= 0:
+                    self.by_name[s.node].gpus[s.gpu].tenants[wid] = s.milli
+        for n in self.nodes:
+            self._index_node(n)
+
     def release(self, wid: str) -> Placement | None:
         placement = self.allocations.pop(wid, None)
         if placement is not None:

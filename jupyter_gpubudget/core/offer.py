@@ -149,11 +149,14 @@ class Quoter:
     is answered in milliseconds. The scheduler is only read (under a lock: placement keeps
     caches)."""
 
-    def __init__(self, sched: Scheduler, fc: Forecast, now: float) -> None:
+    def __init__(self, sched: Scheduler, fc: Forecast, now: float,
+                 lock: threading.Lock | None = None) -> None:
         self.sched = sched
         self.forecast = fc
         self.at = now
-        self._lock = threading.Lock()
+        # the lock of the scheduler's capacity model when it is kept for a later cycle
+        # (core/kept.py: that cycle changes it under this lock)
+        self._lock = lock if lock is not None else threading.Lock()
 
     def quote(self, user: str, project: str, key: str, req: SliceRequest, min_runtime: float,
               now: float) -> dict:
@@ -217,8 +220,10 @@ class Quoter:
         """When ``w`` would start by preempting work that always yields to backed work
         (unbacked or idle, unprotected): now, or after such sessions' stop grace."""
         s = self.sched
+        held = s.cluster.allocations  # (a kept model a later cycle changed holds others)
         eligible = {wid: v for wid, v in s.running.items()
-                    if not v.is_protected(now) and (not v.backed or v.idle or v.stopping)}
+                    if wid in held and not v.is_protected(now)
+                    and (not v.backed or v.idle or v.stopping)}
         if not eligible:
             return None
         victims = choose_victims(s.cluster, w.request, end, eligible,

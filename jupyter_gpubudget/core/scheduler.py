@@ -62,13 +62,20 @@ class Scheduler:
     (``lane``) and the loss budget (``loss``)."""
 
     def __init__(self, accounts: AccountTree, inventory: Inventory, policy: Policy | None = None,
-                 history: RuntimeHistory | None = None, unhealthy: Iterable[str] = ()) -> None:
+                 history: RuntimeHistory | None = None, unhealthy: Iterable[str] = (),
+                 cluster: Cluster | None = None) -> None:
         self.inventory = inventory
         self.policy = policy or Policy()
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
         self.waiting = WorkQueue()  # pending work and its order
-        self.cluster = self._fresh_cluster()
+        # a capacity model kept from an earlier cycle (core/kept.py), or a new one
+        if cluster is None:
+            cluster = self._fresh_cluster()
+        elif self.policy.placement == "fgd":  # a new index, scoring this scheduler's mix
+            cluster.frag = None
+            fragmentation.index_for(cluster, fragmentation.MixView(self.mix))
+        self.cluster = cluster
         self.meter = UsageMeter(self.policy)
         self.running: dict[str, Workload] = {}
         self.reservations: dict[str, tuple[float, Placement]] = {}
@@ -151,8 +158,12 @@ class Scheduler:
         return c
 
     @classmethod
-    def from_state(cls, state: ClusterState) -> Scheduler:
-        s = cls(state.accounts, state.inventory, state.policy, state.history, state.unhealthy)
+    def from_state(cls, state: ClusterState, kept: Cluster | None = None) -> Scheduler:
+        """A scheduler of ``state``; with ``kept``, a capacity model of the same inventory and
+        policy kept from an earlier cycle, brought to the state's running work
+        (:meth:`Cluster.resync`) instead of a new one loaded with it — the same model."""
+        s = cls(state.accounts, state.inventory, state.policy, state.history, state.unhealthy,
+                kept)
         for c in state.charges:
             s.meter.add(c)
         for w in state.running:
@@ -160,7 +171,8 @@ class Scheduler:
                 s.inconsistent.append((w.id, "running without a placement"))
                 continue
             s.running[w.id] = w
-        s.cluster = load_running(s.cluster, s.running, s.inconsistent, s._fresh_cluster)
+        s.cluster = load_running(s.cluster, s.running, s.inconsistent, s._fresh_cluster,
+                                 s.unhealthy if kept is not None else None)
         for w in runnable(state.pending, state.running, state.finished):  # holds.py
             s._enqueue(w, key=INF, bulk=True)
         s.waiting.order.sort()

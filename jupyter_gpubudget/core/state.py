@@ -69,15 +69,21 @@ def new_cluster(inventory: Inventory, unhealthy: set[str], policy: Policy) -> Cl
 
 
 def load_running(cluster: Cluster, running: dict[str, Workload],
-                 inconsistent: list[tuple[str, str]], fresh: Callable[[], Cluster]) -> Cluster:
+                 inconsistent: list[tuple[str, str]], fresh: Callable[[], Cluster],
+                 kept_unhealthy: set[str] | None = None) -> Cluster:
     """``cluster`` with the placements of ``running`` work allocated; the capacity model to
     use from now on. One inconsistent record must not stop scheduling for everyone: when
     they do not all fit, they are loaded one by one into a ``fresh()`` model, and each that
     does not fit beside those before it leaves ``running`` for ``inconsistent`` as
-    (id, why)."""
+    (id, why). With ``kept_unhealthy`` (the nodes out of service), ``cluster`` is a model
+    kept from an earlier cycle, brought to ``running`` (:meth:`Cluster.resync`)."""
     try:
-        cluster.load((wid, w.placement) for wid, w in running.items()
-                     if w.placement is not None)
+        if kept_unhealthy is not None:
+            cluster.resync([(wid, w.placement) for wid, w in running.items()
+                            if w.placement is not None], kept_unhealthy)
+        else:
+            cluster.load((wid, w.placement) for wid, w in running.items()
+                         if w.placement is not None)
         return cluster
     except CapacityError:
         cluster = fresh()

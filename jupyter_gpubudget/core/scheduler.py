@@ -69,13 +69,7 @@ class Scheduler:
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
         self.waiting = WorkQueue()  # pending work and its order
-        # a capacity model kept from an earlier cycle (core/kept.py), or a new one
-        if cluster is None:
-            cluster = self._fresh_cluster()
-        elif self.policy.placement == "fgd":  # a new index, scoring this scheduler's mix
-            cluster.frag = None
-            fragmentation.index_for(cluster, fragmentation.MixView(self.mix))
-        self.cluster = cluster
+        self.cluster = self._fresh_cluster(cluster)  # (or one kept from an earlier cycle)
         self.meter = UsageMeter(self.policy)
         self.running: dict[str, Workload] = {}
         self.reservations: dict[str, tuple[float, Placement]] = {}
@@ -149,21 +143,18 @@ class Scheduler:
         """An empty capacity model of the inventory, with the policy's placement rules."""
         return new_cluster(self.inventory, self.unhealthy, self.policy)
 
-    def _fresh_cluster(self) -> Cluster:
-        """:meth:`new_cluster`, with FGD's index over the shapes seen so far when the
-        policy places by fragmentation."""
-        c = self.new_cluster()
+    def _fresh_cluster(self, kept: Cluster | None = None) -> Cluster:
+        """:meth:`new_cluster` (or ``kept``: kept.py), with a new FGD index if the policy says."""
+        c = self.new_cluster() if kept is None else kept
         if self.policy.placement == "fgd":
+            c.frag = None
             fragmentation.index_for(c, fragmentation.MixView(self.mix))
         return c
 
     @classmethod
     def from_state(cls, state: ClusterState, kept: Cluster | None = None) -> Scheduler:
-        """A scheduler of ``state``; with ``kept``, a capacity model of the same inventory and
-        policy kept from an earlier cycle, brought to the state's running work
-        (:meth:`Cluster.resync`) instead of a new one loaded with it — the same model."""
-        s = cls(state.accounts, state.inventory, state.policy, state.history, state.unhealthy,
-                kept)
+        """A scheduler of ``state``; ``kept``: a model kept from an earlier cycle (kept.py)."""
+        s = cls(state.accounts, state.inventory, state.policy, state.history, state.unhealthy, kept)
         for c in state.charges:
             s.meter.add(c)
         for w in state.running:
@@ -180,7 +171,6 @@ class Scheduler:
         s.bookings = Bookings(state.bookings)
         return s
 
-    # ================================================================= figures
     def usage_hours(self, now: float) -> dict[str, float]:
         """GPU-hours in the window per account (projects and their ancestors)."""
         return self.standings(now).usage
@@ -240,7 +230,6 @@ class Scheduler:
                     p = place_reserved(self.cluster, self.reservations, w, due)
         return p
 
-    # ================================================================= applying decisions
     def _start(self, w: Workload, placement: Placement, backed: bool, now: float,
                out: list[Decision]) -> None:
         backfill_until = reserved_until(self.cluster, placement, self.lane.keeps)
@@ -356,7 +345,6 @@ class Scheduler:
                 return True
         return False
 
-    # ================================================================= nodes
     def set_healthy(self, node: str, healthy: bool) -> None:
         self.cluster.set_healthy(node, healthy)
         if healthy:

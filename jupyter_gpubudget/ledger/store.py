@@ -163,6 +163,8 @@ class Ledger:
                 st.session.info[_W_ALL] = st.session.info[_W_PREEMPT] = True
 
         def committed(s: Session) -> None:
+            if s.in_nested_transaction():  # a savepoint released: told when the whole commits
+                return
             ids, everything = s.info.pop(_W_IDS, ()), s.info.pop(_W_ALL, False)
             if s.info.pop(_W_USAGE, False):
                 self.usage_version += 1
@@ -173,6 +175,8 @@ class Ledger:
                     w._note(ids, everything)
 
         def rolled_back(s: Session) -> None:
+            if s.in_nested_transaction():  # a savepoint: what the rest wrote is still told
+                return
             for k in (_W_IDS, _W_ALL, _W_USAGE, _W_PREEMPT):
                 s.info.pop(k, None)
 
@@ -578,8 +582,8 @@ class Ledger:
             opens = max(opens, *(h.end for h in held))
         return opens
 
-    def set_backend_ref(self, workload_id: str, ref: str) -> None:
-        with self.tx() as s:
+    def set_backend_ref(self, workload_id: str, ref: str, s: Session | None = None) -> None:
+        with self.tx(s) as s:
             s.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id,
                                                 WorkloadRow.state == "running")
                       .values(backend_ref=ref)

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
 
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
 from jupyter_gpubudget.core.accounts import AccountTree
@@ -352,7 +353,7 @@ class SchedulingLoop:
         shift = at - charge.start
         protected = None if full.protected_until is None or shift <= 0 \
             else full.protected_until + shift
-        self._launched(row.id, charge.id, ref, at, protected)
+        self._launched([(row.id, charge.id, ref, at, protected)])
         self._launch_known.add(key)
         if shift > 0:
             self.log.info("%s attempt %d: launched late by the replica that led before; "
@@ -455,28 +456,22 @@ class SchedulingLoop:
                     self.log.error("workload %s left out of scheduling: %s", wid, why)
             by_id = {r.id: r for r in rows}
             # an engine that launches concurrently (Backend.concurrent_launch = n):
-            # consecutive Starts are recorded one by one and launched n at a time (and before
-            # the decision that follows them); otherwise each is launched as it is recorded
+            # consecutive Starts are taken n at a time (and before the decision that follows
+            # them), recorded in one transaction and launched together; otherwise each is
+            # recorded and launched on its own
             together = self.backend.concurrent_launch
-            started: list[tuple] = []
-            for d in decisions:
-                try:
-                    if together and isinstance(d, Start):
-                        if (opened := self._start(d, by_id, now)) is not None:
-                            started.append(opened)
-                        if len(started) >= together:  # (they run while the rest are recorded)
-                            batch, started = started, []
-                            self._launch_started(batch)
+            starts: list[Start] = []
+            for d in [*decisions, None]:
+                if together and isinstance(d, Start):
+                    starts.append(d)
+                    if len(starts) < together:
                         continue
-                    if started:
-                        batch, started = started, []
-                        self._launch_started(batch)
-                    self._apply(d, by_id, now)
-                except NotLeader:  # the replica that leads now decides: apply nothing more
-                    raise
-                except Exception:  # one failed decision must not stop the others
-                    self.log.exception("applying %r failed", d)
-            self._launch_started(started)
+                    d = None
+                if starts:
+                    batch, starts = starts, []
+                    self._applying(batch, by_id, now)
+                if d is not None:
+                    self._applying(d, by_id, now)
             self._sweep_orphans(now)
             self._check_usage(now)
             self._refresh_view(now, state, sched)
@@ -485,6 +480,18 @@ class SchedulingLoop:
             if self.on_cycle:
                 self.on_cycle(self.view.cycle_seconds)
             return decisions
+
+    def _applying(self, what: object, by_id: dict, now: float) -> None:
+        """Apply one decision, or a batch of Starts (recorded together, then launched)."""
+        try:
+            if isinstance(what, list):
+                self._launch_started(self._start_many(what, by_id, now))
+            else:
+                self._apply(what, by_id, now)
+        except NotLeader:  # the replica that leads now decides: apply nothing more
+            raise
+        except Exception:  # one failed decision must not stop the others
+            self.log.exception("applying %r failed", what)
 
     def follow(self) -> None:
         """A standby replica's cycle: read the ledger as the leader left it and compute what
@@ -549,9 +556,12 @@ class SchedulingLoop:
                                  why)
                 self.backend.drain_node(d.node, why)  # the engine keeps it out too
 
-    def _start(self, d: Start, by_id: dict, now: float) -> tuple | None:
-        """Record a Start: the workload runs and its charge opens. What is left to launch
-        (for :meth:`_launch_started`), or None where another part launches it."""
+    def _start(self, d: Start, by_id: dict, now: float, s: Session | None = None,
+               told: list | None = None) -> tuple | None:
+        """Record a Start: the workload runs and its charge opens (in ``s``, the caller's
+        transaction, if given). What is left to launch (for :meth:`_launch_started`), or
+        None where another part launches it (``on_start`` is then told at once, or after
+        the caller's commit: appended to ``told``)."""
         row = by_id[d.workload]
         placement = placement_to_list(d.placement)
         # the charge opens when the intervals on its GPUs closed (its victims', stopped
@@ -560,20 +570,46 @@ class SchedulingLoop:
                                    backed=d.backed, protected_until=d.protected_until,
                                    now=now, backfill_until=d.backfill_until,
                                    cluster=self.cluster_of(d.placement.nodes),
-                                   after_release=True)
+                                   after_release=True, s=s)
         if charge.start > now:
             d = replace(d, protected_until=None if d.protected_until is None
                         else d.protected_until + charge.start - now)
         if row.backend != self.backend.name:
             # another part launches it (the hub spawner, for sessions): the ledger has
             # recorded the start and opened the charge; there is nothing to run here
-            self.ledger.set_backend_ref(row.id, row.backend)
+            self.ledger.set_backend_ref(row.id, row.backend, s=s)
+            if told is not None:
+                told.append(row)
+            else:
+                self._reserved.pop(row.id, None)
+                if self.on_start:
+                    self.on_start(row, now)
+            return None
+        full = self.ledger.get(row.id, s=s)  # command and env: read only for what launches
+        return (d, row, charge, placement, full, now)
+
+    def _start_many(self, ds: list[Start], by_id: dict, now: float) -> list[tuple]:
+        """Record several Starts in one transaction (each in a savepoint of its own: one the
+        ledger refuses is logged and left out alone); what is left to launch. The
+        transaction commits before anything is launched — a crash in between leaves the
+        same open, unlaunched attempts as one Start's (reconciled or adopted as they are)."""
+        opened: list[tuple] = []
+        told: list[WorkloadRow] = []
+        with self.ledger.tx() as s:
+            for d in ds:
+                try:
+                    with s.begin_nested():
+                        if (got := self._start(d, by_id, now, s, told)) is not None:
+                            opened.append(got)
+                except NotLeader:
+                    raise
+                except Exception:  # noqa: BLE001 - one failed decision must not stop the others
+                    self.log.exception("applying %r failed", d)
+        for row in told:
             self._reserved.pop(row.id, None)
             if self.on_start:
                 self.on_start(row, now)
-            return None
-        full = self.ledger.get(row.id)  # command and env: read only for what launches
-        return (d, row, charge, placement, full, now)
+        return opened
 
     def _launch_started(self, started: list[tuple]) -> None:
         """Launch the attempts :meth:`_start` opened, together (``Backend.launch_many``: the
@@ -603,34 +639,46 @@ class SchedulingLoop:
             refs: list = self.backend.launch_many(launches)
         except Exception as e:  # noqa: BLE001 - none of them launched
             refs = [e] * len(launches)
+        outcomes = []
         for (d, row, charge, _placement, _full, now), ref, (launched_at, protected) in zip(
                 started, refs, moments, strict=True):
-            try:
-                if isinstance(ref, BaseException):
-                    self.ledger.stop(row.id, now=self.clock(), state="failed",
-                                     closed_by="exit", reason=f"launch failed: {ref}")
-                    self.log.error("applying %r failed", d, exc_info=ref)
-                    continue
+            if not isinstance(ref, BaseException):
                 try:  # the engine's own start, when it says: a pause of this process between
                     found = self.backend.started(row.id, charge.seq)  # the clock and the call
                 except Exception:  # noqa: BLE001 - (its start read later, at worst)
                     found = None
-                shift = launched_at - charge.start
                 if found is not None and found[1] > launched_at:
                     launched_at = found[1]
                     shift = launched_at - charge.start
                     protected = None if d.protected_until is None else \
                         d.protected_until + shift
-                self._launched(row.id, charge.id, ref, launched_at, protected if shift > 0
-                               else None)
-                self._launch_known.add((row.id, charge.seq))
-                self._reserved.pop(row.id, None)
-                if self.on_start:
-                    self.on_start(row, now)
-            except NotLeader:
-                raise
-            except Exception:  # noqa: BLE001 - one failed decision must not stop the others
-                self.log.exception("applying %r failed", d)
+            outcomes.append((d, row, charge, now, ref, launched_at, protected))
+        # every outcome in one transaction (each in a savepoint of its own: one failed record
+        # leaves the others); a crash before it commits leaves launched attempts with no
+        # launch on record, adopted as any are (:meth:`_adopt_start`)
+        recorded = []
+        with self.ledger.tx() as s:
+            for d, row, charge, now, ref, launched_at, protected in outcomes:
+                try:
+                    with s.begin_nested():
+                        if isinstance(ref, BaseException):
+                            self.ledger.stop(row.id, now=self.clock(), state="failed",
+                                             closed_by="exit", reason=f"launch failed: {ref}",
+                                             s=s)
+                            self.log.error("applying %r failed", d, exc_info=ref)
+                            continue
+                        recorded.append((row, charge, now, ref, launched_at, protected))
+                except NotLeader:
+                    raise
+                except Exception:  # noqa: BLE001 - one failed decision must not stop the others
+                    self.log.exception("applying %r failed", d)
+            self._launched([(row.id, charge.id, ref, at, protected if at > charge.start else None)
+                            for row, charge, _now, ref, at, protected in recorded], s=s)
+        for row, charge, now, *_ in recorded:
+            self._launch_known.add((row.id, charge.seq))
+            self._reserved.pop(row.id, None)
+            if self.on_start:
+                self.on_start(row, now)
 
     def _still_leading(self) -> None:
         """Raise :class:`NotLeader` unless this replica still leads: its lease is unexpired
@@ -642,28 +690,44 @@ class SchedulingLoop:
         with self.ledger.ro() as s:
             fence(s)
 
-    def _launched(self, wid: str, charge_id: int, ref: str, at: float,
-                  protected_until: float | None) -> None:
-        """Record the launch: its backend reference and, when it came later than the start
-        was committed (a slow engine, a paused service), the real start — the charge
-        interval starts when the engine was called, and protection counts from then."""
-        values: dict = {"backend_ref": ref}
-        with self.ledger.tx() as s:
-            moved = s.execute(
-                update(ChargeRow).where(ChargeRow.id == charge_id, ChargeRow.end.is_(None),
-                                        ChargeRow.start < at)
-                .values(start=at, checkpoint=at)).rowcount
+    def _launched(self, launched: list[tuple[str, int, str, float, float | None]],
+                  s: Session | None = None) -> None:
+        """Record launches ``(workload, charge id, reference, at, protected_until)`` in one
+        transaction (``s``, the caller's, if given): each one's backend reference and, when it
+        came later than its start was committed (a slow engine, a paused service), the real
+        start — the charge interval starts when the engine was called, and protection
+        counts from then. One statement per table for all of them (executemany)."""
+        if not launched:
+            return
+        c, dc, w = ChargeRow.__table__.c, DeviceClaimRow.__table__.c, WorkloadRow.__table__.c
+        with self.ledger.tx(s) as s:
+            opened = dict(s.execute(select(c.id, c.start).where(
+                c.id.in_([x[1] for x in launched]), c.end.is_(None))).all())
+            moved = [x for x in launched if x[1] in opened and opened[x[1]] < x[3]]
             if moved:  # (the GPUs it claims are held from then too)
-                s.execute(update(DeviceClaimRow).where(DeviceClaimRow.charge == charge_id,
-                                                       DeviceClaimRow.end.is_(None),
-                                                       DeviceClaimRow.start < at)
-                          .values(start=at))
-                values["started_at"] = at
-                if protected_until is not None:
-                    values["protected_until"] = protected_until
-            s.execute(update(WorkloadRow).where(WorkloadRow.id == wid,
-                                                WorkloadRow.state == "running")
-                      .values(**values).execution_options(changed_workloads=(wid,)))
+                rows = [{"b_id": cid, "b_at": at} for _, cid, _, at, _ in moved]
+                s.execute(update(ChargeRow.__table__).where(
+                    c.id == bindparam("b_id"), c.end.is_(None), c.start < bindparam("b_at"))
+                    .values(start=bindparam("b_at"), checkpoint=bindparam("b_at")), rows)
+                s.execute(update(DeviceClaimRow.__table__).where(
+                    dc.charge == bindparam("b_id"), dc.end.is_(None),
+                    dc.start < bindparam("b_at")).values(start=bindparam("b_at")), rows)
+            shapes: dict[tuple[str, ...], list[dict]] = {}
+            moved_ids = {x[1] for x in moved}
+            for wid, cid, ref, at, protected in launched:
+                values: dict = {"backend_ref": ref}
+                if cid in moved_ids:
+                    values["started_at"] = at
+                    if protected is not None:
+                        values["protected_until"] = protected
+                shapes.setdefault(tuple(values), []).append(
+                    {"b_wid": wid, **{f"b_{k}": v for k, v in values.items()}})
+            for keys, rows in shapes.items():
+                s.execute(update(WorkloadRow.__table__)
+                          .where(w.id == bindparam("b_wid"), w.state == "running")
+                          .values({k: bindparam(f"b_{k}") for k in keys})
+                          .execution_options(changed_workloads=[r["b_wid"] for r in rows]),
+                          rows)
 
     def _record_engine_health(self, now: float) -> None:
         """The engine's view into the ledger (audited): a report that appears or changes marks

@@ -3,7 +3,9 @@ k8s.py says which parts are real; kwok plays the kubelets): 25 one-GPU jobs deci
 cycle by the service's own loop are created with several Job creates in flight at once, each
 workload is recorded once (one start, one open charge, its Job as its reference) and its pod
 runs where the core placed it; the one the core placed on a node the cluster lacks fails
-alone, with the reason, and changes nothing for the others. On an API server that refuses
+alone, with the reason, and changes nothing for the others. The ledger records the cycle's
+Starts in batches of ``launch_concurrency``: one transaction per batch before its Jobs are
+created, one after for their launches (counted with SQLAlchemy's session events). On an API server that refuses
 creates beyond one in flight (429 Too Many Requests), every create of the burst is sent again
 when the server asks, and all of them are made."""
 
@@ -57,6 +59,27 @@ def count_in_flight(backend) -> dict:  # noqa: ANN001
     return seen
 
 
+def count_write_transactions(ledger) -> list[int]:  # noqa: ANN001
+    """One entry per write transaction the ledger commits: the start decisions it holds."""
+    from sqlalchemy import event
+
+    from jupyter_gpubudget.ledger.models import DecisionRow
+
+    commits: list[int] = []
+
+    def committed(s) -> None:  # noqa: ANN001
+        if s.in_nested_transaction():  # (a savepoint released, not a commit)
+            return
+        commits.append(s.info.pop("test.starts", 0))
+
+    def flushed(s, _ctx, _instances) -> None:  # noqa: ANN001
+        s.info["test.starts"] = s.info.get("test.starts", 0) + sum(
+            1 for o in s.new if isinstance(o, DecisionRow) and o.kind == "start")
+    event.listen(ledger._sessions, "after_commit", committed)
+    event.listen(ledger._sessions, "before_flush", flushed)
+    return commits
+
+
 def test_one_cycles_starts_are_created_at_once_and_each_recorded_once(k8s, real_backend,
                                                                      tmp_path):
     add_nodes(k8s)
@@ -70,13 +93,20 @@ def test_one_cycles_starts_are_created_at_once_and_each_recorded_once(k8s, real_
                               type(loop.inventory)(loop.inventory.nodes + ghost, "kubernetes"),
                               loop.policy_fn, b)
         seen = count_in_flight(b)
+        writes = count_write_transactions(ledger)
         wids += [ledger.submit(project="lattice", user="alice", kind="batch", now=time.time(),
                               request={"kind": "gpu", "gpus": 1},
                               command=["python", "-c", "pass"], backend="kubernetes",
                               min_runtime=0.0, resumable=False).id for _ in range(25)]
 
+        writes.clear()
         decisions = loop.cycle()  # ONE cycle decides and launches all of them
         assert len([d for d in decisions if type(d).__name__ == "Start"]) == 25
+        # the ledger's writes come in batches of launch_concurrency (8): per batch one
+        # transaction records its Starts before any of its Jobs is created, one records their
+        # launches (the failed one's end among them) — 2 x 4, not 2 per Start
+        assert len(writes) == 2 * 4, writes
+        assert sorted(n for n in writes if n) == [1, 8, 8, 8], writes  # start decisions
         rows = {w: ledger.get(w) for w in wids}
         on_ghost = [w for w, r in rows.items() if {s["node"] for s in r.placement} == {GHOST}]
         assert len(on_ghost) == 1, [r.placement for r in rows.values()]

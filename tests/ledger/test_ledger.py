@@ -389,6 +389,31 @@ def test_the_service_rereads_only_what_changed_and_sees_every_change(ledger, scr
             (p, a, b, m) for p, a, b, m in seen[1]]
 
 
+def test_starts_recorded_together_in_savepoints_are_told_when_the_whole_commits(ledger):
+    """The scheduling loop records a batch of Starts in one transaction, each in a savepoint
+    of its own (one the ledger refuses is left out alone): the service's watch of what was
+    written hears of them when that transaction commits, not as a savepoint is released,
+    and a refused one's rollback forgets none of the others."""
+    import uuid
+
+    a, b = _submit(ledger, now=1.0), _submit(ledger, now=2.0)
+    watch = ledger.watch_workloads()
+    assert watch.take() is None  # (the first look: everything)
+    gpu = [{"node": f"n-{uuid.uuid4().hex[:8]}", "gpu": 0, "milli": 1000}]
+    with ledger.tx() as s:
+        with s.begin_nested():
+            ledger.start(a.id, placement=gpu, milli=1000, backed=True, protected_until=None,
+                         now=10.0, s=s)
+        assert watch.take() == set()  # not committed yet: nothing to read again
+        with pytest.raises(LedgerError) as e, s.begin_nested():
+            ledger.start(b.id, placement=gpu, milli=1000, backed=True, protected_until=None,
+                         now=10.0, s=s)  # its GPU is a's
+        assert e.value.status == 409
+    assert watch.take() == {a.id}
+    assert ledger.get(a.id).state == "running" and ledger.get(b.id).state == "pending"
+    assert [c.workload for c in ledger.open_charges([a.id, b.id])] == [a.id]
+
+
 def test_usage_and_preemption_versions_move_exactly_with_what_they_track(ledger):
     """The service rereads usage rollups and preemption totals only when these move: an
     arrival or a start moves neither; a preemption closes an interval and counts one."""

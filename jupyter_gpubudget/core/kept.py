@@ -11,6 +11,8 @@ decisions are those of ``schedule(state, now)`` to the bit (tests/core/test_kept
 Two models are kept and used in turn: the scheduler of the last cycle stays readable (the
 service answers quotes from it, core/offer.py's ``Quoter``) while the next cycle runs on the
 other; each model's ``lock`` is held while a cycle changes it and while a quote reads it.
+The predictions of the last cycle are kept too, where the history they came from is the
+same and the workload is the very one predicted (``Predictor.carry``).
 A new inventory or policy starts afresh.
 """
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import threading
 
 from .capacity import Cluster
-from .model import Decision
+from .model import Decision, RuntimeHistory
 from .scheduler import ClusterState, Scheduler
 from .state import paused_gc
 
@@ -33,6 +35,7 @@ class KeptCycle:
             (None, (None, None), threading.Lock()) for _ in range(2)]
         self._turn = 0
         self.reused = 0  # cycles that ran on a kept model (a figure for tests and benchmarks)
+        self._last: tuple[ClusterState, Scheduler] | None = None  # the last cycle's
 
     def scheduler(self, state: ClusterState) -> tuple[Scheduler, threading.Lock]:
         """A scheduler of ``state``, the same as ``Scheduler.from_state(state)``, on the model
@@ -44,6 +47,9 @@ class KeptCycle:
         kept = model if same else None
         s = Scheduler.from_state(state, kept)
         self.reused += kept is not None and s.cluster is kept
+        if self._last is not None:
+            self._carry(self._last, state, s)
+        self._last = (state, s)
         self._models[self._turn] = (s.cluster, (state.inventory, state.policy), lock)
         return s, lock
 
@@ -56,3 +62,28 @@ class KeptCycle:
         with lock, paused_gc():
             s, lock = self.scheduler(state)
             return s, s.cycle(now), lock
+
+    @staticmethod
+    def _carry(last: tuple[ClusterState, Scheduler], state: ClusterState, s: Scheduler) -> None:
+        """Give ``s`` the last cycle's predictions where they hold: for the same inventory,
+        policy and an equal history, those of the very workloads (the same objects: the
+        service reuses a workload's object while its record is unchanged)."""
+        was, old = last
+        if not (was.inventory is state.inventory and was.policy is state.policy
+                and same_history(was.history, state.history)):
+            return
+        before = {w.id: w for ws in (was.running, was.pending) for w in ws}
+        get = before.get
+        s.predictor.carry(old.predictor, {w.id for ws in (state.running, state.pending)
+                                          for w in ws if get(w.id) is w})
+
+
+def same_history(a: RuntimeHistory | None, b: RuntimeHistory | None) -> bool:
+    """Do ``a`` and ``b`` hold the same runs (so predict alike)? None: no runs."""
+    if a is b:
+        return True
+    a, b = a or RuntimeHistory(), b or RuntimeHistory()
+    return (a.keep == b.keep and a.kind_version == b.kind_version and a.samples == b.samples
+            and a.pooled == b.pooled and a.runs.keys() == b.runs.keys()
+            and all(r.keep == b.runs[k].keep and r.recent == b.runs[k].recent
+                    for k, r in a.runs.items()))

@@ -10,7 +10,7 @@ work once per change of running work; :func:`next_free` reads those ends for a r
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 
 from .backfill import (
     BACKFILL_QUANTILE,
@@ -48,9 +48,25 @@ class Predictor:
         self.by_features_long: ByFeatures = {}
         self.by_features_reserve: ByFeatures = {}
         self.demands: dict[str, float] = {}
+        self.carried = False  # the next full cycle keeps what :meth:`carry` brought
+
+    def carry(self, old: Predictor, same: Container[str]) -> None:
+        """Take ``old``'s predictions, made for a history equal to this one's (core/kept.py):
+        by features, and by workload for the ids in ``same`` (the very workloads it predicted)."""
+        self.by_features, self.by_features_long = old.by_features, old.by_features_long
+        self.by_features_reserve = old.by_features_reserve
+        for mine, theirs in ((self.predicted, old.predicted),
+                             (self.predicted_long, old.predicted_long),
+                             (self.demands, old.demands)):
+            mine.update([(wid, p) for wid, p in list(theirs.items()) if wid in same])
+        self.carried = True
 
     def new_cycle(self) -> None:
-        """A full cycle predicts every workload afresh (its history may have learnt runs)."""
+        """A full cycle predicts every workload afresh (its history may have learnt runs),
+        unless it is the first on predictions :meth:`carry` brought."""
+        if self.carried:
+            self.carried = False
+            return
         self.predicted.clear()
         self.predicted_long.clear()
         self.demands.clear()

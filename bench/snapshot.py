@@ -28,8 +28,8 @@ the real launcher in its cgroup; ``job_dump_s`` is the backend's ``stop`` of it 
 CRIU dump, the images into the snapshot store, the tree ended), ``job_restore_s`` its next
 attempt's ``launch`` on a second backend (another jobs root: another node) until the restored
 job prints its next number. The last line is JSON with those two and their parts: the dump's
-CRIU step (``job_criu_dump_s``, its pages hashed meanwhile) and storing the images
-(``job_store_s``, written under those digests); the restore's images written from the store's
+CRIU step (``job_criu_dump_s``) and storing the images (``job_store_s``: hashed, written,
+committed); the restore's images written from the store's
 chunks into CRIU's private directory (``job_restore_images_s``, every chunk checked) and CRIU's
 restore (``job_restore_criu_s``), as the launcher's log of the restored attempt says.
 

@@ -581,7 +581,7 @@ class LocalBackend(Backend):
         try:
             sid = self._checkpoints.save(workload, project, images, {
                 "log": out["log"], "gpu": bool(out.get("gpu")), "attempt": attempt,
-                "dump_seconds": out.get("seconds")}, digests=out.get("digests"))
+                "dump_seconds": out.get("seconds")})
         except Exception as e:  # noqa: BLE001 - not stored: it goes on, then is signalled
             self.log.error("%s attempt %d: its checkpoint could not be stored (%s); "
                            "signalled instead", workload, attempt, e)

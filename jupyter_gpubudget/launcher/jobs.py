@@ -813,10 +813,9 @@ def checkpoint_job(cfg: LauncherConfig, args: list[str], stdin: BinaryIO) -> dic
     _note(log_fd, f"checkpointed: {out['bytes']} bytes of images in {out['seconds']:.2f} s; "
                   "stopped until they are stored")
     os.close(log_fd)
-    # the pages' digests, taken while CRIU wrote them: the store does not hash them again
     return {"checkpointed": True, "images_dir": out["images_dir"], "bytes": out["bytes"],
             "seconds": out["seconds"], "gpu": out["gpu"], "log": str(adir / "output.log"),
-            "pid": pid, **({"digests": out["digests"]} if out.get("digests") else {})}
+            "pid": pid}
 
 
 def _unlink(path: Path) -> None:

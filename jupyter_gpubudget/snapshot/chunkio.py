@@ -123,11 +123,10 @@ class ChunkWriter:
                                                      write_content_size=True)
         return c
 
-    def _one(self, view: memoryview, aligned: bool = False, digest: str | None = None) -> list:
-        if digest is None:  # else known (put's digests)
-            t0 = time.perf_counter()
-            digest = hashlib.sha256(view).hexdigest()
-            self._busy("hash", time.perf_counter() - t0)
+    def _one(self, view: memoryview, aligned: bool = False) -> list:
+        t0 = time.perf_counter()
+        digest = hashlib.sha256(view).hexdigest()
+        self._busy("hash", time.perf_counter() - t0)
         n = len(view)
         have = existing(self.root, digest)
         if have is not None:
@@ -248,11 +247,7 @@ class ChunkWriter:
         probe = view[n // 2 - min(n // 2, 32768):n // 2 + min(n // 2, 32768)]
         return len(self._compressor().compress(probe)) / max(1, len(probe))
 
-    def put(self, buffer, digests: list[str] | None = None) -> list:  # noqa: ANN001
-        """``digests``: the SHA-256 of each ``CHUNK``-sized piece of ``buffer``, already known
-        (taken by whoever wrote it, who alone could change it since): used as the chunks'
-        names instead of hashing them again when they fit (one per piece, the buffer chunked
-        from its start); otherwise every chunk is hashed."""
+    def put(self, buffer) -> list:  # noqa: ANN001
         view = memoryview(buffer).cast("B")
         n = len(view)
         if not n:
@@ -261,14 +256,9 @@ class ChunkWriter:
         head = 0 if addr is None else -addr % ALIGN
         starts = ([0] if head else []) + list(range(head, n, CHUNK))
         ends = starts[1:] + [n]
-        known: list = [None] * len(starts)
-        if digests is not None and not head and len(digests) == len(starts) and all(
-                isinstance(d, str) and len(d) == 64 and d == d.lower()
-                and all(c in "0123456789abcdef" for c in d) for d in digests):
-            known = list(digests)
         return [self._pool.submit(self._one, view[a:b],
-                                  addr is not None and (addr + a) % ALIGN == 0, d)
-                for a, b, d in zip(starts, ends, known, strict=True)]
+                                  addr is not None and (addr + a) % ALIGN == 0)
+                for a, b in zip(starts, ends, strict=True)]
 
     @staticmethod
     def refs(futures: list) -> list:

@@ -54,14 +54,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import mmap
 import os
 import re
 import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 
 NETWORK_LOCK = "nftables"
@@ -475,88 +473,11 @@ USER_CRIU_OPTS = ["--unprivileged", "--no-default-config", "--tcp-close"]
 _USER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
-class _PageHasher:
-    """The SHA-256 of each ``CHUNK``-sized piece of the pages images (``pages-*.img``, nearly
-    all of a dump's bytes) in the order the snapshot store chunks them, taken while CRIU
-    writes them: the hashing (the CPU cost of storing a dump) overlaps the dump instead of
-    following it, and the store names the chunks by these digests without hashing them again.
-    CRIU only ever appends to a pages image (splice at the file's end), and a file's size grows
-    only once the bytes below it are written, so a piece below the size is final.
-    Only for dumps CRIU makes as root into root's own directory: nobody else can change the
-    bytes between the hashing and the store."""
-
-    def __init__(self, work: str) -> None:
-        from . import chunkio
-
-        self.work, self.chunk = work, chunkio.CHUNK
-        self.digests: dict[str, list[str]] = {}
-        self.failed: str | None = None
-
-    def _step(self, final: bool) -> bool:
-        """Hash what is complete (everything, once CRIU has ended: ``final``)."""
-        progressed = False
-        for name in os.listdir(self.work):
-            if not (name.startswith("pages-") and name.endswith(".img")):
-                continue
-            fd = os.open(os.path.join(self.work, name), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                size = os.fstat(fd).st_size
-                done = self.digests.setdefault(name, [])
-                while True:
-                    start = len(done) * self.chunk
-                    end = min(start + self.chunk, size)
-                    if start >= size or (end - start < self.chunk and not final):
-                        break
-                    with mmap.mmap(fd, end - start, mmap.MAP_SHARED, mmap.PROT_READ,
-                                   offset=start) as m:
-                        done.append(hashlib.sha256(m).hexdigest())
-                    progressed = True
-            finally:
-                os.close(fd)
-        return progressed
-
-    def follow(self, stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                if not self._step(final=False):
-                    stop.wait(0.01)
-        except (OSError, ValueError) as e:
-            self.failed = str(e)
-
-    def result(self) -> dict[str, list[str]] | None:
-        """Every pages image's digests, once CRIU has ended (None: none to give)."""
-        if self.failed is not None:
-            return None
-        try:
-            self._step(final=True)
-        except (OSError, ValueError):
-            return None
-        return self.digests
-
-
 def _run_criu(binary: str, args: list[str], timeout: float, user: int | None, cwd: str,
-              pass_fds: tuple[int, ...] = (),
-              hasher: _PageHasher | None = None) -> subprocess.CompletedProcess:
+              pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
     """Run ``criu ARGS`` in ``cwd``: as root (``user`` None), or as the account ``user`` in
     CRIU's unprivileged mode (:func:`user_criu_argv`). ``pass_fds``: open files CRIU is
-    given (``--inherit-fd``). ``hasher``: follows the pages images while CRIU runs (as root)."""
-    if user is None and hasher is not None:
-        stop = threading.Event()
-        th = threading.Thread(target=hasher.follow, args=(stop,), daemon=True)
-        with subprocess.Popen([binary, *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=cwd,
-                              pass_fds=pass_fds) as proc:
-            th.start()
-            try:
-                out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                raise
-            finally:
-                stop.set()
-                th.join()
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    given (``--inherit-fd``)."""
     if user is None:
         return subprocess.run([binary, *args], capture_output=True, text=True,
                               timeout=timeout, cwd=cwd, pass_fds=pass_fds)
@@ -750,10 +671,8 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
         argv.append("--leave-running")
     if own_cgroup:
         argv.append("--manage-cgroups=ignore")
-    # a job's dump (CRIU as root, in root's directory): its pages hashed as CRIU writes them
-    hasher = _PageHasher(work) if user is None and own_cgroup else None
     try:
-        p = _run_criu(binary, argv, timeout, user, work, hasher=hasher)
+        p = _run_criu(binary, argv, timeout, user, work)
         if user is not None:
             _move_up(work, images_dir)
     except subprocess.TimeoutExpired:
@@ -788,11 +707,6 @@ def _dump(pid: int, images_dir: str, leave_running: bool, keep_stopped: bool, ca
                             f"was destroyed: {why[0]}")
     out = {"pid": pid, "seconds": seconds, "gpu": bool(gpu_pids), "criu": binary,
            "images_dir": images_dir}
-    digests = hasher.result() if hasher is not None else None
-    if digests is not None:
-        from . import chunkio
-
-        out["digests"] = {"chunk": chunkio.CHUNK, "files": digests}
     if caller != 0:
         out["seal"] = seal(images_dir, caller)
     size = 0

@@ -18,18 +18,12 @@ from .store import Store
 
 
 def put_images(store: Store, staging, images_dir: str,  # noqa: ANN001
-               on_error: Callable[[], None] | None = None, digests: dict | None = None
+               on_error: Callable[[], None] | None = None
                ) -> tuple[list[dict], chunkio.ChunkWriter]:
     """Write every image in ``images_dir`` (not CRIU's logs nor ``restored.pid``) into
     ``staging``'s chunks: the files' entries (name, size, mode, chunks) and the closed writer
     (``written_bytes``, ``fresh``). On an error the writer is abandoned and ``on_error``
-    called before the error goes on. ``digests`` (``{"chunk": CHUNK, "files": {name:
-    [sha256 of each CHUNK-sized piece]}}``, from the privileged side that dumped the images
-    into a directory only it could write, hashing them as CRIU wrote them): those files'
-    chunks are named by them instead of being hashed again; ignored where they do not fit."""
-    given = digests.get("files") if isinstance(digests, dict) and \
-        digests.get("chunk") == chunkio.CHUNK and isinstance(digests.get("files"), dict) \
-        else {}
+    called before the error goes on."""
     w = chunkio.ChunkWriter(staging.chunk_root, fsync=store.fsync,
                             compress=store.compress_arg)
     files, futures, maps = [], [], []
@@ -46,7 +40,7 @@ def put_images(store: Store, staging, images_dir: str,  # noqa: ANN001
                     # of through the page cache (where a GiB of dirty pages is throttled)
                     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
                     maps.append(m)
-                    futures.append(w.put(m, digests=given.get(name)))
+                    futures.append(w.put(m))
                 else:
                     futures.append([])
             files.append({"name": name, "size": size,

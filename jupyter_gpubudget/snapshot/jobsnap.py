@@ -28,16 +28,13 @@ class JobCheckpoints:
         self.store = store
         self.images_tmp = images_tmp
 
-    def save(self, workload: str, project: str, images_dir: str, info: dict,
-             digests: dict | None = None) -> str:
+    def save(self, workload: str, project: str, images_dir: str, info: dict) -> str:
         """Store a job's dump images (``info``: what the restore needs besides them: the old
-        ``log`` path, ``gpu``, ``attempt``); the snapshot's id. ``digests``: the launcher's
-        digests of the pages images (:func:`.imagefiles.put_images`)."""
+        ``log`` path, ``gpu``, ``attempt``); the snapshot's id."""
         staging = self.store.begin(session_of(workload), project, "criu")
         t0 = time.perf_counter()
         files, w = imagefiles.put_images(self.store, staging, images_dir,
-                                         on_error=lambda: self.store.abort(staging),
-                                         digests=digests)
+                                         on_error=lambda: self.store.abort(staging))
         refs = [r for e in files for r in e["chunks"]]
         snap = self.store.commit(
             staging, {"files": files, "job": True, **info}, refs,

@@ -28,7 +28,6 @@ from jupyter_gpubudget.snapshot.store import Store
 from tests.fixtures.unixusers import PREFIX, ensure_accounts, shared_tmp
 
 from .test_job_checkpoint import (  # noqa: F401 - the fixtures
-    COUNTER,
     LAUNCHED,
     PY,
     _stop_jobs,
@@ -195,40 +194,3 @@ def test_a_malformed_list_of_chunks_is_refused(nodes, files, why):  # noqa: F811
         "restore": {"chunks": "/var/tmp", "files": files, "log": "/var/tmp/x.log"}})
     assert rc == 2 and out["error"].startswith("restore.files") and why in out["error"], out
 
-
-def test_the_dump_hands_over_its_pages_digests_and_the_store_uses_them(nodes):  # noqa: F811
-    """The launcher hashes a job's pages as CRIU writes them (not afterwards, and not again
-    in the store): its digests are those of the pages images' pieces, and the store names
-    the chunks by them."""
-    import hashlib
-
-    a, _ = nodes
-    wid = f"cd{os.getpid():x}"
-    code = "data = bytearray(range(256)) * (300 << 10)\n" + COUNTER  # 75 MiB: 3 pieces
-    rc, out = run(a["cfg"], "launch", spec=spec(wid, 1, ["/usr/bin/python3", "-c", code]))
-    assert rc == 0, out
-    log1 = a["jobs"] / wid / "1" / "output.log"
-    wait_for(lambda: len(counts(log1)) > 2)
-    rc, ck = run(a["cfg"], "checkpoint", wid, "1")
-    assert rc == 0 and ck["checkpointed"], ck
-    try:
-        images = Path(ck["images_dir"])
-        step = ck["digests"]["chunk"]
-        want = {}
-        for p in sorted(images.glob("pages-*.img")):
-            body = p.read_bytes()
-            want[p.name] = [hashlib.sha256(body[i:i + step]).hexdigest()
-                            for i in range(0, len(body), step)]
-        assert ck["digests"]["files"] == want and sum(map(len, want.values())) >= 3
-        store = Store(str(shared_tmp("gpubudget-ckpt-digests-") / "store"), keep_last=0)
-        sid = JobCheckpoints(store).save(wid, "lattice", str(images),
-                                         {"log": str(log1), "attempt": 1},
-                                         digests=ck["digests"])
-        files = store.load(sid)["payload"]["files"]
-        for name, digests in want.items():
-            entry = next(e for e in files if e["name"] == name)
-            assert [r[0] for r in entry["chunks"]] == digests
-        assert store.verify(sid, deep=True) == []
-    finally:
-        subprocess.run(["rm", "-rf", ck["images_dir"]], check=False)
-        run(a["cfg"], "checkpoint-end", wid, "1", "kill")

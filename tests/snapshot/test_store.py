@@ -259,26 +259,3 @@ def test_ledger_records_snapshots_bad_ones_and_losses(store, db_url):  # noqa: F
         assert snapshots_of(led, w.id)[0].size == 5 << 30
     finally:
         engine.dispose()
-
-
-def test_known_digests_name_the_chunks_without_hashing_them_again(tmp_path):
-    """A batch job's pages, hashed by the launcher as CRIU wrote them, are stored under those
-    digests without being hashed again; digests that do not fit (too few, not SHA-256 hex)
-    are ignored and the chunks hashed as always."""
-    import hashlib
-
-    root = str(tmp_path / "chunks")
-    m = mmap.mmap(-1, 2 * chunkio.CHUNK + 5000)
-    m[:] = os.urandom(len(m))
-    digests = [hashlib.sha256(m[a:a + chunkio.CHUNK]).hexdigest()
-               for a in range(0, len(m), chunkio.CHUNK)]
-    w = chunkio.ChunkWriter(root)
-    refs = w.refs(w.put(m, digests=digests))
-    w.close()
-    assert [r[0] for r in refs] == digests and w.busy["hash"] == 0.0
-    assert bytes(chunkio.read_refs(root, refs)) == bytes(m)
-    for bad in (digests[:2], ["x" * 64] * 3, [d.upper() for d in digests]):
-        w = chunkio.ChunkWriter(root)
-        assert [r[0] for r in w.refs(w.put(m, digests=bad))] == digests
-        w.close()
-        assert w.busy["hash"] > 0

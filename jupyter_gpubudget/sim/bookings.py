@@ -139,13 +139,22 @@ class BookedUse:
         return out
 
 
+def _pct(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile, interpolated linearly (as ``sim/metrics.py`` gives them)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
 def cost_to_others(with_res: Any, without: Any, bookings: Sequence[Booking],
                    use: BookedUse) -> dict[str, Any]:
     """What the bookings cost the others: the p50/p90 wait (seconds) of the work of projects
     that hold no booking, in the run with the bookings and in the same run without them,
     and each booking's GPU-hours used and unused."""
-    from .metrics import _pct
-
     booked = {b.project for b in bookings}
 
     def waits(res: Any) -> list[float]:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
 from jupyter_gpubudget.core.accounts import AccountTree
+from jupyter_gpubudget.core.kept import KeptCycle
 from jupyter_gpubudget.core.model import Drain, Policy, Preempt, Reserve, Start
 from jupyter_gpubudget.core.offer import (
     Forecast,
@@ -27,7 +28,7 @@ from jupyter_gpubudget.core.offer import (
     slice_choices,
     standings_of,
 )
-from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler, paused_gc
+from jupyter_gpubudget.core.scheduler import ClusterState, Scheduler
 from jupyter_gpubudget.ledger import Ledger, LedgerError
 from jupyter_gpubudget.ledger import nodes as ledger_nodes
 from jupyter_gpubudget.ledger.models import (
@@ -126,6 +127,10 @@ class SchedulingLoop:
         self._unhealthy: dict[str, str] = {}  # node -> reason, as the engine reports it
         self._live = LiveWorkloads()  # rows -> core workloads, reused while unchanged
         self._last_read: tuple | None = None  # (version key, state, rows) of the last read
+        # the capacity models kept from cycle to cycle (core/kept.py), and the lock of the
+        # one the last cycle's scheduler (the view's quotes) reads
+        self._kept = KeptCycle()
+        self._model_lock: threading.Lock | None = None
         self._preemptions: tuple[int, dict[str, int]] = (-1, {})
         #: seconds between checkpoints of running work's open intervals (each a write of
         #: every running row): what a crash of the service can lose at most
@@ -447,9 +452,7 @@ class SchedulingLoop:
                 w.after for w in state.pending) else {}
             if off_peak_waits:
                 self.view.held = {**self.view.held, **off_peak_waits}
-            with paused_gc():
-                sched = Scheduler.from_state(state)
-                decisions = sched.cycle(now)
+            sched, decisions, self._model_lock = self._kept.cycle(state, now)
             inconsistent = dict(sched.inconsistent)
             for wid, why in inconsistent.items():
                 if wid not in self.view.inconsistent:  # log once, not every cycle
@@ -504,9 +507,7 @@ class SchedulingLoop:
             self._health = self._read_health()
             self._out = {n: r.reason for n, r in self._health.items() if not r.healthy}
             state, _rows = self.build_state(now)
-            with paused_gc():
-                sched = Scheduler.from_state(state)
-                sched.cycle(now)
+            sched, _, self._model_lock = self._kept.cycle(state, now)
             self._refresh_view(now, state, sched)
             self.view.inconsistent = dict(sched.inconsistent)
 
@@ -860,7 +861,7 @@ class SchedulingLoop:
             version = self.ledger.preemption_version  # (before the read)
             self._preemptions = (version, self.ledger.preemptions_by_project())
         v.preemptions = self._preemptions[1]
-        v.quoter = Quoter(sched, fc, now)
+        v.quoter = Quoter(sched, fc, now, self._model_lock)
         v.lost_day_gpu_hours = sched.recent_loss(now)
         v.loss_budget_gpu_hours = sched.loss_budget()
         self._node_view(v, sched, now)

@@ -130,6 +130,14 @@ def test_the_bookings_project_has_its_gpus_inside_its_window(service, tokens):
         http("DELETE", f"{service.api}/reservations/{b['id']}", tokens["root"])
         for wid, tok in ((mine["id"], bob), (other["id"], dave)):
             http("DELETE", f"{service.api}/jobs/{wid}", tok)
+    # cancelled inside its window: its idle part up to then is charged after the next cycle
+    # (at the policy's default share, half); the GPUs went from dave's job to bob's without
+    # a gap (bob's charge opened when dave's closed), so next to nothing sat idle
+    d = wait_for(lambda: next((d for d in http(
+        "GET", f"{service.api}/decisions?kind=booking-charge&workload={b['id']}",
+        tokens["root"])[1]["decisions"]), None), "the booking's idle part to be charged")
+    idle, charged = d["detail"]["idle_gpu_hours"], d["detail"]["charged_gpu_hours"]
+    assert 0 <= idle < 2 * 60 / 3600 and charged == round(idle * 0.5, 6), d
 
 
 def test_cli_lists_creates_and_cancels(service, tokens, capsys):

@@ -64,3 +64,21 @@ def test_logs_prints_the_output_and_follows_a_running_job(capsys, service, token
     assert rc == 1 and "403" in err
     rc, _, err = run(capsys, service, bob, "logs", "no-such-job")
     assert rc == 1 and "404" in err
+
+
+def test_submit_dry_run_submits_nothing_and_says_the_cost(tmp_path, capsys, service, tokens):
+    """Without off-peak prices (the test service sets none): the predicted start and what the
+    job's time limit costs; a bad job file is still refused before anything is asked."""
+    bob = tokens["bob"]
+    before = [j["id"] for j in http("GET", service.api + "/jobs", bob)[1]["jobs"]]
+    job = tmp_path / "job.yaml"
+    job.write_text("command: 'true'\nproject: lattice\ngpus: 1\ntime_limit: 90m\n")
+    rc, out, err = run(capsys, service, bob, "submit", "--dry-run", str(job))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("dry run: nothing submitted. lattice: ")
+    assert lines[1:] == ["its 1.5 h cost 1.50 GPU-h"]
+    job.write_text("command: 'true'\nproject: lattice\nstart: tonight\n")
+    rc, _, err = run(capsys, service, bob, "submit", "--dry-run", str(job))
+    assert rc == 2 and "job.yaml:3" in err and "start" in err
+    assert [j["id"] for j in http("GET", service.api + "/jobs", bob)[1]["jobs"]] == before

@@ -332,7 +332,8 @@ class SlurmBackend(Backend):
                                  "submitted as a one-task array", launch.workload, e)
             if job_id is None:
                 try:
-                    job_id = self._sbatch(launch, [*args, *after, f"--array={task[1]}"],
+                    job_id = self._sbatch(launch, [*_array_output(args, None), *after,
+                                                   f"--array={task[1]}"],
                                           slurm_array=True) + f"_{task[1]}"
                 except SlurmError as e:  # (past the cluster's MaxArraySize)
                     self.log.warning("slurm: %s as a one-task array: %s; submitted as a "
@@ -448,6 +449,7 @@ class SlurmBackend(Backend):
         cap = next((r.array_max for r in rows if r.array_max), 0)
         held_args = self.sbatch_args_for(
             launch, job_name_=name, comment=f"gpubudget:{aid}:array:{launch.project}")
+        held_args = _array_output(held_args, f"{self.job_name_prefix}.{aid}_%a.1")
         sid = self._sbatch(launch, [*held_args, *after, f"--array={array_spec(pending, cap)}",
                                     "--hold"], slurm_array=True)
         with self._lock:
@@ -728,6 +730,20 @@ class SlurmBackend(Backend):
             if got is not None and u.busy is not None:
                 samples.append((got[0], got[1], got[2], u.busy, "slurm"))
         return samples
+
+
+def _array_output(args: list[str], name: str | None) -> list[str]:
+    """``args`` with the output file of a task of a Slurm job array named as a job's is:
+    Slurm's ``%j`` is the task's own id (``<array>_<index>``, ``%A_%a``), and ``%x`` (the
+    name at submission) the task's own name ``name`` (``%a``: its index) when given."""
+    out = []
+    for a in args:
+        if a.startswith("--output="):
+            a = a.replace("%j", "%A_%a")
+            if name is not None:
+                a = a.replace("%x", name)
+        out.append(a)
+    return out
 
 
 # ====================================================================== notebooks

@@ -8,8 +8,10 @@ sbatch, scontrol, squeue, sacct."""
 
 from __future__ import annotations
 
+import pwd
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +41,14 @@ def service(slurm_accounts, tmp_path):
     engine.dispose()
 
 
+ECHO = 'echo "$GPUBUDGET_WORKLOAD $GPUBUDGET_ARRAY_INDEX $SLURM_ARRAY_TASK_ID"; '
+
+
 def job(ledger: Ledger, secs: int, **kw) -> str:  # noqa: ANN003
     return ledger.submit(project="astro", user="gpb-ben", kind="batch",
                          request={"kind": "gpu", "gpus": 1}, now=time.time(),
-                         command=["/bin/sh", "-c", f"sleep {secs}"], env=kw.pop("env", {}),
-                         time_limit=600, backend="slurm", **kw).id
+                         command=["/bin/sh", "-c", f"{ECHO}sleep {secs}"],
+                         env=kw.pop("env", {}), time_limit=600, backend="slurm", **kw).id
 
 
 def squeue(cluster, *fmt: str) -> list[list[str]]:  # noqa: ANN001
@@ -95,6 +100,10 @@ def test_an_array_after_a_job_is_slurms_own_and_charged_as_sacct(service):
         charged = (charge.end - charge.start) * charge.milli / 1000
         # sacct keeps whole seconds: the ledger's interval is Slurm's own to the second
         assert abs(charged - int(elapsed) * gpus) <= 1.0, (t, charged, elapsed, gpus)
+        # Slurm's index is the task's: the script derives the task's own variables from it
+        (out,) = Path(pwd.getpwnam("gpb-ben").pw_dir).glob(f"gpubudget-gpubudget.{t}.1-*.out")
+        i = t.rsplit("_", 1)[1]
+        assert out.read_text().split() == [t, i, i]
     # no task of the Slurm array is left waiting
     assert not [r for r in squeue(cluster, "%i", "%T") if r[0].startswith(f"{sid}_")
                 and r[1] == "PENDING"]

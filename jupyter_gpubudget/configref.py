@@ -175,6 +175,8 @@ def render_policy() -> list[str]:
         kind = str(types.get(key, "?"))
         if isinstance(value, tuple) and all(isinstance(v, tuple) for v in value):
             value, kind = dict(value), "mapping of kind (interactive, batch, debug)"
+        if key == "off_peak":  # none: every hour at full price
+            kind = "mapping: timezone, factor, windows (admin.md, Off-peak prices)"
         out.append(f"| `{key}` | {kind} | `{value!r}` |")
     return out + [""]
 

@@ -18,6 +18,7 @@ from jupyter_gpubudget.ledger import nodes as ledger_nodes
 from jupyter_gpubudget.ledger.models import DecisionRow, WorkloadRow
 
 from .auth import Caller, Denied
+from .dependencies import off_peak_wait
 from .state import request_from_dict, tree_with_ledger_grants
 from .timefmt import clock_text, companions, duration_text
 from .views import grant_json
@@ -199,6 +200,8 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
     tree = svc.tree()
     visible = c.visible_accounts(tree)
     state, _ = svc.loop.build_state(now)
+    # jobs waiting for their off-peak window are out of the cycle, as the loop holds them
+    state, off_peak = off_peak_wait(state, now)
     waits = why_waiting(state, now)
     rows = svc.ledger.workloads(states=("pending", "running"))  # every column, for display
     by_id = {r.id: r for r in rows}
@@ -228,7 +231,8 @@ def queue_overview(svc: GpuBudgetService, c: Caller, now: float, tz: tzinfo | No
         w = waits.get(wid)
         d = base(r)
         d.update(position=pos if wid in view.queue else None, submitted_at=r.submitted_at,
-                 why=w.reason if w else "unknown", why_text=w.message if w else "",
+                 why=w.reason if w else ("off-peak" if wid in off_peak else "unknown"),
+                 why_text=w.message if w else off_peak.get(wid, ""),
                  backed=w.backed if w else None, blocker=w.blocker if (w and c.is_admin)
                  else None, predicted_start=(w.at if w and w.at else
                                              view.reservations.get(wid)),

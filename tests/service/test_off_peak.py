@@ -100,6 +100,11 @@ def test_an_off_peak_job_waits_for_the_window_then_runs(off_peak, tokens):  # no
                  "the off-peak job to be shown waiting")
     assert w["waiting_for"] == f"waiting for the off-peak window ({at})"
     assert w["state"] == "pending" and w["queue_position"] is None
+    # the queue page says why it waits (not a rank among the work queued for GPUs)
+    entry = next(e for e in http("GET", svc.api + "/queue/detail", bob)[1]["pending"]
+                 if e["id"] == job["id"])
+    assert (entry["why"], entry["why_text"], entry["position"]) == (
+        "off-peak", f"waiting for the off-peak window ({at})", None)
     wait_for(lambda: get_w(svc, bob, now_job["id"])["state"] == "done",
              "the ordinary job to run first")
     assert get_w(svc, bob, job["id"])["state"] == "pending"

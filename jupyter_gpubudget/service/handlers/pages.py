@@ -62,7 +62,8 @@ WHY_WORDS = {"starts": ("starting", "success"), "reserved": ("GPUs reserved for 
              "unbacked": ("unbacked", "secondary"), "capacity": ("blocked by capacity",
                                                                   "warning"),
              "draining": ("nodes out of service", "danger"),
-             "unknown-project": ("unknown project", "danger")}
+             "unknown-project": ("unknown project", "danger"),
+             "off-peak": ("waiting for the off-peak window", "info")}
 
 
 def hours(x: float | None) -> str:

@@ -99,7 +99,7 @@ def test_policy_errors_word_for_word():
          "managers_fund_own_projects, max_pending_per_user, max_reservations, mig_first, "
          "min_runtime_cap, "
          "mps_mig_first, mps_on_mig, off_peak, placement, preemption, preemption_margin, "
-         "preemption_toll, "
+         "preemption_toll, reservation_idle_charge, "
          "restart_overhead, short_lane, short_lane_cost, short_lane_hold, "
          "short_lane_late_cost, short_lane_patience, stop_grace, whole_gpu_on_mig)"),
         ("manager_booking_limit: -2", "policy.manager_booking_limit", "must be ≥ 0, got -2"),

@@ -74,6 +74,8 @@ def compute_standings(tree: AccountTree, project_usage: Mapping[str, float],
     return Standings(usage, dict(grants), standing, paths, member_usage or {})
 
 
+Tie = tuple[int, float, str]  # kind, submission, workload id
+
 #: added to the keys of the short lane (see :func:`rank`) so they sort before every other key
 LANE_OFFSET = 1e9
 
@@ -100,12 +102,20 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
           demand: Callable[[Workload], float]) -> list[tuple[float, Workload]]:
     by_project: dict[str, list[Workload]] = {}
     need: dict[str, float] = {}
+    tie: dict[str, Tie] = {}  # each workload's tie-break: kind, submission, id
+    kinds = KIND_ORDER.get
     for w in pending:
-        if tree.is_project(w.project):
-            by_project.setdefault(w.project, []).append(w)
-            need[w.id] = demand(w)
+        mine = by_project.get(w.project)
+        if mine is None:
+            if not tree.is_project(w.project):
+                continue
+            mine = by_project[w.project] = []
+        mine.append(w)
+        wid = w.id
+        need[wid] = demand(w)
+        tie[wid] = (kinds(w.kind, 2), w.submitted_at, wid)
 
-    Item = tuple[float, int, float, str, Workload]
+    Item = tuple[float, Tie, Workload]
 
     def order(name: str) -> list[Item]:
         """The subtree's items in order, each keyed by *this* account's projected standing.
@@ -118,35 +128,43 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
             # a k-way merge keeps each child's own order where keys tie (a sort would put
             # a child's later debug run ahead of its earlier gang when the gang's projected
             # demand is 0: Scheduler.demand)
-            items = [t[4] for t in heapq.merge(*(order(c) for c in acc.children))]
+            items = [t[2] for t in heapq.merge(*(order(c) for c in acc.children))]
         else:
-            items = members_in_turn(name, by_project.get(name, []), st.member_usage, need)
+            items = members_in_turn(name, by_project.get(name, []), st.member_usage, need, tie)
         out: list[Item] = []
-        for w in items:
-            out.append((cum / g if g > 0 else INF, kind_rank(w.kind), w.submitted_at, w.id, w))
-            cum += need[w.id]
+        if g > 0:
+            for w in items:
+                wid = w.id
+                out.append((cum / g, tie[wid], w))
+                cum += need[wid]
+        else:
+            out = [(INF, tie[w.id], w) for w in items]
         return out
 
-    return [(t[0], t[4]) for t in heapq.merge(*(order(r) for r in tree.roots))]
+    return [(t[0], t[2]) for t in heapq.merge(*(order(r) for r in tree.roots))]
 
 
 def members_in_turn(project: str, items: list[Workload],
                     member_usage: Mapping[tuple[str, str], float],
-                    need: Mapping[str, float]) -> list[Workload]:
+                    need: Mapping[str, float], tie: Mapping[str, Tie]) -> list[Workload]:
     """A project's pending work in order: members by projected usage inside the project
-    (equal shares), each member's own work by kind, then submission, then id."""
-    by_user: dict[str, list[Workload]] = {}
+    (equal shares), each member's own work by kind, then submission, then id (``tie``). (The
+    same order as merging each member's stream keyed (projected usage, kind, submission, id):
+    one sort by the tie-break, then a stable sort by the member's projected usage.)"""
+    items.sort(key=lambda w: tie[w.id])
+    if len(items) < 2:
+        return items
+    cum: dict[str, float] = {}
+    keys: list[float] = []
+    get = cum.get
     for w in items:
-        by_user.setdefault(w.user, []).append(w)
-    streams = []
-    for user, ws in by_user.items():
-        ws.sort(key=lambda w: (kind_rank(w.kind), w.submitted_at, w.id))
-        if len(by_user) == 1:
-            return ws
-        cum = member_usage.get((project, user), 0.0)
-        stream = []
-        for w in ws:
-            stream.append((cum, kind_rank(w.kind), w.submitted_at, w.id, w))
-            cum += need[w.id]
-        streams.append(stream)
-    return [t[4] for t in heapq.merge(*streams)]
+        u = w.user
+        c = get(u)
+        if c is None:
+            c = member_usage.get((project, u), 0.0)
+        keys.append(c)
+        cum[u] = c + need[w.id]
+    if len(cum) == 1:  # one member: their own order
+        return items
+    order = sorted(range(len(items)), key=keys.__getitem__)
+    return [items[i] for i in order]

@@ -80,6 +80,20 @@ def test_the_cli_prints_and_writes_the_figures(tmp_path, capsys) -> None:  # noq
     assert rc == 2
     assert "the budgets file sets no off_peak policy" in capsys.readouterr().err
     assert main(["simulate", "--off-peak", "2", "--out", str(tmp_path / "o")]) == 2
+    # the budgets file's own windows (here: from 21:00 only), its factor or another
+    (tmp_path / "b.yaml").write_text(
+        "policy:\n  off_peak: {timezone: UTC, factor: 0.25, windows: ['Thu 21:00-23:00']}\n"
+        "accounts:\n  a: {grant: 100}\n  b: {grant: 100}\n")
+    for how, factor in (("policy", 0.25), ("0.5", 0.5)):
+        rc = main(["simulate", "--trace", str(tmp_path / "t.csv"), "--inventory",
+                   str(tmp_path / "inv.yaml"), "--budgets", str(tmp_path / "b.yaml"),
+                   "--cycle-interval", "60", "--off-peak", how, "--quiet",
+                   "--json", str(tmp_path / "p.json")])
+        assert rc == 0
+        figures = json.loads((tmp_path / "p.json").read_text())
+        assert figures["off_peak"] == {"timezone": "UTC", "factor": factor,
+                                       "windows": ["Thu 21:00-23:00"]}
+        assert figures["jobs_moved"] == 1  # train waits for 21:00; late came at 21:00
 
 
 @pytest.mark.parametrize("seed", [0, 1])

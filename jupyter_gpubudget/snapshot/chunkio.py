@@ -321,7 +321,7 @@ def _open_chunk(path: str, digest: str, flags: int, owner: int | None) -> int:
 
 
 def _read_raw_into(path: str, digest: str, n: int, out: memoryview,
-                   owner: int | None = None) -> None:
+                   owner: int | None = None, check: bool = True) -> None:
     """A raw chunk read straight into its place in ``out`` (no intermediate copy; with
     O_DIRECT, not even through the page cache, when ``out`` is page-aligned), then checked
     there against its SHA-256."""
@@ -347,7 +347,7 @@ def _read_raw_into(path: str, digest: str, n: int, out: memoryview,
         os.close(fd)
     if got != n:
         raise ChunkError(f"chunk {digest[:12]} has {got} bytes, expected {n}")
-    if hashlib.sha256(out).hexdigest() != digest:
+    if check and hashlib.sha256(out).hexdigest() != digest:
         raise ChunkError(f"chunk {digest[:12]} does not match its checksum")
 
 
@@ -376,15 +376,17 @@ def _read_fd_into(fd: int, n: int, out: memoryview, direct: bool) -> int:
 
 
 def read_chunk(root: str, ref: list, out: memoryview | None = None,
-               owner: int | None = None) -> bytes | None:
+               owner: int | None = None, check: bool = True) -> bytes | None:
     """Read one chunk, check its length and its content (SHA-256, or the zstd frame's own
-    checksum when it has one); into ``out`` when given. ``owner``: see :func:`_open_chunk`."""
+    checksum when it has one); into ``out`` when given. ``owner``: see :func:`_open_chunk`.
+    ``check`` False: a raw chunk read into ``out`` is not hashed here (its reader checks it
+    later: :func:`check_file`); a compressed one is always checked."""
     digest, n, codec = ref[0], ref[1], ref[2]
     if codec not in CODECS:
         raise ChunkError(f"chunk {digest[:12]}: unknown codec {codec!r}")
     path = chunk_path(root, digest, codec)
     if codec == "raw" and out is not None:
-        _read_raw_into(path, digest, n, out[:n], owner)
+        _read_raw_into(path, digest, n, out[:n], owner, check)
         return None
     with os.fdopen(_open_chunk(path, digest, os.O_RDONLY, owner), "rb") as f, _READS:
         data = f.read()
@@ -485,13 +487,14 @@ def read_refs_to_file(root: str, refs: list, path: str, mode: int = 0o600, *,
 
 
 def fill_file(root: str, refs: list, dir_fd: int, name: str, *, owner: int | None = None,
-              threads: int | None = None) -> None:
+              threads: int | None = None, check: bool = True) -> None:
     """Reassemble chunks into the new file ``name`` (created, mode 0600, never through a
     symlink) in the directory ``dir_fd``, in one copy: the file is sized first and mapped, and
     every chunk is read, in parallel, straight into its place (raw chunks with O_DIRECT: from
     the disk into the file's pages, not through the page cache) and checked there.
-    ``owner``: see :func:`_open_chunk`. On an error the file is left for the caller to
-    remove with its directory."""
+    ``owner``: see :func:`_open_chunk`. ``check`` False: raw chunks are not hashed yet (the
+    caller checks the file with :func:`check_file` before it is used). On an error the file
+    is left for the caller to remove with its directory."""
     offsets, pos = [], 0
     for r in refs:
         offsets.append(pos)
@@ -506,10 +509,46 @@ def fill_file(root: str, refs: list, dir_fd: int, name: str, *, owner: int | Non
         view = memoryview(m)
         err = None
         try:
-            _each(lambda r, o: read_chunk(root, r, view[o:o + r[1]], owner), refs, offsets,
-                  threads)
+            _each(lambda r, o: read_chunk(root, r, view[o:o + r[1]], owner, check), refs,
+                  offsets, threads)
         except BaseException as e:  # noqa: BLE001 - raised below, once the map is let go
             # its traceback's frames hold slices of the map, which could not be closed
+            err = e.with_traceback(None)
+        try:
+            view.release()
+            m.close()
+        except BufferError:  # a slice still held somewhere: the map goes with it
+            pass
+        if err is not None:
+            raise err
+    finally:
+        os.close(fd)
+
+
+def check_file(dir_fd: int, name: str, refs: list, *, threads: int | None = None) -> None:
+    """Check the raw chunks of a file :func:`fill_file` wrote with ``check=False`` against
+    their SHA-256 (a ``ChunkError`` for the first that differs); compressed ones were checked
+    as they were read."""
+    offsets, pos = [], 0
+    for r in refs:
+        offsets.append(pos)
+        pos += r[1]
+    raw = [(r, o) for r, o in zip(refs, offsets, strict=True) if r[2] == "raw"]
+    if not raw:
+        return
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        m = mmap.mmap(fd, pos, mmap.MAP_SHARED, mmap.PROT_READ)
+        view = memoryview(m)
+
+        def one(r: list, o: int) -> None:
+            if hashlib.sha256(view[o:o + r[1]]).hexdigest() != r[0]:
+                raise ChunkError(f"chunk {r[0][:12]} does not match its checksum")
+
+        err = None
+        try:
+            _each(one, [r for r, _ in raw], [o for _, o in raw], threads)
+        except BaseException as e:  # noqa: BLE001 - raised below, once the map is let go
             err = e.with_traceback(None)
         try:
             view.release()

@@ -61,6 +61,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 
 NETWORK_LOCK = "nftables"
 MIN_VERSION = (4, 1)
@@ -395,11 +396,13 @@ def check_chunk_plan(files: object) -> list[dict]:
     return out
 
 
-def _private_fill(chunk_root: str, files: list[dict], owner: int | None) -> tuple[str, str]:
+def _private_fill(chunk_root: str, files: list[dict], owner: int | None,
+                  check: bool = True) -> tuple[str, str]:
     """Like :func:`_private_copy`, from the snapshot store's chunks instead of a directory of
     images: each image is written once, straight from its chunks into the box (checked
-    chunk by chunk). ``owner``: the account the store belongs to (its chunks must be that
-    account's files, never reached through a symlink); None when root itself asked."""
+    chunk by chunk; ``check`` False: the raw ones are left to :class:`_Checking`). ``owner``:
+    the account the store belongs to (its chunks must be that account's files, never reached
+    through a symlink); None when root itself asked."""
     from . import chunkio
 
     box, dest = _private_box(sum(e["size"] for e in files))
@@ -409,7 +412,8 @@ def _private_fill(chunk_root: str, files: list[dict], owner: int | None) -> tupl
             for e in files:
                 if not e["name"].endswith(".img"):
                     continue  # CRIU's statistics: as _private_copy, only the images
-                chunkio.fill_file(chunk_root, e["chunks"], dfd, e["name"], owner=owner)
+                chunkio.fill_file(chunk_root, e["chunks"], dfd, e["name"], owner=owner,
+                                  check=check)
         finally:
             os.close(dfd)
     except chunkio.ChunkError as err:
@@ -420,6 +424,42 @@ def _private_fill(chunk_root: str, files: list[dict], owner: int | None) -> tupl
         shutil.rmtree(box, ignore_errors=True)
         raise
     return box, dest
+
+
+class _Checking:
+    """Checks the raw chunks of images :func:`_private_fill` wrote unchecked, on its own
+    threads, while CRIU restores from them: :meth:`wait` (the gate :func:`_restore` passes
+    before the restored tree may run) raises if any differs from its checksum."""
+
+    def __init__(self, directory: str, files: list[dict]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from . import chunkio
+
+        self._dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        imgs = [e for e in files if e["name"].endswith(".img")]
+        self._future = self._pool.submit(
+            lambda: [chunkio.check_file(self._dfd, e["name"], e["chunks"]) for e in imgs])
+        self._closed = False
+
+    def wait(self) -> None:
+        from . import chunkio
+
+        try:
+            self._future.result()
+        except chunkio.ChunkError as err:
+            raise CriuError("restore_failed", "the checkpoint's images cannot be read back: "
+                            f"{err}") from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Wait for the threads (they read the box, removed next) and let the directory go."""
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            os.close(self._dfd)
 
 
 def _hand_over(directory: str, uid: int) -> None:
@@ -797,23 +837,32 @@ def criu_restore(images_dir: str | None, *, criu: str | None = None,
     caller = caller_uid()
     if chunks is not None:  # the box first: the images exist nowhere else
         t0 = time.perf_counter()
-        box, private = _private_fill(chunk_root, plan, chunk_owner)
+        # written unchecked, then checked on other threads while CRIU restores from them: the
+        # restored tree stays stopped until every chunk checked out (else it is killed)
+        box, private = _private_fill(chunk_root, plan, chunk_owner, check=False)
         if seconds is not None:
             seconds["images"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        checking = None
         try:
+            checking = _Checking(private, plan)
             owner = _sole_owner(private)
             if expect_owner is not None and owner != expect_owner:
+                checking.wait()  # damaged images say so first
                 raise CriuError("unsafe", f"the checkpoint holds {_whose(private)}, not only "
                                 f"uid {expect_owner}'s: refused")
-            if owner is None:
+            if owner is None:  # root's own tree is not left stopped: checked before
+                checking.wait()
                 return _restore(private, binary, cuda_checkpoint, gpu, timeout,
                                 inherit=inherit)
             _setpriv()
             _hand_over(private, owner)
             return _restore(private, binary, cuda_checkpoint, gpu, timeout, only=owner,
-                            gids=caller_gids(owner), user=owner, inherit=inherit)
+                            gids=caller_gids(owner), user=owner, inherit=inherit,
+                            gate=checking.wait)
         finally:
+            if checking is not None:
+                checking.close()
             shutil.rmtree(box, ignore_errors=True)
             if seconds is not None:
                 seconds["criu"] = time.perf_counter() - t0
@@ -918,11 +967,13 @@ def _tcp_closed(images_dir: str) -> bool:
 
 def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: bool,
              timeout: float, only: int | None = None, gids: set[int] | None = None,
-             user: int | None = None, inherit: dict[int, str] | None = None) -> int:
+             user: int | None = None, inherit: dict[int, str] | None = None,
+             gate: Callable[[], None] | None = None) -> int:
     """Restore from ``images_dir``: CRIU as root, or as the account ``user`` in its
     unprivileged mode (``images_dir`` is then that account's directory in a root-only box).
     ``only``: the restored tree is left stopped, checked for anything not ``only``'s, and
-    killed if it holds any."""
+    killed if it holds any. ``gate`` (with ``only``): called once CRIU is done, before the
+    tree may run; what it raises kills the tree (the images' check, made meanwhile)."""
     tool = None
     if gpu:
         tool = find_cuda_checkpoint() if cuda_checkpoint is None else cuda_checkpoint
@@ -953,6 +1004,8 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
     except subprocess.TimeoutExpired:
         raise CriuError("restore_failed", f"criu restore took over {timeout:.0f} s") from None
     if p.returncode != 0:
+        if gate is not None:
+            gate()  # damaged images: that is the reason, not what CRIU made of them
         log = _log_tail(os.path.join(images_dir, "restore.log")) or p.stderr.strip()[-2000:]
         if re.search(r"Can't fork for \d+: File exists", log):
             raise CriuError("pid_in_use", "criu restore failed: a process id of the snapshot "
@@ -960,6 +1013,12 @@ def _restore(images_dir: str, binary: str, cuda_checkpoint: str | None, gpu: boo
         raise CriuError("restore_failed", f"criu restore failed (exit {p.returncode})", log)
     with os.fdopen(os.open(pidfile, os.O_RDONLY | os.O_NOFOLLOW)) as f:
         pid = int(f.read().strip())
+    if gate is not None:
+        try:
+            gate()
+        except BaseException:
+            _kill_tree(pid)
+            raise
     if only is not None:
         why = live_problems(pid, only, gids or set(), frozenset(handed))
         if why:

@@ -28,6 +28,7 @@ from jupyter_gpubudget.snapshot.store import Store
 from tests.fixtures.unixusers import PREFIX, ensure_accounts, shared_tmp
 
 from .test_job_checkpoint import (  # noqa: F401 - the fixtures
+    COUNTER,
     LAUNCHED,
     PY,
     _stop_jobs,
@@ -194,3 +195,41 @@ def test_a_malformed_list_of_chunks_is_refused(nodes, files, why):  # noqa: F811
         "restore": {"chunks": "/var/tmp", "files": files, "log": "/var/tmp/x.log"}})
     assert rc == 2 and out["error"].startswith("restore.files") and why in out["error"], out
 
+
+
+def test_a_damaged_raw_chunk_is_found_before_the_restored_job_runs(nodes):  # noqa: F811
+    """Raw chunks (noise, stored uncompressed) are checked against their SHA-256 while CRIU
+    restores from them: the restored tree stays stopped until they are, and is killed when
+    one differs; the job starts again from its command and says why."""
+    a, b = nodes
+    svc = pwd.getpwnam(demo_setup.SERVICE_USER)
+    wid = f"cw{os.getpid():x}"
+    code = "import os\nnoise = os.urandom(40 << 20)\n" + COUNTER
+    rc, out = run(a["cfg"], "launch", spec=spec(wid, 1, ["/usr/bin/python3", "-c", code]))
+    assert rc == 0, out
+    log1 = a["jobs"] / wid / "1" / "output.log"
+    wait_for(lambda: len(counts(log1)) > 2)
+    rc, ck = run(a["cfg"], "checkpoint", wid, "1")
+    assert rc == 0 and ck["checkpointed"], ck
+    base = shared_tmp("gpubudget-ckpt-raw-")
+    store = Store(str(base / "store"), keep_last=0)
+    try:
+        JobCheckpoints(store).save(wid, "lattice", ck["images_dir"],
+                                   {"log": str(log1), "attempt": 1})
+    finally:
+        subprocess.run(["rm", "-rf", ck["images_dir"]], check=False)
+        run(a["cfg"], "checkpoint-end", wid, "1", "kill")
+    got = JobCheckpoints(store).take(wid)
+    assert got is not None
+    where = got[1]
+    _chown_tree(base, svc.pw_uid, svc.pw_gid)
+    ref = max((r for e in where["files"] for r in e["chunks"]), key=lambda r: r[1])
+    assert ref[2] == "raw" and ref[1] >= 1 << 20, ref  # the noise, stored as it is
+    with open(Path(where["chunks"]) / ref[0][:2] / f"{ref[0]}.raw", "r+b") as f:
+        f.seek(ref[1] // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    stored = {"wid": wid, "log1": log1, "svc": svc.pw_uid}
+    _, adir = _restore(b, stored, 2, where)
+    _started_again(adir, "does not match its checksum")

@@ -611,7 +611,13 @@ def mine_paths() -> dict:
             _resp("Utilisation", {"type": "object", "properties": {
                 "status": {"type": "string", "enum": ["live", "stale", "unknown"]},
                 "utilisation": num, "at": num, "age_s": num, "average": num,
-                "source": {"type": "string", "nullable": True}}}),
+                "source": {"type": "string", "nullable": True},
+                "memory": {"type": "array", "nullable": True, "description": (
+                    "memory its GPUs use per slice (null: unknown)"), "items": {
+                    "type": "object", "properties": {
+                        "gpu": {"type": "string"}, "used_bytes": {"type": "integer"},
+                        "total_bytes": {"type": "integer"}, "shared": {"type": "boolean"}}}},
+                "memory_at": num}}),
             params=[{"name": "id", "in": "path", "required": True, "schema": WORKLOAD_ID}],
             extra={"404": "No such session"})},
         **budget_request_paths(),

@@ -31,8 +31,11 @@ def gpus_of(w: Workload) -> set[tuple[str, int]]:
 
 
 def check(now: float, bookings: list[Booking], running: dict[str, Workload],
-          waiting: dict[str, Workload], starts_at: dict[str, float]) -> None:
-    """The three properties after a cycle at ``now``."""
+          waiting: dict[str, Workload], starts_at: dict[str, float],
+          requeued: frozenset[str] = frozenset()) -> None:
+    """The three properties after a cycle at ``now``. ``requeued``: work this very cycle
+    preempted (e.g. off another booking's GPUs at its window's start); it is pending again
+    only from the next cycle on, so it may start there, not in the cycle that stopped it."""
     held = {key: w for w in running.values() for key in gpus_of(w)}
     for b in bookings:
         booked = set(b.gpus)
@@ -46,7 +49,8 @@ def check(now: float, bookings: list[Booking], running: dict[str, Workload],
         if b.active(now):
             free = sum(1 for key in booked if key not in held)
             fits = [w.id for w in waiting.values() if w.project == b.project
-                    and w.submitted_at <= now and w.request.gpus <= free]
+                    and w.submitted_at <= now and w.request.gpus <= free
+                    and w.id not in requeued]
             assert not fits, f"{fits} of {b.project} wait while {free} GPUs of {b.id} are free"
 
 
@@ -66,6 +70,7 @@ def drive(work: list[Workload], runtimes: dict[str, float], bookings: list[Booki
         state = ClusterState(accounts, inv, running=list(running.values()),
                              pending=[w for w in waiting.values() if w.submitted_at <= now],
                              bookings=bookings)
+        requeued: set[str] = set()
         for d in schedule(state, now):
             if isinstance(d, Start):
                 w = waiting.pop(d.workload)
@@ -76,9 +81,10 @@ def drive(work: list[Workload], runtimes: dict[str, float], bookings: list[Booki
             elif isinstance(d, Preempt) and d.workload in running:
                 w = running.pop(d.workload)
                 assert not w.is_protected(now)
+                requeued.add(w.id)
                 waiting[w.id] = replace(w, placement=None, started_at=None, backed=False,
                                         protected_until=None)
-        check(now, bookings, running, waiting, starts_at)
+        check(now, bookings, running, waiting, starts_at, frozenset(requeued))
     return starts
 
 

@@ -15,7 +15,7 @@ import time
 
 from jupyter_gpubudget.backends import k8s_objects as ko
 from jupyter_gpubudget.ledger import Ledger
-from tests.fixtures.k8s import EXIT_ENV, NAMESPACE
+from tests.fixtures.k8s import EXIT_ENV, NAMESPACE, wait_for
 from tests.kubernetes.realpods import PodEvents
 from tests.kubernetes.serviceloop import make_loop, run_until
 
@@ -81,7 +81,15 @@ def test_the_loop_runs_a_gang_and_preempts_unbacked_work_on_a_real_cluster(k8s, 
 
     run_until(loop, lambda: ledger.get(gang).state == "done", "gang done", 90)
     placed = {s["node"] for s in ledger.get(gang).placement}
-    pods = k8s.admin.items(f"/api/v1/namespaces/{NAMESPACE}/pods", f"{ko.L_WORKLOAD}={gang}")
+
+    def gang_pods() -> list[dict]:
+        """The last state the pod watch saw of each of the gang's pods, once both are bound
+        (read from the watch: the done gang's Job and pods may be deleted by now)."""
+        seen = {e.name: e.pod for e in events.events
+                if e.pod["metadata"]["labels"].get(ko.L_WORKLOAD) == gang
+                and e.pod["spec"].get("nodeName")}
+        return list(seen.values()) if len(seen) == 2 else []
+    pods = wait_for(gang_pods, "the watch to show the gang's two bound pods", 60)
     assert {p["spec"]["nodeName"] for p in pods} == placed == {"gpu-a", "gpu-b"}
     assert all(p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
                for p in pods)

@@ -166,13 +166,15 @@ def _simulate(args: argparse.Namespace, console: Any) -> int:
                     checkpoint_interval=args.checkpoint_interval,
                     restart_overhead=args.restart_overhead,
                     horizon=args.horizon * 3600 if args.horizon else None)
-    if args.reservations and (args.off_peak is not None or args.compare):
-        print("error: --reservations runs on its own (not with --off-peak or --compare)",
+    booked = args.reservations or setup.trace.bookings
+    if booked and (args.off_peak is not None or args.compare):
+        what = "--reservations" if args.reservations else "a trace with reservation rows"
+        print(f"error: {what} runs on its own (not with --off-peak or --compare)",
               file=sys.stderr)
         return 2
     if args.off_peak is not None:
         return _off_peak(args, setup, cfg, console)
-    if args.reservations:
+    if booked:
         return _reservations(args, setup, cfg, console)
     runs = [(setup.budgets_name, setup.budgets)]
     if args.compare:
@@ -296,15 +298,25 @@ def _off_peak(args: argparse.Namespace, setup: Any, cfg: Any, console: Any) -> i
 
 
 def _reservations(args: argparse.Namespace, setup: Any, cfg: Any, console: Any) -> int:
-    """``--reservations``: the run with the bookings and without, what they cost the
-    others (sim/bookings.py), a table, and the figures in the metrics JSON."""
+    """``--reservations`` (or a trace's reservation rows, or both): the run with the
+    bookings and without, what they cost the others (sim/bookings.py), a table, and the
+    figures in the metrics JSON."""
     from dataclasses import replace
 
+    from ..core.yamlnodes import ConfigError
     from ..sim import report
     from ..sim.bookings import cost_to_others, read_bookings
     from ..sim.run import run_one
 
-    specs = read_bookings(args.reservations)  # (a bad file: exit 2 naming field and line)
+    specs = setup.trace.bookings_from_start()
+    if args.reservations:  # (a bad file: exit 2 naming field and line)
+        from_file = read_bookings(args.reservations)
+        ids = {s.id for s in specs}
+        for s in from_file:
+            if s.id in ids:
+                raise ConfigError(f"a second reservation {s.id!r} (the trace has one)",
+                                  f"reservations[{s.id}].id", s.line or None, s.source)
+        specs = [*specs, *from_file]
     res, m = run_one(setup, setup.budgets, replace(cfg, bookings=specs), None)
     plain, _ = run_one(setup, setup.budgets, cfg, None)
     rep = cost_to_others(res, plain, res.booked.bookings, res.booked)

@@ -24,6 +24,11 @@ Native CSV (one workload per row; header required; columns in any order)::
   absent: unknown (never 0).
 - ``project``/``user`` may be empty or absent: projects are then assigned deterministically
   from the budgets (see :func:`assign_projects`).
+- a row of ``kind`` ``reservation`` is a booking, not a workload: whole GPUs (``gpus``, or a
+  ``slice`` of whole GPUs) booked for ``project`` (required) from ``submit`` for
+  ``duration``, optionally of ``model`` and on ``nodes`` (names separated by spaces or
+  ``;``); it goes to :attr:`Trace.bookings` (sim/bookings.py replays it as a booking of the
+  ``--reservations`` file). ``nodes`` is for these rows only.
 
 ITP / ElasticFlow: ``job_id, submission_time, duration, num_gpu`` (seconds; 1..64 GPUs).
 Alibaba openb pods: ``name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...,
@@ -44,6 +49,7 @@ from pathlib import Path
 from ..core.accounts import AccountTree
 from ..core.model import INTERCONNECTS, KINDS, MILLI, SliceRequest
 from ..core.yamlnodes import ConfigError, parse_duration
+from .bookings import SimBooking
 
 
 class TraceError(ConfigError):
@@ -74,6 +80,17 @@ class Trace:
     jobs: tuple[TraceJob, ...]
     source: str
     format: str  # "native" | "itp" | "openb"
+    #: the bookings the trace carries (its ``reservation`` rows), windows in trace time
+    #: (sim/bookings.py: SimBooking; :meth:`bookings_from_start` makes them the file's)
+    bookings: tuple[SimBooking, ...] = ()
+
+    def bookings_from_start(self) -> list[SimBooking]:
+        """The trace's bookings with their windows from the trace's start (its first
+        submission), as a reservations file gives them."""
+        if not self.bookings:
+            return []
+        t0 = min((j.submit for j in self.jobs), default=0.0)
+        return [replace(b, start=b.start - t0, end=b.end - t0) for b in self.bookings]
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -209,7 +226,9 @@ def _read(path: str | os.PathLike[str]) -> tuple[str, str]:
 NATIVE_REQUIRED = ("submit", "duration")
 NATIVE_OPTIONAL = ("id", "project", "user", "kind", "min_runtime", "resumable", "time_limit",
                    "model", "cpu_milli", "memory_mib", "checkpoint_interval", "command",
-                   "interconnect", "busy")
+                   "interconnect", "busy", "nodes")
+#: the ``kind`` of a trace row that books GPUs instead of running a workload
+RESERVATION = "reservation"
 _TRUE = {"true", "yes", "1", "y", "t"}
 _FALSE = {"false", "no", "0", "n", "f"}
 
@@ -246,11 +265,18 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
     if "gpus" in rows.header and "slice" in rows.header:
         raise TraceError("give either a 'gpus' or a 'slice' column, not both", "slice", 1, source)
     jobs: list[TraceJob] = []
+    bookings: list[SimBooking] = []
     for line, row in rows:
         submit = rows.duration(row, "submit", line)
         duration = rows.duration(row, "duration", line)
         if duration <= 0:
             raise rows.error("must be longer than zero", "duration", line)
+        if row.get("kind", "") == RESERVATION:
+            bookings.append(_booking_row(rows, row, line, submit, duration,
+                                         len(jobs) + len(bookings) + 1))
+            continue
+        if row.get("nodes"):
+            raise rows.error("nodes are for reservation rows only", "nodes", line)
         if "gpus" in row:
             n = int(rows.number(row, "gpus", line, integer=True))
             req = SliceRequest.whole(n) if n > 0 else SliceRequest.cpu_only()
@@ -303,7 +329,42 @@ def parse_native(text: str, source: str = "<trace>") -> Trace:
         jobs.append(TraceJob(jid, submit, duration, req, project, row.get("user", ""), kind,
                              min_rt, resumable, tl if tl >= 0 else None,
                              ci if ci >= 0 else None, row.get("command", ""), busy))
-    return Trace(tuple(sorted(jobs, key=lambda j: (j.submit, j.id))), source, "native")
+    return Trace(tuple(sorted(jobs, key=lambda j: (j.submit, j.id))), source, "native",
+                 tuple(bookings))
+
+
+def _booking_row(rows: _Rows, row: dict[str, str], line: int, start: float, duration: float,
+                 n: int) -> SimBooking:
+    """A ``reservation`` row as a booking (sim/bookings.py: SimBooking) over ``[start,
+    start + duration)`` in trace time; what a booking cannot hold is refused with its
+    line."""
+    from .bookings import SimBooking
+
+    project = row.get("project", "")
+    if not project:
+        raise rows.error("a reservation names its project", "project", line)
+    if "gpus" in row:
+        gpus = int(rows.number(row, "gpus", line, integer=True))
+    else:
+        try:
+            req = parse_slice(row.get("slice", ""))
+        except ValueError as e:
+            raise rows.error(f"{e} (got {row.get('slice', '')!r})", "slice", line) from None
+        if req.kind != "gpu":
+            raise rows.error("a reservation books whole GPUs (e.g. '4')", "slice", line)
+        gpus = req.gpus
+    if gpus < 1:
+        raise rows.error("a reservation books at least one GPU", "gpus" if "gpus" in row
+                         else "slice", line)
+    for col in ("min_runtime", "time_limit", "checkpoint_interval", "busy", "resumable",
+                "interconnect", "command", "user", "cpu_milli", "memory_mib"):
+        if row.get(col):
+            raise rows.error("not a column of a reservation row (it books GPUs; it runs "
+                             "nothing)", col, line)
+    bid = rows.unique(row.get("id", "") or f"r{n}", "id", line, "id")
+    nodes = tuple(x for x in row.get("nodes", "").replace(";", " ").split() if x)
+    return SimBooking(bid, project, start, start + duration, gpus, nodes,
+                      row.get("model") or None, line, rows.source)
 
 
 # ---------------------------------------------------------------------- ITP / ElasticFlow
@@ -542,4 +603,9 @@ def assign_projects(trace: Trace, accounts: AccountTree, cluster_gpu_hours: floa
             project = projects[k]
         user = j.user or f"{project}-u{int(_unit('user:' + j.id) * users_per_project)}"
         out.append(replace(j, project=project, user=user))
-    return Trace(tuple(out), trace.source, trace.format)
+    for b in trace.bookings:
+        if b.project not in accounts or not accounts.is_project(b.project):
+            raise TraceError(f"reservation {b.id} books for {b.project!r}, which is not a "
+                             f"project of the budgets (projects: {', '.join(projects)})",
+                             "project", b.line or None, trace.source)
+    return Trace(tuple(out), trace.source, trace.format, trace.bookings)

@@ -73,6 +73,10 @@ from .slurm_map import (
 SLURM_SETS = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 
+#: the signals a job may ask for ahead of a likely preemption (``warn_signal``: the service's
+#: WARN_SIGNALS; never KILL or STOP, which ``scancel --signal`` would send as well)
+WARN_SIGNALS = ("USR1", "USR2", "INT", "TERM", "HUP")
+
 
 class SlurmError(RuntimeError):
     pass
@@ -593,6 +597,35 @@ class SlurmBackend(Backend):
             self._run(["scancel", j.job_id], user=j.user or None)
         with self._lock:
             self._queue = None
+
+    def notify(self, workload: str, attempt: int, signal_name: str) -> str | None:
+        """Send the running attempt the signal its job asked for ahead of a likely
+        preemption (``warn_signal``): None when sent, else why not (never raised).
+
+        ``scancel --signal=<SIG> --full`` as the job's user: every process of the job (the
+        batch step — our script ``exec``s the job's command — its children, and its ``srun``
+        steps), as the local backend signals the job's process group and cgroup. Not
+        ``--batch``: it reaches the batch step's shell alone, so the processes a script
+        starts (with ``srun``: the training processes of most Slurm jobs) never see it, and a
+        shell waiting for its child runs its trap only once that child has ended."""
+        if signal_name not in WARN_SIGNALS:
+            return f"the signal is one of {', '.join(WARN_SIGNALS)}"
+        name = job_name(self.job_name_prefix, workload, attempt)
+        try:
+            jobs = self._alive_jobs(name, fresh=True)
+        except SlurmError as e:
+            return f"Slurm did not answer: {e}"
+        running = [j for j in jobs if j.state == "RUNNING"]
+        if not running:
+            return f"not running ({jobs[0].state.lower()})" if jobs else "not running"
+        errors = []
+        for j in running:
+            try:
+                self._run(["scancel", f"--signal={signal_name}", "--full", j.job_id],
+                          user=j.user or None)
+            except SlurmError as e:  # (e.g. it ended since squeue listed it)
+                errors.append(str(e))
+        return "; ".join(errors) or None
 
     def orphans(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
         out = []

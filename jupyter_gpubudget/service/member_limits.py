@@ -85,3 +85,33 @@ def mine(tree: AccountTree, user: str, sched: Any) -> dict[str, dict[str, Any]]:
         out[project] = {**lim.as_json(), "used_hours": used, "running_gpus": gpus,
                         "over": bool(words and "runs unbacked" in words), "text": words}
     return out
+
+
+def overview(tree: AccountTree, user: str, is_admin: bool, sched: Any) -> list[dict[str, Any]]:
+    """The Accounts page's members' limits (``tree`` with the API's laid over): per project
+    whose limits the caller may set (an admin, a manager of it or of an account above), every
+    member with their limit (None: none) and where they stand (GPU-hours charged in the window
+    and GPUs their backed work holds, as the last cycle saw them; None before the first
+    cycle); for a plain member only their own limits, read-only."""
+    st = sched.backing.st if sched is not None else None
+    out: list[dict[str, Any]] = []
+    for project in tree.projects():
+        path = tree.path(project)
+        members = sorted({u for a in path for u in (*tree.get(a).members,
+                                                     *tree.get(a).managers)})
+        may_set = is_admin or tree.can_manage(user, project)
+        if not may_set:
+            if user not in members or tree.member_limit(project, user) is None:
+                continue
+            members = [user]
+        rows = []
+        for u in members:
+            lim = tree.member_limit(project, u)
+            rows.append({
+                "user": u, "gpu_hours": lim.gpu_hours if lim is not None else None,
+                "gpus": lim.gpus if lim is not None else None,
+                "used_hours": st.member_usage.get((project, u), 0.0) if st is not None else None,
+                "running_gpus": (sched.backing.member_gpus.get((project, u), 0.0)
+                                 if st is not None else None)})
+        out.append({"project": project, "may_set": may_set, "members": rows})
+    return out

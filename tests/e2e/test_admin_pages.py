@@ -725,3 +725,80 @@ def test_the_audit_api_respects_authorisation_and_validates_its_filters(demo):
     # the OpenAPI document describes it
     st, doc = http("GET", demo.svc + "/openapi.json")
     assert "/audit" in doc["paths"], sorted(doc["paths"])
+
+
+def limits_read(demo, project: str) -> dict:  # noqa: ANN001
+    st, out = http("GET", f"{demo.svc}/accounts/{project}/member_limits", demo.token)
+    assert st == 200, out
+    return out["member_limits"]
+
+
+def limit_row(page, project: str, user: str):  # noqa: ANN001, ANN201
+    return page.locator(f"#gb-limits tr.gb-limit[data-project='{project}'][data-user='{user}']")
+
+
+def test_a_manager_sets_a_members_limit_on_the_accounts_page_and_a_member_may_not(demo):
+    """alice (manager of physics) sees every member of lattice-qcd and astro with their usage,
+    sets bob's limit on the page (read back through the API), gets the service's reason for a
+    bad one, and removes it; bob sees his own limit against his usage, read-only, and a PUT
+    from his page is refused 403. Screenshot: docs/img/accounts-member-limits.png."""
+    from playwright.sync_api import sync_playwright
+
+    assert "bob" not in limits_read(demo, "lattice-qcd")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            _, page = login(browser, demo, "alice")
+            projects = page.eval_on_selector_all(
+                "#gb-limits .gb-limits-project", "xs => xs.map(x => x.dataset.project)")
+            assert projects == ["lattice-qcd", "astro"], projects  # not biology's
+            bob = limit_row(page, "lattice-qcd", "bob")
+            assert limit_row(page, "lattice-qcd", "alice").count() == 1
+            # bob's GPU-hours in the window and his running job's GPU, no limit yet
+            assert re.search(r"\b\d+\.\d GPU-h · no limit\s+1 · no limit", bob.inner_text()), \
+                bob.inner_text()
+            # a bad limit: the service's reason under the table, nothing saved
+            bob.locator(".gb-limit-hours-in").fill("-5")
+            bob.locator(".gb-limit-save").click()
+            err = page.locator("#gb-limits .gb-limits-project[data-project='lattice-qcd'] "
+                               ".gb-limit-error")
+            err.wait_for(state="visible")
+            assert "gpu_hours: must be a number from 0" in err.inner_text(), err.inner_text()
+            assert "bob" not in limits_read(demo, "lattice-qcd")
+            # both fields empty: said on the page, nothing sent
+            bob.locator(".gb-limit-hours-in").fill("")
+            bob.locator(".gb-limit-save").click()
+            page.wait_for_function("() => document.querySelector('#gb-limits "
+                                   ".gb-limit-error').textContent.includes('Remove lifts')")
+            # a good one: saved, the page reloads with it
+            bob.locator(".gb-limit-hours-in").fill("300")
+            bob.locator(".gb-limit-gpus-in").fill("2")
+            bob.locator(".gb-limit-save").click()
+            page.wait_for_selector("#gb-limits tr.gb-limit[data-user='bob'][data-gpu-hours='300.0']")
+            assert limits_read(demo, "lattice-qcd")["bob"] == {"gpu_hours": 300.0, "gpus": 2.0}
+            text = limit_row(page, "lattice-qcd", "bob").inner_text()
+            assert re.search(r"\b\d+\.\d of 300 GPU-h\s+1 of 2\b", text), text
+            page.locator("#gb-limits").screenshot(
+                path=str(ROOT / "docs" / "img" / "accounts-member-limits.png"))
+            assert page.errors == ["Failed to load resource: the server responded with a status "
+                                   "of 400 (Bad Request)"], page.errors  # the bad limit's
+
+            _, bpage = login(browser, demo, "bob")
+            mine = bpage.locator("#gb-limits tr.gb-limit")
+            assert mine.count() == 1 and mine.get_attribute("data-user") == "bob"
+            assert re.search(r"of 300 GPU-h", mine.inner_text()), mine.inner_text()
+            assert bpage.locator("#gb-limits input, #gb-limits button").count() == 0
+            st, out = page_fetch(bpage, "PUT", "api/v1/accounts/lattice-qcd/member_limits/bob",
+                                 {"gpu_hours": 5000})
+            assert st == 403, out
+            assert limits_read(demo, "lattice-qcd")["bob"] == {"gpu_hours": 300.0, "gpus": 2.0}
+
+            # alice lifts it
+            page.reload()
+            limit_row(page, "lattice-qcd", "bob").locator(".gb-limit-remove").click()
+            page.wait_for_selector("#gb-limits tr.gb-limit[data-user='bob'][data-gpu-hours='']")
+            assert "bob" not in limits_read(demo, "lattice-qcd") or \
+                limits_read(demo, "lattice-qcd")["bob"] is None
+        finally:
+            browser.close()
+            http("DELETE", f"{demo.svc}/accounts/lattice-qcd/member_limits/bob", demo.token)

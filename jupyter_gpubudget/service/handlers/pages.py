@@ -23,6 +23,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from .. import member_limits
 from ..audit import (
     GROUP_WORDS,
     BadFilter,
@@ -192,7 +193,12 @@ class IndexHandler(PageHandler):
         await super().get()
 
     async def data(self, c: Caller) -> dict[str, Any]:
-        return {"data": await self.db(accounts_overview, self.svc, c, self.svc.clock())}
+        data = await self.db(accounts_overview, self.svc, c, self.svc.clock())
+        tree = await self.db(member_limits.with_ledger_limits, self.tree, self.svc.ledger)
+        quoter = self.svc.loop.view.quoter
+        limits = member_limits.overview(tree, c.name, c.is_admin,
+                                        quoter.sched if quoter is not None else None)
+        return {"data": data, "limits": limits, "api": self.svc.api_prefix}
 
 
 class AccountsPage(IndexHandler):

@@ -12,6 +12,7 @@ building them was two thirds of the forecast's cost.
 from __future__ import annotations
 
 import heapq
+import threading
 from bisect import bisect_left
 from dataclasses import dataclass
 
@@ -32,6 +33,14 @@ class Forecast:
 
     starts: dict[str, float]
     probe_starts: dict[str, float]
+
+    def start_of(self, wid: str) -> float | None:
+        """When pending workload ``wid`` starts (as :meth:`LazyForecast.start_of`)."""
+        return self.starts.get(wid)
+
+    def probe_start(self, key: str) -> float | None:
+        """When slice choice ``key`` first fits (as :meth:`LazyForecast.probe_start`)."""
+        return self.probe_starts.get(key)
 
 
 class _Replay:
@@ -111,41 +120,121 @@ def forecast(state: ClusterState, now: float, probes: dict[str, SliceRequest] | 
     the freed capacity filled in rank order. Departures are taken in steps that grow with
     the distance from now (a minute at first, a twentieth of the distance later), so the
     replay does at most ``max_fills`` fills whatever the queue's length: near-term starts are
-    exact to the minute, distant ones to a few percent of their distance."""
-    s = Scheduler.from_state(state)
-    limit = now + (horizon if horizon is not None else s.policy.window)
-    starts: dict[str, float] = {}
-    open_probes = dict(probes or {})
-    probe_starts: dict[str, float] = {}
-    ends: list[tuple[float, str]] = []
+    exact to the minute, distant ones to a few percent of their distance.
 
-    def probe(t: float) -> None:
-        for key, req in list(open_probes.items()):
+    The whole replay at once; :class:`LazyForecast` replays only as far as what is asked."""
+    return LazyForecast(state, now, probes, horizon, max_fills).result()
+
+
+class LazyForecast:
+    """:func:`forecast`, replayed only as far as the answers asked need: the start of one
+    workload (:meth:`start_of`: until it starts, or the replay ends), the answer for one slice
+    shape (:meth:`probe_start`). The replay is continued, never restarted, when a later answer
+    is asked, and kept with its answers until the object is dropped (the service makes one
+    per forecast). Nothing runs when it is made; every answer is :func:`forecast`'s (the
+    replay takes the same steps, whatever is asked and in whatever order).
+
+    Safe to ask from several threads: a lock guards the replay (it runs on a scheduler of
+    its own, built from ``state``, that nothing else reads)."""
+
+    def __init__(self, state: ClusterState, now: float,
+                 probes: dict[str, SliceRequest] | None = None, horizon: float | None = None,
+                 max_fills: int = 200) -> None:
+        self._state, self.now = state, now
+        self._probes = dict(probes or {})
+        self._horizon, self._max_fills = horizon, max_fills
+        self._lock = threading.Lock()
+        self._s: Scheduler | None = None
+        self._replay: _Replay | None = None
+        self._starts: dict[str, float] = {}
+        self._probe_starts: dict[str, float] = {}
+        self._open: dict[str, SliceRequest] = {}
+        self._ends: list[tuple[float, str]] = []
+        self._fills = 0
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Has the replay ended (every answer is known)?"""
+        return self._done
+
+    @property
+    def fills(self) -> int:
+        """Fills replayed so far (a figure for tests and benchmarks)."""
+        return self._fills
+
+    def start_of(self, wid: str) -> float | None:
+        """When pending workload ``wid`` starts (``forecast(...).starts.get(wid)``)."""
+        with self._lock:
+            s = self._begin()
+            while wid not in self._starts and wid in s.waiting.pending and self._step():
+                pass
+            return self._starts.get(wid)
+
+    def probe_start(self, key: str) -> float | None:
+        """When slice choice ``key`` (one of ``probes``) first fits behind the queue
+        (``forecast(...).probe_starts.get(key)``)."""
+        with self._lock:
+            self._begin()
+            while key in self._open and self._step():
+                pass
+            return self._probe_starts.get(key)
+
+    def result(self) -> Forecast:
+        """The whole forecast (the replay run to its end)."""
+        with self._lock:
+            self._begin()
+            while self._step():
+                pass
+            return Forecast(dict(self._starts), dict(self._probe_starts))
+
+    def _begin(self) -> Scheduler:
+        """The cycle at ``now`` and the probes at ``now``, once."""
+        if self._s is not None:
+            return self._s
+        s = Scheduler.from_state(self._state)
+        now, ends = self.now, self._ends
+        self._limit = now + (self._horizon if self._horizon is not None else s.policy.window)
+        # what runs, from its predicted end (work the cycle preempts stays on the heap: its
+        # time still ends a step)
+        for w in s.running.values():
+            heapq.heappush(ends, (predicted_end(w, now, s.predict(w)), w.id))
+        for d in s.cycle(now):
+            if isinstance(d, Start):
+                self._starts[d.workload] = now
+                heapq.heappush(ends, (now + s.predict(s.running[d.workload]), d.workload))
+        self._replay = _Replay(s)
+        self._open = dict(self._probes)
+        self._s = s
+        self._probe(now)
+        return s
+
+    def _probe(self, t: float) -> None:
+        s = self._s
+        assert s is not None
+        for key, req in list(self._open.items()):
             if place(s.cluster, req, t + s.policy.default_runtime) is not None:
-                probe_starts[key] = t
-                del open_probes[key]
+                self._probe_starts[key] = t
+                del self._open[key]
 
-    # what runs, from its predicted end (work the cycle preempts stays on the heap: its
-    # time still ends a step)
-    for w in s.running.values():
-        heapq.heappush(ends, (predicted_end(w, now, s.predict(w)), w.id))
-    for d in s.cycle(now):
-        if isinstance(d, Start):
-            starts[d.workload] = now
-            heapq.heappush(ends, (now + s.predict(s.running[d.workload]), d.workload))
-    replay = _Replay(s)
-    probe(now)
-    fills = 0
-    while ends and (s.waiting.pending or open_probes) and fills < max_fills:
+    def _step(self) -> bool:
+        """One step of the replay (its departures, then one fill); False when it has ended."""
+        s, replay, ends = self._s, self._replay, self._ends
+        assert s is not None and replay is not None
+        if self._done or not (ends and (s.waiting.pending or self._open)
+                              and self._fills < self._max_fills):
+            self._done = True
+            return False
         t = ends[0][0]
-        if t > limit:
-            break
-        step_end = t + max(60.0, (t - now) / 20)
+        if t > self._limit:
+            self._done = True
+            return False
+        step_end = t + max(60.0, (t - self.now) / 20)
         while ends and ends[0][0] <= step_end:  # every departure of this step, then one fill
             replay.stop(heapq.heappop(ends)[1])
-        fills += 1
+        self._fills += 1
         for wid, run in replay.fill(t):
-            starts[wid] = t
+            self._starts[wid] = t
             heapq.heappush(ends, (t + run, wid))
-        probe(t)
-    return Forecast(starts, probe_starts)
+        self._probe(t)
+        return True

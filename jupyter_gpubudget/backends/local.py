@@ -162,6 +162,8 @@ class LocalBackend(Backend):
         self._modes: dict[tuple[str, int], tuple[str, str]] = {}
         #: (workload, attempt) -> why its stop fell back from a checkpoint to the signal
         self._fell_back: dict[tuple[str, int], str] = {}
+        #: (workload, attempt) -> the snapshot its stop checkpointed it into
+        self._took: dict[tuple[str, int], str] = {}
         self._checkpoints = None
         if self.checkpoint_store:
             from jupyter_gpubudget.snapshot.jobsnap import JobCheckpoints
@@ -592,6 +594,7 @@ class LocalBackend(Backend):
             shutil.rmtree(images, ignore_errors=True)
         self._launcher("checkpoint-end", workload, str(attempt), "kill",
                        timeout=self.stop_grace + 60)
+        self._took[(workload, attempt)] = sid
         self.log.info("%s attempt %d checkpointed (snapshot %s, %s bytes, dump %.2f s)",
                       workload, attempt, sid, out.get("bytes"), out.get("seconds") or 0.0)
         return True
@@ -600,6 +603,11 @@ class LocalBackend(Backend):
         """Why the last stop of a ``checkpoint: auto`` attempt was not a checkpoint (it was
         signalled, and starts again from its command), once; None when it was one."""
         return self._fell_back.pop((workload, attempt), None)
+
+    def checkpoint_taken(self, workload: str, attempt: int) -> str | None:
+        """The snapshot the last stop of the attempt checkpointed it into (it resumes from it
+        where it stopped), once; None when it was not checkpointed."""
+        return self._took.pop((workload, attempt), None)
 
     def stop(self, workload: str, attempt: int) -> BackendStatus:
         if self.status(workload, attempt).alive and self._checkpoint(workload, attempt):

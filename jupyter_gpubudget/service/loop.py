@@ -533,6 +533,9 @@ class SchedulingLoop:
             why = fell_back(row.id, iv.seq if iv else 0) if fell_back else None
             if why:  # checkpoint: auto, but signalled instead: the record says why
                 detail["checkpoint_fallback"] = why
+            took = getattr(self.backend, "checkpoint_taken", None)
+            if took and (sid := took(row.id, iv.seq if iv else 0)):
+                detail["checkpoint"] = sid  # checkpointed: it resumes where it stopped
             with self.ledger.tx() as s:
                 self.ledger.stop(row.id, now=self._stopped_at(asked, st), closed_by="preempt",
                                  reason=d.reason,

@@ -181,6 +181,11 @@ def build_notice(*, kind: str, reason: str = "", detail: dict | None = None,
                      f"({detail['checkpoint_fallback']}), so it was stopped with a signal "
                      "and starts again from its command.")
             ids["checkpoint_fallback"] = detail["checkpoint_fallback"]
+        elif detail.get("checkpoint"):
+            saved = ("Its processes were checkpointed just before it stopped (everything they "
+                     "held in memory was saved): it resumes where it stopped, not from its "
+                     "command.")
+            ids["checkpoint"] = detail["checkpoint"]
         else:
             saved = ("Nothing of a batch job's memory is saved: it starts again from its "
                      "command (resume from your own checkpoints).")

@@ -80,6 +80,23 @@ def test_notice_project_standing_preempts_a_batch_job():
     no_ids_in_words(n, "77aa", JOB["id"])
 
 
+def test_notice_a_checkpointed_batch_job_resumes_where_it_stopped():
+    n = build_notice(kind="preempt", reason="unbacked work yields to backed work "
+                     "(loses 0.40 GPU-h)", detail={"for": "77aa", "requeued": True,
+                                                    "checkpoint": SNAP}, workload=JOB)
+    assert n.title == "Your job “train” (project lattice-qcd) was preempted"
+    assert n.body == (
+        "Your job “train” (project lattice-qcd) was stopped to free its GPU slice. Work backed "
+        "by its project's grant needed the slice, and yours ran unbacked (its project's grant "
+        "did not cover it), so it was not protected. Its processes were checkpointed just "
+        "before it stopped (everything they held in memory was saved): it resumes where it "
+        "stopped, not from its command. It is back in the queue, in its place by submission "
+        "time, and starts again when a slice is free. Nothing to do; `gpubudget jobs` shows "
+        "where it waits.")
+    assert n.details["checkpoint"] == SNAP
+    no_ids_in_words(n, SNAP, "77aa", JOB["id"])
+
+
 def test_notice_drain_shows_the_admins_note():
     n = build_notice(kind="requeue", actor="root",
                      reason=f"preempted after snapshot {SNAP}; requeued as 5e7c",

@@ -77,6 +77,15 @@ def test_a_checkpointed_jobs_charges_are_exact_across_its_preemption(loop):
     assert ledger.get(bob).state == "pending" and ledger.get(alice).state == "running"
     (pre,) = ledger.decisions(kind="preempt", workloads=[bob])
     assert "checkpoint_fallback" not in pre.detail
+    # the record names the checkpoint, and the notice says the job resumes where it stopped
+    (snap,) = backend._checkpoints.store.list(session=f"job-{bob}")
+    assert pre.detail["checkpoint"] == snap.id
+    n = notice_of(ledger, pre, ledger.get(bob))
+    assert ("Its processes were checkpointed just before it stopped (everything they held "
+            "in memory was saved): it resumes where it stopped, not from its command.") \
+        in n.body, n.body
+    assert "Nothing of a batch job's memory is saved" not in n.body
+    assert n.details["checkpoint"] == snap.id and snap.id not in n.body + n.title
     last = counts(log1)[-1]
     # alice's job ends; bob's is restored and counts on
     cycle_until(lp, lambda: ledger.get(bob).state == "running", "bob's job back")

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import UsageRollupRow
+from .models import UsageHourlyRow, UsageRollupRow
 
 HOUR = 3600.0
 
@@ -40,6 +40,20 @@ def add(s: Session, project: str, milli: float, start: float, end: float) -> Non
             index_elements=["project", "hour"],
             set_={"gpu_ms": t.gpu_ms + stmt.excluded.gpu_ms,
                   "last_end": _greatest(dialect, t.last_end, stmt.excluded.last_end)}))
+
+
+def member_parts(s: Session, since: float) -> dict[tuple[str, int], list[tuple[str, float]]]:
+    """Each user's part of the buckets :func:`buckets` reads: per (project, hour), (user,
+    charged milli-GPU-seconds), from the reports' hourly rows (``usage_hourly``, added from
+    the same closed intervals as the buckets; a booking's charge has no user there)."""
+    t = UsageHourlyRow.__table__.c
+    out: dict[tuple[str, int], list[tuple[str, float]]] = {}
+    for project, hour, user, ms in s.execute(
+            select(t.project, t.hour, t.user, t.charged_ms)
+            .where(t.hour >= int(since - HOUR), t.charged_ms > 0)
+            .order_by(t.hour, t.project, t.user)):
+        out.setdefault((project, int(hour)), []).append((user, ms))
+    return out
 
 
 def _greatest(dialect: str, a, b):  # noqa: ANN001, ANN202

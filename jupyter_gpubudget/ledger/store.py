@@ -686,6 +686,13 @@ class Ledger:
                 closed.append((project, hour, end, gpu_ms / (end - hour)))
             return closed
 
+    def member_usage_for_window(self, since: float
+                                ) -> dict[tuple[str, int], list[tuple[str, float]]]:
+        """Each user's part of the hourly rollups :meth:`usage_for_window` reads: per
+        (project, hour), (user, milli-GPU-seconds charged), sorted by user."""
+        with self.ro() as s:
+            return rollups.member_parts(s, since)
+
     def recent_runs(self, limit: int) -> list[tuple[str, str, str, float, dict, list | None]]:
         """The last ``limit`` finished runs (user, project, kind, seconds, request, command),
         oldest first, for runtime prediction."""

@@ -154,9 +154,8 @@ class LiveWorkloads:
         moved."""
         key = (id(ledger), ledger.usage_version, math.ceil(since / HOUR))
         if self._usage is None or self._usage[0] != key:
-            self._usage = (key, [
-                ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", milli, start, end)
-                for project, start, end, milli in ledger.usage_for_window(since)])
+            self._usage = (key, by_member(ledger.usage_for_window(since),
+                                          ledger.member_usage_for_window(since)))
         return self._usage[1]
 
     def open_charges(self, ledger: Ledger) -> tuple[list[Row], list[ChargeInterval]]:
@@ -264,6 +263,29 @@ class LiveWorkloads:
             return {rid: v[2] for rid, v in fresh.items()}
         self._cache = fresh
         return out
+
+
+def by_member(closed: list[tuple[str, float, float, float]],
+              parts: dict[tuple[str, int], list[tuple[str, float]]]) -> list[ChargeInterval]:
+    """The hourly rollups (project, start, end, milli) as charge intervals, each split among
+    the users who were charged in it (``parts``: their milli-GPU-seconds per (project,
+    hour)), so that a member's usage inside a project counts their closed work too (members'
+    limits, the member level of the ranking); what no user's part covers (a booking's charge,
+    rounding) stays the project's (user ""). The parts of one bucket add up to its milli."""
+    out: list[ChargeInterval] = []
+    for project, start, end, milli in closed:
+        left = milli
+        span = end - start
+        for user, ms in parts.get((project, int(start)), ()):
+            m = min(left, ms / span)
+            if m > 0:
+                out.append(ChargeInterval(f"rollup:{project}:{start:.0f}:{user}", project, user,
+                                          m, start, end))
+                left -= m
+        if left > 1e-9 * milli:
+            out.append(ChargeInterval(f"rollup:{project}:{start:.0f}", project, "", left,
+                                      start, end))
+    return out
 
 
 def _live_order(r: Row) -> tuple:

@@ -65,7 +65,7 @@ _POLICY_KEYS = {"min_runtime_cap", "default_runtime", "max_reservations", "backf
                 "gang_on_mig", "gang_on_mig_spare", "max_pending_per_user", "interconnect",
                 "backfill_lease", "finish_drain_ratio",
                 "finish_drain_budget", "managers_fund_own_projects", "manager_booking_limit",
-                "reservation_idle_charge",
+                "reservation_idle_charge", "max_starts_per_cycle",
                 "off_peak"}
 _KIND_KEYS = {"interactive", "batch", "debug"}
 
@@ -394,6 +394,9 @@ def _load_policy(node: Node, policy: Policy) -> Policy:
     if "max_reservations" in fields:
         policy = replace(policy, max_reservations=int(
             fields["max_reservations"].number(minimum=0, integer=True)))
+    if "max_starts_per_cycle" in fields:
+        policy = replace(policy, max_starts_per_cycle=int(
+            fields["max_starts_per_cycle"].number(minimum=0, integer=True)))
     if "backfill" in fields:
         policy = replace(policy, backfill=fields["backfill"].boolean())
     if "preemption" in fields:

@@ -20,7 +20,7 @@ from .backfill import leasable, plan_reservation
 from .capacity import Cluster
 from .drains import LossBudget, finish_drain
 from .lane import lane_preempt
-from .model import Decision, Placement, Policy, Reserve, Workload
+from .model import Decision, Placement, Policy, Reserve, Start, Workload
 from .preemption import Take
 from .preemption_search import overdue_backfill, reclaim_backfill, try_preempt
 from .ranking import INF, Standings
@@ -83,6 +83,16 @@ class CycleState:
     #: per running workload, what its preemption at ``now`` throws away (GPU-hours, found
     #: once: the preemption searches of one cycle ask it of the same victims again and again)
     lost: dict[str, float] = field(default_factory=dict)
+    #: the policy's cap on Starts was reached (:meth:`full`)
+    capped: bool = False
+
+    def full(self) -> bool:
+        """Has this cycle decided ``policy.max_starts_per_cycle`` Starts (0: never)? Then
+        nothing more is considered: the rest waits for the next cycle, in rank order."""
+        cap = self.policy.max_starts_per_cycle
+        if cap and not self.capped and len(self.out) >= cap:
+            self.capped = sum(isinstance(d, Start) for d in self.out) >= cap
+        return self.capped
 
     def capacity_changed(self) -> None:
         """Capacity was freed (a preemption) or a reservation moved the times GPUs are held

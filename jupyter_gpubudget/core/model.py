@@ -156,6 +156,11 @@ class Policy:
     # blocked gangs that get a reservation per cycle: each holds GPUs idle until it starts
     # (but for backfill), so a few, not every blocked gang (2: bench/policy.py, seeds 1-2)
     max_reservations: int = 2
+    # Starts one cycle decides at most (0: no cap), as Slurm's ``sched_max_job_start``: a
+    # cycle that decides a thousand Starts has the engine carry them out one after another
+    # (the last one long after its decision); capped, the rest stay queued in rank order
+    # and the service cycles again at once
+    max_starts_per_cycle: int = 0
     backfill: bool = True
     preemption: bool = True
     placement: str = "fgd"  # "fgd": fragmentation-aware (core/fragmentation.py) | "pack"

@@ -414,7 +414,7 @@ class Scheduler:
         that does not start, is left for :meth:`_idle_pass`."""
         now, pending, paths = cyc.now, self.pending, cyc.st.path_standing
         for _, w in ranked:
-            if w.id not in pending:
+            if w.id not in pending or cyc.full():
                 continue
             req = w.request
             end = now + self.predict_long(w)
@@ -442,7 +442,7 @@ class Scheduler:
         may fit again since a preemption or reservation reset the memo."""
         now, pending, gen = cyc.now, self.pending, cyc.memo_gen
         for w, known_gen in cyc.later:
-            if known_gen == gen or w.id not in pending:
+            if known_gen == gen or w.id not in pending or cyc.full():
                 continue
             end = now + self.predict_long(w)
             memo = memo_key(w, end, cyc.res_times, self.policy)

@@ -36,7 +36,7 @@ from jupyter_gpubudget.backends.base import Backend
 from jupyter_gpubudget.backends.local import LocalBackend
 from jupyter_gpubudget.core.accounts import AccountTree, BudgetError, Budgets, load_budgets
 from jupyter_gpubudget.core.inventory import Inventory, load_inventory
-from jupyter_gpubudget.core.model import Policy, Preempt
+from jupyter_gpubudget.core.model import Policy, Preempt, Start
 from jupyter_gpubudget.inventory.nvml import load_inventory as discover_or_declared
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.ledger.models import GrantRow, WorkloadRow
@@ -805,8 +805,12 @@ class GpuBudgetService(Application):
             except Exception:
                 self.log.exception("scheduling cycle failed")
                 continue
-            if any(isinstance(d, Preempt) for d in decisions):
-                self.kick()  # requeued work may start elsewhere at once
+            cap = self.policy().max_starts_per_cycle
+            if any(isinstance(d, Preempt) for d in decisions) or cap and sum(
+                    isinstance(d, Start) for d in decisions) >= cap:
+                # requeued work may start elsewhere at once; the cycle decided all the Starts
+                # the policy lets one decide: the rest need the next one, now
+                self.kick()
             try:  # bookings whose window ended (or that were cancelled): their idle part
                 await aloop.run_in_executor(self.worker, self.charge_bookings)
             except NotLeader:

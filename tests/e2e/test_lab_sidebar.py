@@ -286,3 +286,54 @@ def test_settings_from_the_settings_registry_drive_warnings_and_notifications(cl
         finally:
             b.close()
             lab.stop()
+
+
+def test_a_members_limit_shows_in_the_sidebar_and_past_it_the_work_runs_unbacked(cluster,
+                                                                                 tmp_path):
+    """bob's limit in lattice-qcd, set by alice (a manager of physics) through the API: the
+    sidebar's project card reads "Your limit … 8x of 300 GPU-h" (his 80 GPU-h of past work
+    in the window); lowered below what he used, the card says his work runs unbacked, as the
+    quote does. The limit is cleared afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    hub, svc, root = cluster
+    alice = hub.token("alice", scopes=["custom:gpubudget:manage", *SERVER_SCOPES])
+    url = f"{svc.api}/accounts/lattice-qcd/member_limits/bob"
+    st, out = http("PUT", url, alice, {"gpu_hours": 300, "note": "sidebar test"})
+    assert st == 200, out
+    token = hub.token("bob", scopes=SERVER_SCOPES)
+    sess = _session(svc, root, user="bob", project="lattice-qcd", slice="gpu:1",
+                    min_runtime="1h")
+    mine = tmp_path / "lab" / "settings" / "jupyter-gpubudget"
+    mine.mkdir(parents=True)
+    (mine / "plugin.jupyterlab-settings").write_text('{"refreshInterval": 2}')
+    lab = _lab(tmp_path / "lab", svc, token, sess)
+    try:
+        with sync_playwright() as p:
+            b = Browser(p, lab.url + f"lab?token={lab.token}")
+            try:
+                page = b.page
+                page.locator(".jp-GpuBudget-statusButton").click()
+                card = page.locator("#jp-gpubudget-panel .jp-GpuBudget-account").first
+                card.get_by_text("Your limit").wait_for()
+                text = card.inner_text()
+                assert re.search(r"Your limit\s+your member limit in lattice-qcd: 8\d of 300 "
+                                 r"GPU-h$", text.strip()), text
+                assert "unbacked" not in text, text
+                b.shot("lab-sidebar-member-limit.png")
+                # lowered below what he used: the card and the quote say it runs unbacked
+                st, out = http("PUT", url, alice, {"gpu_hours": 50, "note": "sidebar test"})
+                assert st == 200, out
+                card.get_by_text(re.compile(r"over your member limit in lattice-qcd: 8\d of 50 "
+                                            r"GPU-h — runs unbacked")).wait_for()
+                q = http("GET", f"{svc.api}/sessions/quote?project=lattice-qcd&gpus=1"
+                         "&min_runtime=1h", token)[1]["quote"]
+                assert not q["backed"] and "runs unbacked" in q["note"], q
+                assert q["member_limit"]["limit"] == "gpu_hours", q
+                assert not b.errors, b.errors
+            finally:
+                b.close()
+    finally:
+        lab.stop()
+        http("DELETE", url, alice)
+        http("DELETE", f"{svc.api}/sessions/{sess['id']}", root)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import threading
 from bisect import bisect_left
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from .backfill import leasable, predicted_end
@@ -238,3 +239,44 @@ class LazyForecast:
             heapq.heappush(ends, (t + run, wid))
         self._probe(t)
         return True
+
+
+class PredictedStarts(Mapping[str, float]):
+    """Each queued workload's predicted start as the queue page and the sidebar show it, read
+    from a forecast only when asked: a reservation's time where the cycle made one
+    (``reserved``), else the forecast's start, else — work that arrived since the forecast —
+    when its slice shape first fits behind the queue (the answer of the probe of its shape,
+    not before ``now``). ``pending``: each queued workload's shape; ``keys``: each probe's
+    shape. Iterating asks for every start (the whole replay)."""
+
+    def __init__(self, fc: Forecast | LazyForecast, now: float,
+                 pending: dict[str, tuple[object, ...] | None], keys: dict[str, object],
+                 reserved: dict[str, float]) -> None:
+        self._fc, self._now, self._pending = fc, now, pending
+        self._reserved = {w: t for w, t in reserved.items() if w in pending}
+        self._keys: dict[object, list[str]] = {}  # shape -> its probes, in the probes' order
+        for key, shape in keys.items():
+            self._keys.setdefault(shape, []).append(key)
+
+    def __getitem__(self, wid: str) -> float:
+        if wid in self._reserved:
+            return self._reserved[wid]
+        if wid not in self._pending:
+            raise KeyError(wid)
+        t = self._fc.start_of(wid)
+        if t is not None:
+            return t
+        shape = self._pending[wid]
+        # of several probes of one shape, the one answered last (the latest time, then the
+        # later in the probes' order: answers are found in time order, probes in theirs)
+        answers = [(at, i) for i, key in enumerate(self._keys.get(shape, ()))
+                   if (at := self._fc.probe_start(key)) is not None]
+        if not answers:
+            raise KeyError(wid)
+        return max(max(answers)[0], self._now)
+
+    def __iter__(self) -> Iterator[str]:
+        return (wid for wid in self._pending if wid in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

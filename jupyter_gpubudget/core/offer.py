@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from .forecast import Forecast as Forecast  # the forecast quotes read (forecast.py)
+from .forecast import LazyForecast as LazyForecast
 from .forecast import forecast as forecast
 from .inventory import GpuSpec, Inventory, NodeSpec
 from .members import over_limit_words
@@ -149,7 +150,7 @@ class Quoter:
     is answered in milliseconds. The scheduler is only read (under a lock: placement keeps
     caches)."""
 
-    def __init__(self, sched: Scheduler, fc: Forecast, now: float,
+    def __init__(self, sched: Scheduler, fc: Forecast | LazyForecast, now: float,
                  lock: threading.Lock | None = None) -> None:
         self.sched = sched
         self.forecast = fc
@@ -195,7 +196,7 @@ class Quoter:
             out["starts_now"] = yields <= now
             out["why"] = "unbacked or idle work yields to it"
         else:
-            at = self.forecast.probe_starts.get(key)
+            at = self.forecast.probe_start(key)  # (a lazy forecast replays as far as it needs)
             out["predicted_start"] = max(at, now) if at is not None else None
             out["why"] = ("when running work ends and the queue ahead is served" if at
                           is not None else "not within the forecast (the usage window)")

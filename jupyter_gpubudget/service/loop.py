@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from sqlalchemy import bindparam, select, update
@@ -18,12 +18,11 @@ from sqlalchemy.orm import Session
 
 from jupyter_gpubudget.backends.base import Backend, BackendStatus, Launch
 from jupyter_gpubudget.core.accounts import AccountTree
+from jupyter_gpubudget.core.forecast import LazyForecast, PredictedStarts
 from jupyter_gpubudget.core.kept import KeptCycle
 from jupyter_gpubudget.core.model import Drain, Policy, Preempt, Reserve, Start
 from jupyter_gpubudget.core.offer import (
-    Forecast,
     Quoter,
-    forecast,
     request_for,
     slice_choices,
     standings_of,
@@ -51,7 +50,7 @@ class View:
     at: float = 0.0
     cycle: int = 0
     queue: list[str] = field(default_factory=list)  # pending ids in rank order
-    reservations: dict[str, float] = field(default_factory=dict)
+    reservations: Mapping[str, float] = field(default_factory=dict)
     standings: dict[str, dict[str, float]] = field(default_factory=dict)
     running: dict[tuple[str, str], int] = field(default_factory=dict)  # (project, kind) -> n
     pending: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -107,7 +106,8 @@ class SchedulingLoop:
         self.last_ok_at: float | None = None
         self.forecast_interval = 60.0
         self.forecast_min_interval = 2.0
-        self._forecast: Forecast | None = None
+        self._forecast: LazyForecast | None = None
+        self._forecast_keys: dict[str, object] = {}  # each probe's slice shape
         self._forecast_at = 0.0
         self._forecast_key: tuple = ()
         #: the preemption outlook, and who warns of it (the app sets both up)
@@ -824,16 +824,19 @@ class SchedulingLoop:
         if samples:
             self.ledger.record_busy(samples)
 
-    def _forecast_for(self, state: ClusterState, now: float) -> Forecast:
+    def _forecast_for(self, state: ClusterState, now: float) -> LazyForecast:
         """The forecast (core/offer.py), recomputed when the queue or the running set changed
         (at most every ``forecast_min_interval`` s) and at least every ``forecast_interval``
-        s: at scale it costs about a cycle, so it is not redone when nothing changed."""
+        s. It is replayed only as far as what is asked of it needs (``LazyForecast``: the
+        queue page's and the sidebar's starts, a quote's slice shape), when it is asked, and
+        keeps its answers until the next forecast."""
         key = (frozenset(w.id for w in state.pending), frozenset(w.id for w in state.running))
         age = now - self._forecast_at
         if self._forecast is None or age >= self.forecast_interval or (
                 key != self._forecast_key and age >= self.forecast_min_interval):
-            self._forecast = forecast(state, now, probes={
-                c["key"]: request_for(c["key"]) for c in slice_choices(self.inventory)})
+            probes = {c["key"]: request_for(c["key"]) for c in slice_choices(self.inventory)}
+            self._forecast = LazyForecast(state, now, probes=probes)
+            self._forecast_keys = {k: req.shape for k, req in probes.items()}
             self._forecast_at, self._forecast_key = now, key
         return self._forecast
 
@@ -844,16 +847,13 @@ class SchedulingLoop:
         v = View(at=now, cycle=self.view.cycle + 1, cycle_seconds=self.view.cycle_seconds)
         v.queue = sched.queue()
         v.standings = standings_of(sched, now)
-        pend = set(v.queue)
-        # predicted start: the forecast, or the reservation when there is one
-        v.reservations = {w: t for w, t in fc.starts.items() if w in pend}
-        # work that arrived since the forecast: when its slice shape frees up behind the queue
-        by_shape = {request_for(k).shape: t for k, t in fc.probe_starts.items()}
-        for wid in pend - v.reservations.keys():
-            t = by_shape.get(sched.pending[wid].request.shape) if wid in sched.pending else None
-            if t is not None:
-                v.reservations[wid] = max(t, now)
-        v.reservations.update({w: t for w, t in self._reserved.items() if w in pend})
+        # predicted start: the reservation when there is one, else the forecast's start, else
+        # (work that arrived since the forecast) when its slice shape frees up behind the
+        # queue — each read from the forecast when a page asks for it
+        pending = sched.pending
+        v.reservations = PredictedStarts(
+            fc, now, {w: pending[w].request.shape if w in pending else None for w in v.queue},
+            self._forecast_keys, self._reserved)
         for w in sched.running.values():
             k = (w.project, w.kind)
             v.running[k] = v.running.get(k, 0) + 1

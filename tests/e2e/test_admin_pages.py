@@ -806,3 +806,44 @@ def test_a_manager_sets_a_members_limit_on_the_accounts_page_and_a_member_may_no
         finally:
             browser.close()
             http("DELETE", f"{demo.svc}/accounts/lattice-qcd/member_limits/bob", demo.token)
+
+
+def test_past_a_members_limit_the_spawn_forms_quote_says_the_session_runs_unbacked(demo):
+    """bob's limit in lattice-qcd below the 80 GPU-h he used in the window: the spawn form's
+    quote says why the session would be unbacked (his member limit, not the project's grant)."""
+    from playwright.sync_api import sync_playwright
+
+    url = f"{demo.svc}/accounts/lattice-qcd/member_limits/bob"
+    st, out = http("PUT", url, demo.token, {"gpu_hours": 10, "note": "spawn form test"})
+    assert st == 200, out
+    bob = user_token(demo, "bob", ["custom:gpubudget:read", "custom:gpubudget:submit"])
+    deadline = time.monotonic() + 60
+    while True:  # the next cycle has the limit
+        st, q = http("GET", f"{demo.svc}/sessions/quote?project=lattice-qcd&gpus=1"
+                     "&min_runtime=1h", bob)
+        if st == 200 and q["quote"].get("member_limit"):
+            break
+        assert time.monotonic() < deadline, q
+        time.sleep(0.5)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(demo.url + "/hub/login")
+                page.fill("#username_input", "bob")
+                page.fill("#password_input", "gpubudget-demo")
+                page.click("#login_submit")
+                page.wait_for_load_state()
+                page.goto(demo.url + "/hub/spawn")
+                page.wait_for_function("() => (document.getElementById('gpubudget-q-backed') || "
+                                       "{}).textContent?.includes('member limit')")
+                backed = page.inner_text("#gpubudget-q-backed")
+                assert re.match(r"no: over your member limit in lattice-qcd: 8\d of 10 GPU-h — "
+                                r"runs unbacked; ", backed), backed
+                shot(page, "spawn-form-member-limit")
+            finally:
+                browser.close()
+    finally:
+        http("DELETE", url, demo.token)

@@ -223,9 +223,42 @@ class _Cache:
     def __init__(self, name: str) -> None:
         self.name = name
         self.items: dict[str, dict] = {}
+        #: (workload label, attempt label) -> {name: object}: an attempt's objects without a
+        #: scan of all of them (the loop asks for each running workload's status every cycle)
+        self.by_attempt: dict[tuple[str, str], dict[str, dict]] = {}
         self.synced = asyncio.Event()
         self.rv = ""
         self.relists = 0
+
+    @staticmethod
+    def _key(obj: dict) -> tuple[str, str]:
+        labels = obj["metadata"].get("labels") or {}
+        return labels.get(ko.L_WORKLOAD, ""), labels.get(ko.L_ATTEMPT, "")
+
+    def replace(self, objs: list[dict]) -> None:
+        self.items, self.by_attempt = {}, {}
+        for o in objs:
+            self.put(o)
+
+    def put(self, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        old = self.items.get(name)
+        if old is not None and self._key(old) != self._key(obj):
+            self.by_attempt.get(self._key(old), {}).pop(name, None)
+        self.items[name] = obj
+        self.by_attempt.setdefault(self._key(obj), {})[name] = obj
+
+    def pop(self, name: str) -> None:
+        old = self.items.pop(name, None)
+        if old is not None:
+            key = self._key(old)
+            group = self.by_attempt.get(key, {})
+            group.pop(name, None)
+            if not group:
+                self.by_attempt.pop(key, None)
+
+    def of(self, workload_label: str, attempt: int) -> list[dict]:
+        return list(self.by_attempt.get((workload_label, str(attempt)), {}).values())
 
 
 class KubernetesBackend(Backend):
@@ -487,7 +520,7 @@ class KubernetesBackend(Backend):
                 resp = await list_fn(**kw, _preload_content=False,
                                      _request_timeout=self.request_timeout)
                 data = json.loads(await resp.read())
-                cache.items = {o["metadata"]["name"]: o for o in data.get("items") or []}
+                cache.replace(data.get("items") or [])
                 cache.rv = data["metadata"]["resourceVersion"]
                 cache.relists += 1
                 cache.synced.set()
@@ -503,9 +536,9 @@ class KubernetesBackend(Backend):
                             obj = ev["raw_object"]
                             name = obj["metadata"]["name"]
                             if ev["type"] == "DELETED":
-                                cache.items.pop(name, None)
+                                cache.pop(name)
                             elif ev["type"] in ("ADDED", "MODIFIED"):
-                                cache.items[name] = obj
+                                cache.put(obj)
                             cache.rv = obj["metadata"].get("resourceVersion") or cache.rv
                             if on_event:
                                 on_event(ev["type"], obj)
@@ -572,19 +605,15 @@ class KubernetesBackend(Backend):
                 raise
 
     # ------------------------------------------------------------------ helpers
-    def _attempt_selector(self, workload: str, attempt: int) -> dict[str, str]:
-        return {ko.L_WORKLOAD: ko.label_value(workload), ko.L_ATTEMPT: str(attempt)}
-
     def _mine(self, cache: Any, workload: str, attempt: int) -> list[dict]:
-        want = self._attempt_selector(workload, attempt)
-        return [o for o in list(cache.items.values())
-                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-                and (o["metadata"].get("annotations") or {}).get(ko.A_WORKLOAD) == workload]
+        return [o for o in cache.of(ko.label_value(workload), attempt)
+                if (o["metadata"].get("annotations") or {}).get(ko.A_WORKLOAD) == workload]
 
     def naming(self) -> ko.Naming:
         return self.placement_cfg.naming(ko.node_products(list(self.nodes.items.values())))
 
-    def manifests(self, launch: Launch) -> list[dict]:
+    def manifests(self, launch: Launch, naming: ko.Naming | None = None) -> list[dict]:
+        """``naming``: the nodes' naming, when the caller made it once for many launches."""
         meta = ko.Meta(workload=launch.workload, project=launch.project, user=launch.user,
                        kind=launch.kind, attempt=launch.attempt,
                        min_runtime=launch.min_runtime,
@@ -594,7 +623,7 @@ class KubernetesBackend(Backend):
         return ko.batch_jobs(
             meta=meta, command=list(launch.command),
             env={**self.extra_env, **launch.env, **due_env(launch)},
-            placement=launch.placement, naming=self.naming(), namespace=self.namespace,
+            placement=launch.placement, naming=naming or self.naming(), namespace=self.namespace,
             image=self.image, grace_seconds=self.stop_grace, ttl_seconds=self.job_ttl,
             service_account=self.service_account or None,
             pod_security=dict(self.pod_security_context),
@@ -637,9 +666,10 @@ class KubernetesBackend(Backend):
             return []
         self._ensure()
         prepared: list[list[dict] | Exception] = []
+        naming = self.naming()  # (read from every node: once for the batch)
         for la in launches:
             try:
-                objs = self.manifests(la)
+                objs = self.manifests(la, naming)
                 self._check_nodes(objs)
                 prepared.append(objs)
             except Exception as e:  # noqa: BLE001 - that attempt's failure
@@ -680,8 +710,8 @@ class KubernetesBackend(Backend):
                     made = await self._again(what, lambda o=o: self.batch.create_namespaced_job(
                         self.namespace, o, _request_timeout=self.request_timeout))
                     # read-your-writes: the watch may deliver the new Job a moment later
-                    self.jobs.items.setdefault(
-                        o["metadata"]["name"], self.api_client.sanitize_for_serialization(made))
+                    if o["metadata"]["name"] not in self.jobs.items:
+                        self.jobs.put(self.api_client.sanitize_for_serialization(made))
             except ApiException as e:
                 if e.status != 409:  # 409: created before a restart of the service (or by
                     # this create, answered late and sent again)

@@ -97,12 +97,23 @@ def test_two_node_gang_is_an_indexed_job_the_job_controller_runs(k8s, real_backe
     b = real_backend()
     b.discover_inventory()
     placement = whole("gpu-a", 4, 5, 6, 7) + whole("gpu-b", 4, 5, 6, 7)
-    ref = b.launch(job(wid, placement, {EXIT_ENV: str(code)}))
-    assert ref == ko.job_name(wid, 1)
-    # the job controller made one pod per index; the scheduler put one on each core's node
-    pods = wait_for(lambda: (ps := _pods(k8s, wid)) and len(ps) == 2
-                    and all(p["spec"].get("nodeName") for p in ps) and ps,
-                    "the gang's two pods to be bound", 90)
+    # the scheduler prefers the other nodes (gpu-c, gpu-d fit a pod of 4 GPUs each): only the
+    # core's pin can put the pods on gpu-a and gpu-b (a wrong affinity lands them elsewhere)
+    chosen = ("gpu-a", "gpu-b")
+    taints = {n: k8s.admin.get(f"/api/v1/nodes/{n}")["spec"].get("taints") or []
+              for n in chosen}
+    for n in chosen:
+        k8s.admin.merge_patch(f"/api/v1/nodes/{n}", {"spec": {"taints": [*taints[n], AVOID]}})
+    try:
+        ref = b.launch(job(wid, placement, {EXIT_ENV: str(code)}))
+        assert ref == ko.job_name(wid, 1)
+        # the job controller made one pod per index; the scheduler put one on each core's node
+        pods = wait_for(lambda: (ps := _pods(k8s, wid)) and len(ps) == 2
+                        and all(p["spec"].get("nodeName") for p in ps) and ps,
+                        "the gang's two pods to be bound", 90)
+    finally:
+        for n in chosen:
+            k8s.admin.merge_patch(f"/api/v1/nodes/{n}", {"spec": {"taints": taints[n]}})
     got = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]:
            (p["spec"]["nodeName"],
             p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])

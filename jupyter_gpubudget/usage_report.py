@@ -6,6 +6,9 @@ period, the waits' percentiles and the CSV columns. Pure: no I/O, no database.
 
 *busy* is ``None`` (unknown) where nothing measured; where only part of the charged time was
 measured, busy and idle describe the measured part (``measured_gpu_h`` says how much).
+*charged* is at full price (what the slices held); *priced* is the same GPU-hours at their
+price, off-peak parts at the policy's factor (what the standings count); ``None`` where the
+report does not price them (the simulator's).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any
 MS_PER_H = 1000.0 * 3600.0  # milli-GPU-seconds in a GPU-hour
 
 #: the figures of every line (project, user, period, total), in the CSV's order
-FIGURES = ("charged_gpu_h", "busy_gpu_h", "measured_gpu_h", "idle_gpu_h", "idle_share")
+FIGURES = ("charged_gpu_h", "priced_gpu_h", "busy_gpu_h", "measured_gpu_h", "idle_gpu_h",
+           "idle_share")
 
 #: the CSV's header
 CSV_COLUMNS = ("row", "period_start", "project", "user", *FIGURES, "grant_gpu_h",
@@ -29,29 +33,35 @@ CSV_COLUMNS = ("row", "period_start", "project", "user", *FIGURES, "grant_gpu_h"
 @dataclass
 class Figures:
     """One line's sums in milli-GPU-seconds: charged, measured (the part of it something
-    measured) and busy (what the measured part computed)."""
+    measured) and busy (what the measured part computed); ``discount_ms``: what off-peak
+    prices took off the charged time (None: not priced)."""
 
     charged_ms: float = 0.0
     measured_ms: float = 0.0
     busy_ms: float = 0.0
+    discount_ms: float | None = None
 
-    def add(self, c: float, m: float, b: float) -> None:
+    def add(self, c: float, m: float, b: float, d: float | None = None) -> None:
         self.charged_ms += c
         self.measured_ms += m
         self.busy_ms += b
+        if d is not None:
+            self.discount_ms = (self.discount_ms or 0.0) + d
 
     def empty(self) -> bool:  # what moved between periods leaves rounding dust, not 0
         return abs(self.charged_ms) < 1e-3 and abs(self.measured_ms) < 1e-3
 
     def json(self) -> dict[str, Any]:
         charged = max(0.0, self.charged_ms / MS_PER_H)
+        priced = None if self.discount_ms is None else max(
+            0.0, (self.charged_ms - self.discount_ms) / MS_PER_H)
         if self.measured_ms <= 1e-3:
-            return {"charged_gpu_h": charged, "busy_gpu_h": None, "measured_gpu_h": 0.0,
-                    "idle_gpu_h": None, "idle_share": None}
+            return {"charged_gpu_h": charged, "priced_gpu_h": priced, "busy_gpu_h": None,
+                    "measured_gpu_h": 0.0, "idle_gpu_h": None, "idle_share": None}
         measured, busy = self.measured_ms / MS_PER_H, max(0.0, self.busy_ms / MS_PER_H)
         idle = max(0.0, measured - busy)
-        return {"charged_gpu_h": charged, "busy_gpu_h": busy, "measured_gpu_h": measured,
-                "idle_gpu_h": idle, "idle_share": idle / measured}
+        return {"charged_gpu_h": charged, "priced_gpu_h": priced, "busy_gpu_h": busy,
+                "measured_gpu_h": measured, "idle_gpu_h": idle, "idle_share": idle / measured}
 
 
 def grant_figures(hours: float | None, start: float, end: float, window: float

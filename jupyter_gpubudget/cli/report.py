@@ -63,24 +63,30 @@ def table(rep: dict[str, Any]) -> Any:
 
     t = Table(title=f"{rep['account']}: {rep['from_local'][:16]} to {rep['to_local'][:16]} "
                     f"({rep.get('tz', 'UTC')})")
-    for col in ("project", "user", "charged GPU-h", "measured GPU-h", "busy GPU-h",
-                "idle GPU-h", "idle share", "grant GPU-h", "preemptions"):
+    lines = [rep["totals"], *rep["projects"], *(u for p in rep["projects"] for u in p["users"])]
+    # GPU-hours at their price (off-peak parts at the policy's factor), where they differ
+    priced = any(e.get("priced_gpu_h") is not None
+                 and abs(e["priced_gpu_h"] - e["charged_gpu_h"]) > 5e-4 for e in lines)
+    cols = ["project", "user", "charged GPU-h", *(["at price GPU-h"] if priced else []),
+            "measured GPU-h", "busy GPU-h", "idle GPU-h", "idle share", "grant GPU-h",
+            "preemptions"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("project", "user") else "right")
+
+    def figs(e: dict[str, Any]) -> list[str]:
+        return [_h(e["charged_gpu_h"]), *([_h(e["priced_gpu_h"])] if priced else []),
+                _h(e["measured_gpu_h"]), _h(e["busy_gpu_h"]), _h(e["idle_gpu_h"]),
+                _pct(e["idle_share"])]
+
     for p in rep["projects"]:
         g = p.get("grant_gpu_h")
-        t.add_row(p["project"], "", _h(p["charged_gpu_h"]), _h(p["measured_gpu_h"]),
-                  _h(p["busy_gpu_h"]),
-                  _h(p["idle_gpu_h"]), _pct(p["idle_share"]), "" if g is None else _h(g),
+        t.add_row(p["project"], "", *figs(p), "" if g is None else _h(g),
                   str(p.get("preemptions", 0)))
         for u in p["users"]:
-            t.add_row("", u["user"], _h(u["charged_gpu_h"]), _h(u["measured_gpu_h"]),
-                      _h(u["busy_gpu_h"]),
-                      _h(u["idle_gpu_h"]), _pct(u["idle_share"]), "", "")
+            t.add_row("", u["user"], *figs(u), "", "")
     tot = rep["totals"]
     g = tot.get("grant_gpu_h")
-    t.add_row("total", "", _h(tot["charged_gpu_h"]), _h(tot["measured_gpu_h"]),
-              _h(tot["busy_gpu_h"]),
-              _h(tot["idle_gpu_h"]), _pct(tot["idle_share"]), "" if g is None else _h(g),
+    t.add_row("total", "", *figs(tot), "" if g is None else _h(g),
               str(tot.get("preemptions", 0)), style="bold")
     return t
 

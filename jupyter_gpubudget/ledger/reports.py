@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import BigInteger, cast, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
+from ..core.pricing import OffPeak
 from ..usage_report import MS_PER_H, Figures, csv_rows, grant_figures, waits_figures
 from .busy import bucket_seconds, wait_of
 from .models import (
@@ -34,6 +35,7 @@ from .models import (
     WaitDailyRow,
     WorkloadRow,
 )
+from .report_prices import discounts
 
 HOUR = 3600
 BY = ("day", "week", "user")
@@ -108,9 +110,10 @@ def _bucket_start(k: int, off: int, by: str, tz: ZoneInfo) -> float:
 
 def report(s: Session, *, account: str, scope: Scope, start: float, end: float, tz: ZoneInfo,
            by: str, now: float, grants: dict[str, float | None], window: float,
-           idle_top: int = 10) -> dict[str, Any]:
+           idle_top: int = 10, off_peak: OffPeak | None = None) -> dict[str, Any]:
     """The report's figures (see the module docstring); ``grants``: each project's (and the
-    account's) grant in GPU-hours per ``window``, None where it has none."""
+    account's) grant in GPU-hours per ``window``, None where it has none; ``off_peak``: the
+    policy's prices, which ``priced_gpu_h`` applies (report_prices.py)."""
     if s.get_bind().dialect.name == "postgresql":
         # this read-only transaction sums one statement's rows before it sends the next: on a
         # loaded machine that can pass the 5 s the server allows an idle transaction (set for
@@ -139,19 +142,29 @@ def report(s: Session, *, account: str, scope: Scope, start: float, end: float, 
                 for ps, pe in periods(a, b, tz, by):
                     seg = min(b, pe) - max(a, ps)
                     per_period.setdefault((p, ps), Figures()).add(milli * seg, 0, 0)
+    disc_user, disc_period = discounts(
+        s, off_peak, projects, only, lo, hi, start, end, now, tz, by,
+        lambda col, off: _bucket_expr(col, off, by),
+        lambda k, off: _bucket_start(k, off, by, tz),
+        lambda t: period_start(t, tz, by).timestamp(),
+        lambda a, b: periods(a, b, tz, by))
+    for key, f in per_user.items():
+        f.discount_ms = disc_user.get(key, 0.0)
+    for pkey, f in per_period.items():
+        f.discount_ms = disc_period.get(pkey, 0.0)
     # projects and their users' lines
-    totals = Figures()
+    totals = Figures(discount_ms=0.0)
     proj_out = []
     for p in projects:
-        pf = Figures()
+        pf = Figures(discount_ms=0.0)
         lines = []
         for (pp, u), f in sorted(per_user.items()):
             if pp != p:
                 continue
-            pf.add(f.charged_ms, f.measured_ms, f.busy_ms)
+            pf.add(f.charged_ms, f.measured_ms, f.busy_ms, f.discount_ms)
             if only is None or u == only:
                 lines.append({"user": u, **f.json()})
-        totals.add(pf.charged_ms, pf.measured_ms, pf.busy_ms)
+        totals.add(pf.charged_ms, pf.measured_ms, pf.busy_ms, pf.discount_ms)
         proj_out.append({"project": p, **pf.json(), **grant_figures(grants.get(p), start, end,
                                                                     window),
                          "users": lines})

@@ -516,9 +516,10 @@ def operator_paths() -> dict:
 def _reports_op(tz: dict, q: Any) -> dict:
     """``GET /reports`` (handlers/reports.py): where an account subtree's GPU-hours went."""
     num = {"type": ["number", "null"]}
-    figs = {"charged_gpu_h": {"type": "number"}, "busy_gpu_h": num, "measured_gpu_h": num,
-            "idle_gpu_h": num, "idle_share": num}
-    op = _op("Charged, busy (null: unknown, nothing measured), idle GPU-hours and grant for "
+    figs = {"charged_gpu_h": {"type": "number"}, "priced_gpu_h": num, "busy_gpu_h": num,
+            "measured_gpu_h": num, "idle_gpu_h": num, "idle_share": num}
+    op = _op("Charged (at full price; priced_gpu_h: at their price, off-peak parts at the "
+             "policy's factor), busy (null: unknown, nothing measured), idle GPU-hours and grant for "
              "an account subtree over a period, a line per user inside each project, waits "
              "p50/p90 by kind, preemptions suffered and the sessions that held GPUs idle "
              "longest. Admins: any account; managers: the accounts they manage and below; "

@@ -108,6 +108,7 @@ class ReportsHandler(BaseHandler):
         scope = report_scope(c, tree, account)
         start, end = parse_period(lambda k: q(k, None), tz, svc.clock())
         window = svc.policy().window
+        off_peak = svc.policy().off_peak
 
         def work() -> dict:
             now = svc.clock()
@@ -122,7 +123,8 @@ class ReportsHandler(BaseHandler):
                 grants[account] = None
             with svc.ledger.ro() as s:
                 return report(s, account=account, scope=scope, start=start, end=end, tz=tz,
-                              by=by, now=now, grants=grants, window=window)
+                              by=by, now=now, grants=grants, window=window,
+                              off_peak=off_peak)
 
         out = await self.db(work)
         out["tz"] = tz_name

@@ -309,6 +309,11 @@ class KubernetesBackend(Backend):
                              "(needs 'patch' on nodes). False: the core still gives a drained "
                              "node nothing new; the node is not touched.")
     request_timeout = Float(30.0, config=True, help="Seconds for one API request.")
+    dcgm_metrics_url = Unicode("", config=True,
+                               help="A page in Prometheus's text format with the DCGM "
+                                    "exporter's per-pod GPU readings (its /metrics, or "
+                                    "Prometheus's /federate): how busy the workloads' GPUs "
+                                    "are (backends/k8s_busy.py). Empty: unknown.")
     start_grace = Float(30.0, config=True,
                         help="Seconds after a workload's attempt was opened during which its "
                              "Job not shown by the API server (yet) counts as starting, not "
@@ -605,6 +610,18 @@ class KubernetesBackend(Backend):
                 raise
 
     # ------------------------------------------------------------------ helpers
+    def busy_now(self, running: list[tuple[str, float]], now: float
+                 ) -> list[tuple[str, float, float, float, str]]:
+        """Busy samples of the ``(workload, started_at)`` running, from the DCGM exporter's
+        page (``dcgm_metrics_url``, backends/k8s_busy.py); none without it."""
+        if not self.dcgm_metrics_url or self.pods is None:
+            return []
+        from .k8s_busy import DcgmBusy, pods_of
+
+        if getattr(self, "_dcgm", None) is None:
+            self._dcgm = DcgmBusy(self.dcgm_metrics_url, log=self.log)
+        return self._dcgm.tick(pods_of(list(self.pods.items.values()), running), now)
+
     def _mine(self, cache: Any, workload: str, attempt: int) -> list[dict]:
         return [o for o in cache.of(ko.label_value(workload), attempt)
                 if (o["metadata"].get("annotations") or {}).get(ko.A_WORKLOAD) == workload]

@@ -77,6 +77,9 @@ class QueueHandler(BaseHandler):
         view = self.svc.loop.view
         pending = await self.db(lambda: self.svc.ledger.workloads(states=("pending",)))
         rows = {r.id: r for r in pending}
+        # each predicted start replays the forecast as far as it needs: off the event loop
+        starts = await self.db(lambda: {w: view.reservations.get(w) for w in view.queue
+                                        if w in rows})
         out = []
         for pos, wid in enumerate(view.queue, 1):
             r = rows.get(wid)
@@ -88,7 +91,7 @@ class QueueHandler(BaseHandler):
                         "project": r.project if (mine or r.project in visible) else None,
                         "kind": r.kind, "request": r.request,
                         "submitted_at": r.submitted_at,
-                        "predicted_start": view.reservations.get(wid)})
+                        "predicted_start": starts.get(wid)})
         self.send({"queue": out, "computed_at": view.at})
 
 

@@ -117,8 +117,8 @@ class DcgmBusy:
         workload's previous reading (or its start; at most ``max_gap`` back) to ``now``."""
         running = list(running)
         readings = self.read()
-        if readings is None:
-            self._last.clear()  # the time until the next good read stays unknown
+        if readings is None:  # up to now unknown: the next reading covers from here on
+            self._last = {r.workload: now for r in running}
             return []
         out = []
         seen = set()

@@ -871,6 +871,14 @@ class GpuBudgetService(Application):
                 if sampler.off is not None:
                     self.log.info("busy sampling off: %s (busy GPU time is reported "
                                   "unknown)", sampler.off)
+            elif self.busy_interval > 0 and (engine := getattr(self.backend, "busy_now",
+                                                               None)) is not None:
+                # where no NVML here samples: the engine's own readings (Kubernetes: the
+                # DCGM exporter's, backends/k8s_busy.py)
+                samples = engine([(r.workload, r.started_at)
+                                  for r in running_here(self.ledger)], now)
+                if samples:
+                    self.ledger.record_busy(samples)
             if now - pruned[0] > 3600:
                 self.ledger.prune_usage_history(now - self.usage_history_days * 86400)
                 pruned[0] = now

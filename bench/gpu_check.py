@@ -56,6 +56,40 @@ def check_ids(ids: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def utilisation(node: str, whole: list[int], mig: list[tuple[int, int, str]],
+                wait: float = 1.0, nvml: object = None) -> dict[str, dict]:
+    """The busy sampler's readings (inventory/busy.py, as the service takes them): each
+    whole GPU's device utilisation, each MIG instance's GPM sample pair (two ticks ``wait``
+    apart: GPM needs two samples), with the memory each uses. None: NVML could not tell
+    (e.g. a GPU without GPM), which the service records as unknown."""
+    import time
+
+    from jupyter_gpubudget.inventory.busy import BusySampler, Running
+
+    runs = [Running(f"GPU{g}", [{"node": node, "gpu": g, "kind": "gpu", "milli": 1000}], 0.0)
+            for g in whole]
+    runs += [Running(f"GPU{g} MIG {p}@{st}", [{"node": node, "gpu": g, "kind": "mig",
+                                                "profile": p, "mig_start": st, "milli": 1}],
+                     0.0) for g, st, p in mig]
+    sampler = BusySampler(nvml, node=node)
+    t0 = time.time()
+    sampler.tick(runs, t0)  # the first GPM samples
+    time.sleep(wait)
+    got = {w: (f, src) for w, _a, _b, f, src in sampler.tick(runs, time.time())}
+    out = {}
+    print("utilisation (what the busy sampler reads):" if runs else
+          "utilisation: no GPU or MIG instance to read")
+    for r in runs:
+        f, src = got.get(r.workload, (None, None))
+        mem = (sampler.memory_of(r.workload) or (None, None))[1]
+        out[r.workload] = {"fraction": f, "source": src, "memory": mem}
+        print(f"  {r.workload}: " + (f"{100 * f:.1f} % busy ({src})" if f is not None else
+                                     "unknown (NVML could not tell: "
+                                     f"{sampler.off or 'no reading for this slice'})") +
+              (f"; memory {mem}" if mem else ""))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="also write the discovery as JSON here")
@@ -121,6 +155,8 @@ def main() -> int:
                 except MpsUnavailable as e:
                     mps = {"error": str(e)}
         print(f"  MPS control daemon: {mps}")
+    busy = utilisation(node.name, [g.index for g in node.gpus if not g.mig],
+                       [(m.gpu, m.start, m.profile) for m in found.mig_instances])
     # the health source's fields (XID events are those since the reader registered for them)
     reader = NvmlHealthReader()
     reader.open()
@@ -139,7 +175,7 @@ def main() -> int:
                      "uuid": g.uuid, "mig": g.mig} for g in node.gpus],
            "mig_instances": [asdict(m) for m in found.mig_instances],
            "placements": placed, "device_ids": id_checks, "mps": mps,
-           "health": [h.as_dict() for h in health]}
+           "health": [h.as_dict() for h in health], "utilisation": busy}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     ids_ok = bool(id_checks) and all(v == "ok" for v in id_checks.values())
@@ -148,6 +184,7 @@ def main() -> int:
                           s["kind"] == "mig" for p in placed for s in p["placement"]),
                       "device_ids_ok": ids_ok, "mps": mps,
                       "unhealthy": [h.index for h in health if h.problems],
+                      "utilisation": {k: v["fraction"] for k, v in busy.items()},
                       "health_fields_read": sorted(k for k in health[0].as_dict()
                                                    if health[0].as_dict()[k] is not None)
                       if health else []}))

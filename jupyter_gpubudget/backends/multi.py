@@ -108,6 +108,15 @@ class ClusterBackends(Backend):
     def read_log(self, workload: str, attempt: int, offset: int, limit: int) -> LogChunk | None:
         return self._for(workload, attempt).read_log(workload, attempt, offset, limit)
 
+    def notify(self, workload: str, attempt: int, signal_name: str) -> str | None:
+        """A running batch job's ``warn_signal``, sent by the backend of the cluster it runs
+        on: None when sent, else why not."""
+        b = self._for(workload, attempt)
+        notify = getattr(b, "notify", None)
+        if notify is None:
+            return f"the {b.name} backend does not send signals ahead"
+        return str(notify(workload, attempt, signal_name) or "") or None
+
     def check_command(self, command: list[str]) -> str | None:
         """A job may start on any cluster: every backend must accept its command."""
         for name, b in self.parts.items():

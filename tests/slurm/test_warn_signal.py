@@ -3,7 +3,8 @@ service's ledger on SQLite, its scheduling loop and Slurm backend, without HTTP)
 (service/preempt_warning.py), wired to the backend as the service wires it, sends the running
 job the signal it asked for (``scancel --signal=USR1 --full``, as the job's user); the job's
 trap sees it and the job runs on. A job that has ended gets an error string and nothing
-changes; a signal a job may not ask for is refused without reaching Slurm.
+changes; a signal a job may not ask for is refused without reaching Slurm. With several
+clusters (``ClusterBackends``), the backend of the job's cluster sends it.
 
 The warner is given the outlook that makes the warning due (a likely preemption within the
 lead time): when work is likely to be preempted is the core's, tested with the local backend
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from jupyter_gpubudget.backends.multi import ClusterBackends
 from jupyter_gpubudget.core.accounts import load_budgets
 from jupyter_gpubudget.core.outlook import Outlook
 from jupyter_gpubudget.ledger import Ledger, connect, upgrade
@@ -96,6 +98,12 @@ def test_the_warner_signals_a_running_slurm_job_and_not_an_ended_one(service):
     assert backend.status(wid, 1).alive  # warned, not stopped
     assert [j.state for j in backend.queue(fresh=True) if j.job_id == job_id] == ["RUNNING"]
 
+    # with several clusters, the backend of the cluster the job runs on sends it
+    clusters = ClusterBackends({"hpc": backend}, {"gpu1": "hpc", "gpu2": "hpc"},
+                               locate=lambda w: "hpc")
+    assert clusters.notify(wid, 1, "USR1") is None
+    wait(lambda: output(wid, job_id).count("saving-now") == 2, 30, "the second signal")
+
     # a signal the job may not ask for never reaches Slurm
     assert "USR1" in (backend.notify(wid, 1, "KILL") or "")
     assert backend.status(wid, 1).alive
@@ -108,4 +116,4 @@ def test_the_warner_signals_a_running_slurm_job_and_not_an_ended_one(service):
     assert err and "not running" in err
     after = [(r.job_id, r.state, r.end) for r in backend.accounting([f"gpubudget.{wid}.1"])]
     assert after == before
-    assert output(wid, job_id).count("saving-now") == 1
+    assert output(wid, job_id).count("saving-now") == 2

@@ -18,6 +18,7 @@ from jupyter_gpubudget.ledger import Ledger, connect, upgrade
 from jupyter_gpubudget.service.delivery import notice_of
 from jupyter_gpubudget.service.loop import SchedulingLoop
 from jupyter_gpubudget.service.preempt_warning import WARNING_KIND, Outlooks, PreemptionWarner
+from jupyter_gpubudget.service.reaper import SESSION_BACKEND
 from jupyter_gpubudget.service.validate import Invalid, parse_job
 from jupyter_gpubudget.service.views import workload_json
 from tests.fixtures.smallcluster import ONE_GPU_NODE as INVENTORY
@@ -143,6 +144,40 @@ def test_nothing_is_told_beyond_the_lead_time(setup):
     assert workload_json(ledger.get(bob), loop.view, time.time())[
         "preemption_forecast"]["likely"] is True
     assert ledger.decisions(kind=WARNING_KIND) == [] and told == []
+
+
+def test_a_protected_session_with_backed_work_queued_is_forecast_and_warned(setup):
+    """A notebook session (started by the loop for the hub's spawner) protected for 10
+    minutes, and alice's backed job queued behind it: its JSON forecasts the preemption at
+    the end of its protection, and bob is told ahead that its kernels will be saved."""
+    ledger, loop, _backend, told = setup
+    bob = ledger.submit(project="scratch", user="bob", kind="interactive", request=GPU,
+                        now=time.time(), min_runtime=600, resumable=True,
+                        backend=SESSION_BACKEND, name="analysis").id
+    loop.cycle()
+    assert ledger.get(bob).state == "running"
+    alice = ledger.submit(project="lattice", user="alice", kind="batch", request=GPU,
+                          now=time.time(), command=["/bin/sh", "-c", "exec sleep 60"]).id
+    loop.cycle()
+    assert ledger.get(alice).state == "pending" and ledger.get(bob).state == "running"
+    row = ledger.get(bob)
+    fc = workload_json(row, loop.view, time.time())["preemption_forecast"]
+    assert fc["likely"] is True and fc["at"] == pytest.approx(row.protected_until, abs=1.0)
+    assert (fc["for_workload"], fc["for_project"]) == (alice, "lattice")
+    (d,) = ledger.decisions(kind=WARNING_KIND)
+    assert d.workload == bob and "signal" not in d.detail and told == []
+    n = notice_of(ledger, d, row)
+    clock = d.detail["at_clock"]
+    assert n.title == (f"Your server “analysis” (project scratch) may be stopped at {clock} "
+                       "for project lattice's backed work")
+    assert n.body == (
+        f"Your server “analysis” (project scratch) may be stopped at about {clock} for "
+        "project lattice's backed work: project lattice's backed work is waiting for its "
+        "GPUs, and project scratch has used more of its grant. Nothing has happened yet, and "
+        "the queue may still change. If it is stopped, its kernels are saved in a snapshot "
+        "first and restored when it starts again. Save your notebooks now, or release the "
+        "GPU (stop the server) if you are done.")
+    assert bob not in n.body and alice not in n.body
 
 
 @pytest.mark.parametrize("bad", ["KILL", "SIGSTOP", 9, "", "USR3"])

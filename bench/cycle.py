@@ -12,8 +12,10 @@ between cycles (core/kept.py: ``KeptCycle.cycle(state, now)``, the same decision
 ``schedule(state, now)``; a checkout without them, such as ``--baseline``'s, builds every
 cycle from scratch), and beside it ``schedule(state, now)`` itself (``scratch_cycle``); the
 service's whole cycle (that cycle plus the
-forecast of start times it computes for quotes and the queue page, ``core.offer.forecast``
-with every slice choice as a probe); the same two on the state in which a tenth of the
+forecast of start times for quotes and the queue page, with every slice choice as a probe:
+read lazily, ``LazyForecast``, so what one view of the queue page — every queued workload's
+start — and one quote ask of it; a checkout without it computed the whole forecast every
+cycle), and the same without the queue page view (``quote_cycle``: the cycle and one quote); the same two on the state in which a tenth of the
 cluster's GPUs freed just before the cycle (running work chosen at random left) and the first
 program's grant is raised 2.6 times, so that the timed cycle places (backed and unbacked work)
 and preempts (unbacked running work of the programs over their grants, for the first
@@ -72,6 +74,13 @@ try:  # the service's cycle on capacity models kept between cycles
     from jupyter_gpubudget.core.kept import KeptCycle
 except ImportError:  # an older checkout (--baseline): it built every cycle from scratch
     KeptCycle = None
+try:  # the forecast replayed only as far as what is asked
+    from jupyter_gpubudget.core.forecast import LazyForecast
+except ImportError:  # an older checkout (--baseline): the whole forecast every cycle
+    LazyForecast = None
+
+#: the slice choice of the one quote a timed service cycle answers
+QUOTED = "gpu:1"
 
 NOW = 30 * 24 * HOUR
 
@@ -211,10 +220,24 @@ def service_scheduler(warm: ClusterState | None = None):  # noqa: ANN201
     return lambda st: kept.cycle(st, NOW)[1]
 
 
-def service_cycle(run, state: ClusterState, probes: dict) -> tuple[list, object]:  # noqa: ANN001
-    """What the service computes once per cycle: the decisions (``run``: the service's
-    cycle, :func:`service_scheduler`) and the forecast."""
-    return run(state), forecast(state, NOW, probes=probes)
+def service_cycle(run, state: ClusterState, probes: dict,  # noqa: ANN001
+                  page: bool = True) -> tuple[list, object]:
+    """What the service computes for one cycle: the decisions (``run``: the service's
+    cycle, :func:`service_scheduler`) and what is asked of the forecast until the next —
+    the service reads its forecast lazily (``LazyForecast``: replayed only as far as the
+    answers asked need), so this charges one view of the queue page (``page``: every queued
+    workload's predicted start, which the page shows) and one quote (the ``QUOTED`` slice
+    choice's start behind the queue). A checkout without the lazy forecast (``--baseline``'s)
+    computed the whole forecast every cycle."""
+    decisions = run(state)
+    if LazyForecast is None:
+        return decisions, forecast(state, NOW, probes=probes)
+    fc = LazyForecast(state, NOW, probes=probes)
+    if page:
+        for w in state.pending:
+            fc.start_of(w.id)
+    fc.probe_start(QUOTED)
+    return decisions, fc
 
 
 def main() -> None:
@@ -259,7 +282,12 @@ def main() -> None:
     probes = {c["key"]: request_for(c["key"]) for c in slice_choices(state.inventory)}
     svc, svc_cpu, _ = timed(lambda: service_cycle(run, state, probes), args.service_repeat)
     print(f"service cycle: median {svc:7.1f} ms  (CPU time median {svc_cpu:.1f} ms;"
-          f" schedule + forecast of {len(probes)} slice shapes)")
+          f" schedule + forecast of {len(probes)} slice shapes"
+          f"{': a queue page view and one ' + QUOTED + ' quote' if LazyForecast else ''})")
+    qsvc, qsvc_cpu, _ = timed(lambda: service_cycle(run, state, probes, page=False),
+                              args.service_repeat)
+    print(f"  without a queue page view: median {qsvc:7.1f} ms  (CPU time median"
+          f" {qsvc_cpu:.1f} ms; schedule + the forecast one {QUOTED} quote needs)")
 
     freed = freed_tenth(state, args.seed)
     run = service_scheduler(state)  # the models kept from the full cluster's cycles
@@ -302,6 +330,7 @@ def main() -> None:
                       "scratch_cycle_cpu_ms_p50": round(scratch_cpu, 2),
                       "service_cycle_ms_p50": round(svc, 2),
                       "service_cycle_cpu_ms_p50": round(svc_cpu, 2),
+                      "quote_cycle_cpu_ms_p50": round(qsvc_cpu, 2),
                       "freed_cycle_ms_p50": round(fr, 2), "freed_cycle_cpu_ms_p50": round(fr_cpu, 2),
                       "freed_service_cycle_ms_p50": round(fsvc, 2),
                       "freed_service_cycle_cpu_ms_p50": round(fsvc_cpu, 2),
@@ -335,6 +364,8 @@ def compare(out: dict, base: dict) -> dict:
         "freed_cycle_cpu": out["freed_cycle_cpu_ms_p50"] / base["freed_cycle_cpu_ms_p50"],
         "freed_service_cycle_cpu": (out["freed_service_cycle_cpu_ms_p50"]
                                     / base["freed_service_cycle_cpu_ms_p50"]),
+        "quote_cycle_cpu_to_base_full": (out["quote_cycle_cpu_ms_p50"]
+                                         / base["full_cycle_cpu_ms_p50"]),
     }
     print("ratios (CPU-time medians, this checkout / baseline): " + ", ".join(
         f"{k} {v:.2f}" for k, v in ratios.items())

@@ -159,3 +159,75 @@ def test_forecast_warning_before_the_stop_and_history_after(cluster, tmp_path): 
         lab2.stop()
         http("DELETE", f"{svc.api}/sessions/{s2['id']}", root)
         http("PUT", f"{svc.api}/nodes/{node}/health", root, {"healthy": True, "reason": "fixed"})
+
+
+def test_backed_work_queued_behind_a_protected_session_is_forecast_and_told_ahead(
+        cluster, tmp_path):  # noqa: F811
+    """Bob's session is protected for a few minutes when erin (project genomics, whose
+    program stands lower than bob's) queues backed work that needs every whole GPU, bob's
+    too, through the service's REST with her own token. Nothing is drained and nothing has
+    happened yet: the sidebar and the status bar forecast the preemption at the end of the
+    protection, for genomics' backed work, and a notification says so ahead (the protection
+    ends within the service's lead time)."""
+    from playwright.sync_api import sync_playwright
+
+    hub, svc, root = cluster
+    s1 = _session(svc, root, user="bob", project="lattice-qcd", slice="gpu:1",
+                  min_runtime=f"{2 * PROTECT_S}s")
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeats, args=(svc, root, s1["id"], stop), daemon=True)
+    beat.start()
+    token = hub.token("bob", scopes=SERVER_SCOPES)
+    erin = hub.token("erin", scopes=SERVER_SCOPES)
+    lab = _lab(tmp_path / "lab", svc, token, s1)
+    job = None
+    try:
+        with sync_playwright() as p:
+            b = Browser(p, lab.url + f"lab?token={lab.token}")
+            try:
+                page = b.page
+                page.locator(".jp-GpuBudget-statusButton").click()
+                panel = page.locator("#jp-gpubudget-panel")
+                panel.locator("#jp-GpuBudget-session").wait_for()
+                assert panel.locator(".jp-GpuBudget-forecast").count() == 0  # nothing queued
+                whole = 14  # the demo inventory's whole GPUs: h100-a's 6 (two are MIG), h100-b's 8
+                st, job = http("POST", f"{svc.api}/jobs", erin,
+                               {"command": "sleep 600", "project": "genomics", "gpus": whole,
+                                "name": "align", "min_runtime": "10m"})
+                assert st == 201, job
+
+                forecast = panel.locator(".jp-GpuBudget-forecast")
+                forecast.wait_for(timeout=90_000)
+                text = forecast.inner_text()
+                assert text.startswith("May be preempted at ~"), text
+                assert "project genomics's backed work is waiting for its GPUs" in text, text
+                assert "drain" not in text, text
+                sess = http("GET", f"{svc.api}/sessions/{s1['id']}", root)[1]
+                fc = sess["preemption_forecast"]
+                assert fc["likely"] and fc["for_workload"] == job["id"], fc
+                assert abs(fc["at"] - sess["protected_until"]) < 2, (fc, sess)
+                shown = re.search(r"~(\d\d):(\d\d)", text)
+                at = time.localtime(fc["at"])
+                assert abs((int(shown.group(1)) * 60 + int(shown.group(2)))
+                           - (at.tm_hour * 60 + at.tm_min)) % 1440 in (0, 1, 1439), (text, fc)
+                status = page.locator(".jp-GpuBudget-statusButton").inner_text()
+                assert f"may be preempted ~{shown.group(1)}:{shown.group(2)}" in status, status
+                ahead = page.locator(".Toastify__toast", has_text="may be stopped at")
+                ahead.first.wait_for(timeout=90_000)
+                said = ahead.first.inner_text()
+                assert "Your server (project lattice-qcd) may be stopped at" in said, said
+                assert "for project genomics's backed work" in said, said
+                sess = http("GET", f"{svc.api}/sessions/{s1['id']}", root)[1]
+                assert sess["state"] == "running" and not sess["preempt_requested"], sess
+                assert http("GET", f"{svc.api}/workloads/{job['id']}", root)[1]["state"] == \
+                    "pending"
+                b.shot("lab-preempt-forecast-backed.png")
+                assert not b.errors, b.errors
+            finally:
+                b.close()
+    finally:
+        stop.set()
+        lab.stop()
+        if isinstance(job, dict) and "id" in job:
+            http("DELETE", f"{svc.api}/jobs/{job['id']}", root)
+        http("DELETE", f"{svc.api}/sessions/{s1['id']}", root)

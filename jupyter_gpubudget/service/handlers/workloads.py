@@ -19,7 +19,9 @@ class MyWorkloadsHandler(BaseHandler):
         states = self.query_states()
         rows = await self.db(self.svc.ledger.workloads_of, c.name, states)
         now, view = self.svc.clock(), self.svc.loop.view
-        self.send({"user": c.name, "workloads": [workload_json(r, view, now) for r in rows]})
+        # a predicted start may replay the forecast as far as it needs: off the event loop
+        self.send({"user": c.name, "workloads": await self.db(
+            lambda: [workload_json(r, view, now) for r in rows])})
 
 
 class MyEndedHandler(BaseHandler):
@@ -66,7 +68,7 @@ class WorkloadHandler(BaseHandler):
         if row is None:
             raise ApiError(404, f"no workload {wid!r}")
         c.require_see_workload(row.user)
-        self.send(workload_json(row, self.svc.loop.view, self.svc.clock()))
+        self.send(await self.db(workload_json, row, self.svc.loop.view, self.svc.clock()))
 
 
 class QueueHandler(BaseHandler):

@@ -21,6 +21,14 @@ rendered.)
 ``EndedHandler`` (``GET /hub/api/gpubudget/users/{name}/ended``) is authenticated the same way
 (``read:servers`` for the user) and answers the service's ``/workloads/me/ended`` for that user:
 their last ended sessions and jobs with what each cost and to which project.
+
+``HistoryHandler`` (``GET /hub/api/gpubudget/users/{name}/history``), authenticated the same way,
+answers each of the user's servers' history across preemptions and restores — its session's
+segments, where each ran, how and why it ended and what it cost (the service's
+``/sessions/{id}/history``, which the lab's sidebar reads too) — and the same for the user's last
+ended session: ``{"servers": [{"server": "", "session": …, "history": {…}}, …], "last": …}``.
+Only the user's own sessions are asked for: those the hub's spawners hold, and the last one the
+service says the user ended.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from .client import ServiceError
 #: under the hub's prefix (``/hub/``); the group is the user's name
 QUOTE_ROUTE = r"/api/gpubudget/users/([^/]+)/quote"
 ENDED_ROUTE = r"/api/gpubudget/users/([^/]+)/ended"
+HISTORY_ROUTE = r"/api/gpubudget/users/([^/]+)/history"
 
 
 class _Base(APIHandler):
@@ -117,6 +126,39 @@ class EndedHandler(_Base):
         self.finish(json.dumps(answer))
 
 
+class HistoryHandler(_Base):
+    """Each server's history across preemptions, and the last ended session's."""
+
+    @needs_scope("read:servers")
+    async def get(self, user_name: str) -> None:
+        self.check_xsrf_always()
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"no user {user_name!r}")
+        default = user.spawners[""]  # (the default server's spawner: made if never started)
+        if not callable(getattr(default, "api", None)):
+            raise web.HTTPError(404, "this server is not started by BudgetSpawner")
+        servers = []
+        try:
+            for name in sorted(user.orm_user.orm_spawners):
+                sid = getattr(user.spawners[name], "session_id", "")
+                if sid:
+                    h = await default.api("GET", f"/sessions/{quote(sid, safe='')}/history")
+                    servers.append({"server": name, "session": sid, "history": h})
+            ended = await default.api(
+                "GET", f"/workloads/me/ended?user={quote(user.name, safe='')}&limit=5")
+            last = next((w for w in ended.get("workloads") or []
+                         if w.get("kind") == "interactive"), None)
+            if last is not None:
+                last = {"session": last["id"], "history": await default.api(
+                    "GET", f"/sessions/{quote(last['id'], safe='')}/history")}
+        except ServiceError as e:
+            raise web.HTTPError(e.status if e.status < 500 else 503,
+                                e.message.removeprefix("gpubudget service: ")) from None
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"servers": servers, "last": last}))
+
+
 def admin_landing(admins: list[str], service: str = "gpubudget"):  # noqa: ANN201
     """For ``c.JupyterHub.default_url``: where a user lands after logging in (and at the hub's
     root) when nothing else is asked for (``?next=``): the budgets' admins on the service's
@@ -135,7 +177,8 @@ def admin_landing(admins: list[str], service: str = "gpubudget"):  # noqa: ANN20
 
 def extra_handlers() -> list[tuple[str, type]]:
     """For ``c.JupyterHub.extra_handlers``."""
-    return [(QUOTE_ROUTE, QuoteHandler), (ENDED_ROUTE, EndedHandler)]
+    return [(QUOTE_ROUTE, QuoteHandler), (ENDED_ROUTE, EndedHandler),
+            (HISTORY_ROUTE, HistoryHandler)]
 
 
 def register_handlers() -> None:

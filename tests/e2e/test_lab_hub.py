@@ -102,9 +102,55 @@ def gpu_h(text: str, label: str) -> float:
     return float(re.search(rf"{label}\s+(-?[\d.]+) GPU-h", text).group(1))
 
 
+def _preempted(demo) -> tuple[str, str]:  # noqa: ANN001
+    """An earlier session of alice's that a drain preempted: a real session (REST) stopped as
+    preempted after the drain's request, written into the service's ledger as the loop writes
+    it. Returns (that session, its node); :func:`_resumed_as` makes a later one its restore."""
+    from jupyter_gpubudget.ledger import Ledger, connect
+
+    st, s = http("POST", f"{demo.svc}/sessions", demo.token,
+                 {"user": "alice", "project": "lattice-qcd", "slice": "gpu:1",
+                  "min_runtime": "0s"})
+    assert st == 201, s
+    deadline = time.monotonic() + 60
+    while s["state"] != "running":
+        assert time.monotonic() < deadline, s
+        s = http("GET", f"{demo.svc}/sessions/{s['id']}?wait=2", demo.token)[1]
+    node = s["placement"][0]["node"]
+    led = Ledger(connect(demo.ledger_url))
+    try:
+        led.record_decision(now=time.time(), kind="preempt-requested", workload=s["id"],
+                            reason=f"node {node} is draining (loses 0.00 GPU-h)",
+                            detail={"for": None, "lost_gpu_hours": 0.0})
+        st, out = http("DELETE", f"{demo.svc}/sessions/{s['id']}?reason=preempt", demo.token)
+        assert st in (200, 204), out
+    finally:
+        led.dispose()
+    return s["id"], node
+
+
+def _resumed_as(demo, first: str, sid: str) -> None:  # noqa: ANN001
+    """Make ``sid`` the restore of ``first``: the decisions the hub spawner and the loop write
+    after a verified snapshot (which needs a kernel CRIU can dump: tested elsewhere)."""
+    from jupyter_gpubudget.ledger import Ledger, connect
+
+    led = Ledger(connect(demo.ledger_url))
+    try:
+        snap, now = "snap-" + first, time.time()
+        led.record_decision(now=now, kind="requeue", workload=first, actor="root",
+                            reason=f"preempted after snapshot {snap}; requeued as {sid}",
+                            detail={"as": sid, "snapshot": snap})
+        led.record_decision(now=now, kind="resume", workload=sid, actor="root",
+                            reason=f"resumes preempted session {first}",
+                            detail={"resumes": first, "snapshot": snap, "reason": "preempted"})
+    finally:
+        led.dispose()
+
+
 def test_form_lab_countdown_cost_budget_and_protection_running_out(demo):
     from playwright.sync_api import sync_playwright
 
+    first, node = _preempted(demo)  # alice's earlier session, preempted by a drain
     with sync_playwright() as p:
         b = Browser(p, demo.url)
         page = b.page
@@ -193,6 +239,35 @@ def test_form_lab_countdown_cost_budget_and_protection_running_out(demo):
             b.shot("hub-lab-protection-over.png")
             assert http("GET", f"{demo.svc}/sessions/{sid}", demo.token)[1][
                 "protected_left_s"] == 0
+
+            # the hub's home page: this server's history across a preemption, in words
+            _resumed_as(demo, first, sid)
+            page.goto(demo.url + "/hub/home")
+            card = page.locator(f"#gpubudget-history .gb-history[data-session='{sid}']")
+            card.wait_for(timeout=60_000)
+            h = http("GET", f"{demo.svc}/sessions/{sid}/history", demo.token)[1]
+            old, new = h["segments"]
+            assert old["workload"] == first and new["workload"] == sid, h
+            text = card.locator(".gb-history-summary").inner_text()
+            assert text == (f"started {berlin(old['start'])}, preempted {berlin(old['end'])} "
+                            f"(node drained), restored {berlin(new['start'])} on "
+                            f"{new['nodes'][0]}"), (text, h)
+            rows = card.locator("tbody tr")
+            assert rows.count() == 3  # two segments and the total
+            assert f"on {node}" in rows.nth(0).inner_text()
+            total = rows.nth(2).inner_text()
+            assert total.startswith("Total") and "GPU-h" in total, total
+            assert card.locator("h2").inner_text().startswith("Your server")
+            # the preempted session is this server's past, not a "last session" of its own
+            assert page.locator(f"#gpubudget-history .gb-history[data-session='{first}']"
+                                ).count() == 0
+            page.wait_for_function(
+                f"document.getElementById('gpubudget-last').dataset.workload === '{first}'")
+            assert page.locator("#gpubudget-last").is_hidden()
+            zone = page.locator("#gpubudget-zone").inner_text()
+            assert zone == "Times are local: Europe/Berlin (UTC+01:00)" or TZ in zone, zone
+            card.scroll_into_view_if_needed()
+            b.shot("hub-home-history.png")
             assert not b.errors, b.errors
         finally:
             b.close()
@@ -232,6 +307,13 @@ def test_second_user_queues_sees_position_and_predicted_start_and_leaves(demo):
             assert r.status == 200 and r.json()["user"] == "bob", r.text()
             assert page.request.get(f"{demo.url}/hub/api/gpubudget/users/alice/{q}",
                                     headers={"X-XSRFToken": xsrf}).status in (403, 404)
+            # the history handler the same way: his own, with the token, never alice's
+            hist = f"{demo.url}/hub/api/gpubudget/users/%s/history"
+            assert page.request.get(hist % "bob").status == 403
+            r = page.request.get(hist % "bob", headers={"X-XSRFToken": xsrf})
+            assert r.status == 200 and set(r.json()) == {"servers", "last"}, r.text()
+            assert page.request.get(hist % "alice", headers={"X-XSRFToken": xsrf}).status in (
+                403, 404)
             page.check("input[name=slice][value='gpu:1']")
             page.wait_for_function("() => document.querySelector('#gpubudget-quote-for')"
                                    ".innerText.includes('1 whole GPU')")

@@ -236,9 +236,14 @@ class _Cache:
         return labels.get(ko.L_WORKLOAD, ""), labels.get(ko.L_ATTEMPT, "")
 
     def replace(self, objs: list[dict]) -> None:
-        self.items, self.by_attempt = {}, {}
+        """A new list: made aside, then swapped in (the loop's thread reads while the
+        backend's lists)."""
+        items: dict[str, dict] = {}
+        index: dict[tuple[str, str], dict[str, dict]] = {}
         for o in objs:
-            self.put(o)
+            items[o["metadata"]["name"]] = o
+            index.setdefault(self._key(o), {})[o["metadata"]["name"]] = o
+        self.items, self.by_attempt = items, index
 
     def put(self, obj: dict) -> None:
         name = obj["metadata"]["name"]
@@ -756,14 +761,22 @@ class KubernetesBackend(Backend):
 
     def status(self, workload: str, attempt: int) -> BackendStatus:
         self._ensure()
+        # read from the watches' caches in the caller's thread (the loop asks it of every
+        # running workload each cycle); only an attempt whose Job they lack is read from
+        # the API server, on the backend's event loop
+        jobs = self._mine(self.jobs, workload, attempt)
+        if jobs:
+            return self._judge(workload, attempt, jobs)
         return self._call(self._status(workload, attempt))
 
     async def _status(self, workload: str, attempt: int) -> BackendStatus:
-        jobs = self._mine(self.jobs, workload, attempt)
+        jobs = self._mine(self.jobs, workload, attempt) or \
+            await self._read_jobs(workload, attempt)
+        return self._judge(workload, attempt, jobs)
+
+    def _judge(self, workload: str, attempt: int, jobs: list[dict]) -> BackendStatus:
         pods = [p for p in self._mine(self.pods, workload, attempt)
                 if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-        if not jobs:
-            jobs = await self._read_jobs(workload, attempt)
         if not jobs:
             # no Job (deleted, or never created); pods still stopping hold their slices
             return BackendStatus(True) if pods else BackendStatus(False, launched=False)

@@ -110,6 +110,14 @@ class SchedulingLoop:
         self._forecast_keys: dict[str, object] = {}  # each probe's slice shape
         self._forecast_at = 0.0
         self._forecast_key: tuple = ()
+        #: warm each new forecast in the background (``_warm``): the first quote or queue
+        #: view after it finds it replayed. One warming thread at most, given the newest
+        #: forecast; it ends when it has nothing left to warm.
+        self.warm_forecast = True
+        self._warm_cond = threading.Condition()
+        self._warm_next: tuple[LazyForecast, list[str], list[str]] | None = None
+        self._warming: threading.Thread | None = None
+        self._warm_failed = False  # (a failure is logged once, until a warming succeeds)
         #: the preemption outlook, and who warns of it (the app sets both up)
         self.outlooks = Outlooks()
         self.warner: PreemptionWarner | None = None
@@ -838,7 +846,60 @@ class SchedulingLoop:
             self._forecast = LazyForecast(state, now, probes=probes)
             self._forecast_keys = {k: req.shape for k, req in probes.items()}
             self._forecast_at, self._forecast_key = now, key
+            if self.warm_forecast:
+                self._warm(self._forecast, list(probes), [w.id for w in state.pending])
         return self._forecast
+
+    def _warm(self, fc: LazyForecast, keys: list[str], pending: list[str]) -> None:
+        """Replay forecast ``fc`` in the background, so that a quote or a queue page view
+        seldom waits for it — never blocking the cycle. Forecasts are made at most every
+        ``forecast_min_interval`` s (and at least every ``forecast_interval`` s), so the
+        warming costs no more than computing each forecast whole did. The replay is the
+        forecast's own: a request asking for an answer meanwhile waits on the forecast's lock
+        at most for the answer being warmed (one slice shape's, or one queued workload's
+        start), then takes what it needs from where the replay is (it continues; no step is
+        taken twice). The leader and a standby both warm theirs (both serve the views)."""
+        with self._warm_cond:
+            self._warm_next = (fc, keys, pending)
+            if self._warming is None:
+                self._warming = threading.Thread(target=self._warm_worker, daemon=True,
+                                                 name="gpubudget-forecast-warm")
+                self._warming.start()
+
+    def _warm_worker(self) -> None:
+        while True:
+            with self._warm_cond:
+                job, self._warm_next = self._warm_next, None
+                if job is None:
+                    self._warming = None
+                    self._warm_cond.notify_all()
+                    return
+            fc, keys, pending = job
+            try:
+                # the quotes' slice shapes first (a spawn form waits on one), then each
+                # queued workload's start in queue order, each asked on its own: between two
+                # answers the lock is free for a request, and a newer forecast ends this one
+                for key in keys:
+                    if self._forecast is not fc:
+                        break
+                    fc.probe_start(key)
+                for wid in pending:
+                    if self._forecast is not fc:
+                        break
+                    fc.start_of(wid)
+                if self._forecast is fc:
+                    fc.result()  # (what is left of the replay, if anything)
+                self._warm_failed = False
+            except Exception:  # noqa: BLE001 - a request replays what it needs itself
+                if not self._warm_failed:
+                    self._warm_failed = True
+                    self.log.exception("warming the forecast failed (requests replay it as "
+                                       "far as they need)")
+
+    def wait_warmed(self, timeout: float | None = None) -> bool:
+        """Wait until no forecast is being warmed (tests and benchmarks); False on timeout."""
+        with self._warm_cond:
+            return self._warm_cond.wait_for(lambda: self._warming is None, timeout)
 
     def _refresh_view(self, now: float, state: ClusterState, sched: Scheduler) -> None:
         """The figures the API serves until the next cycle, from this cycle's scheduler (the

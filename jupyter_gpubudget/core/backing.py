@@ -39,6 +39,12 @@ class Backing:
         # fractions) their backed running work holds
         self.member_committed: dict[Member, float] = {}
         self.member_gpus: dict[Member, float] = {}
+        #: per project, whether its grant or an ancestor's is spent (backs no more work, of
+        #: any size), as of the standings and promises it was found with (``_spent_of``)
+        self._spent: dict[str, bool] = {}
+        #: per (project, demand): whether its grants cover that much more (kept as ``_spent``)
+        self._fits: dict[tuple[str, float], bool] = {}
+        self._spent_of: tuple[object, object] | None = None
 
     def set_accounts(self, accounts: AccountTree) -> None:
         """A budget change: grants and standings are worked out afresh."""
@@ -89,13 +95,33 @@ class Backing:
             path = tuple((a, grants.get(a, 0.0)) for a in self.accounts.path(w.project))
             self.paths[w.project] = path
         st = self.st if self.st is not None else standings()
+        if self.spent(w.project, path, st):
+            return False  # no workload's demand (0 or more) fits under its grants
         need = request_milli(w.request) / MILLI * self.policy.effective_min_runtime(w) / HOUR
-        usage, committed = st.usage, self.committed
-        for a, g in path:
-            if g <= 0 or usage[a] + committed.get(a, 0.0) + need > g + 1e-9:
-                return False
+        fits = self._fits.get((w.project, need))  # (kept as long as ``_spent``)
+        if fits is None:
+            usage, committed = st.usage, self.committed
+            fits = self._fits[(w.project, need)] = not any(
+                g <= 0 or usage[a] + committed.get(a, 0.0) + need > g + 1e-9 for a, g in path)
+        if not fits:
+            return False
         return not self.accounts.accounts[w.project].member_limits \
             or self.member_over(w, st) is None
+
+    def spent(self, project: str, path: tuple[tuple[str, float], ...], st: Standings) -> bool:
+        """Is a grant on ``project``'s ``path`` spent, with no more work added (then
+        :meth:`backs` is False for every workload of it: demands are never negative)? Kept
+        while the standings and the promises are the same (:meth:`promise` and
+        :meth:`release` change the promises)."""
+        if self._spent_of is None or self._spent_of[0] is not st \
+                or self._spent_of[1] is not self.committed:
+            self._spent, self._fits, self._spent_of = {}, {}, (st, self.committed)
+        spent = self._spent.get(project)
+        if spent is None:
+            usage, committed = st.usage, self.committed
+            spent = self._spent[project] = any(
+                g <= 0 or usage[a] + committed.get(a, 0.0) + 0.0 > g + 1e-9 for a, g in path)
+        return spent
 
     def member_over(self, w: Workload, st: Standings | None = None
                     ) -> tuple[str, float, float, float] | None:
@@ -119,6 +145,7 @@ class Backing:
         (and every ancestor's) has promised that much more."""
         if w.project in self.accounts:
             promised = placement.fraction * (protected - now) / HOUR
+            self._spent_of = None
             for a in self.accounts.path(w.project):
                 self.committed[a] = self.committed.get(a, 0.0) + promised
             key = (w.project, w.user)
@@ -129,6 +156,7 @@ class Backing:
         """Running ``w`` stopped at ``now``: what is left of its protected run is no longer
         promised."""
         key = (w.project, w.user)
+        self._spent_of = None
         if w.backed and w.placement and key in self.member_gpus:
             self.member_gpus[key] = max(0.0, self.member_gpus[key] - w.placement.fraction)
         if w.backed and w.protected_until and w.protected_until > now and w.placement:

@@ -12,7 +12,7 @@ or reservations move (:meth:`CycleState.capacity_changed`), which makes a deep q
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .accounts import AccountTree
@@ -109,6 +109,45 @@ class CycleState:
     def drop_reserve(self, wid: str) -> None:
         """``wid`` starts now instead: its reservation in this cycle's decisions is moot."""
         self.out[:] = [d for d in self.out if not (isinstance(d, Reserve) and d.workload == wid)]
+
+
+def nothing_fits(cyc: CycleState, shapes: Iterable[Shape]) -> bool:
+    """Is every memo key the queued ``shapes`` can have (any place of an end among
+    ``res_times``, leasable or not) known not to fit? Then no queued work is placed."""
+    failed, marks = cyc.failed, range(len(cyc.res_times) + 1)
+    flags = (False, True) if cyc.policy.backfill_lease > 0 else (False,)
+    return all((s, i, f) in failed for s in shapes for i in marks for f in flags)
+
+
+def idle_pass(cyc: CycleState, pending: Mapping[str, Workload], shapes: Iterable[Shape],
+              predict_long: Callable[[Workload], float],
+              place: Callable[[Workload, float, float], Placement | None],
+              start: Callable[[Workload, Placement], None]) -> None:
+    """Unbacked work (``cyc.later``) on whatever is idle (it never preempts), and anything
+    whose shape may fit again since a preemption or reservation reset the memo; stops once
+    no shape of the queue (``shapes``) fits (:func:`nothing_fits`: the rest would be
+    skipped one by one)."""
+    now, gen, failed = cyc.now, cyc.memo_gen, cyc.failed
+    if nothing_fits(cyc, shapes):
+        return
+    for w, known_gen in cyc.later:
+        if cyc.full():
+            return
+        if known_gen == gen or w.id not in pending:
+            continue
+        end = now + predict_long(w)
+        memo = memo_key(w, end, cyc.res_times, cyc.policy)
+        if memo in failed:
+            continue
+        p = place(w, end, now)
+        if p is None:
+            failed.add(memo)
+            if nothing_fits(cyc, shapes):
+                return
+            continue
+        if w.id in cyc.reservations:  # it starts now instead: its reservation is moot
+            cyc.drop_reserve(w.id)
+        start(w, p)
 
 
 def reclaim(cyc: CycleState, w: Workload, end: float) -> bool:

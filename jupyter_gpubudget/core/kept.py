@@ -12,7 +12,9 @@ Two models are kept and used in turn: the scheduler of the last cycle stays read
 service answers quotes from it, core/offer.py's ``Quoter``) while the next cycle runs on the
 other; each model's ``lock`` is held while a cycle changes it and while a quote reads it.
 The predictions of the last cycle are kept too, where the history they came from is the
-same and the workload is the very one predicted (``Predictor.carry``).
+same and the workload is the very one predicted (``Predictor.carry``), and the orders its
+ranking made (``ranking.RankMemo``: an account's order is made again only where its
+grant, usage, pending work, their demands or its members' usage changed).
 A new inventory or policy starts afresh.
 """
 
@@ -22,6 +24,7 @@ import threading
 
 from .capacity import Cluster
 from .model import Decision, RuntimeHistory
+from .ranking import RankMemo
 from .scheduler import ClusterState, Scheduler
 from .state import paused_gc
 
@@ -49,6 +52,8 @@ class KeptCycle:
         self.reused += kept is not None and s.cluster is kept
         if self._last is not None:
             self._carry(self._last, state, s)
+            # the last cycle's orders (they answer for the inputs they were made from only)
+            s.rank_memo, self._last[1].rank_memo = self._last[1].rank_memo, RankMemo()
         self._last = (state, s)
         self._models[self._turn] = (s.cluster, (state.inventory, state.policy), lock)
         return s, lock

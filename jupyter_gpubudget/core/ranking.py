@@ -82,28 +82,72 @@ LANE_OFFSET = 1e9
 
 def rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
          demand: Callable[[Workload], float],
-         short: Callable[[Workload], bool] | None = None) -> list[tuple[float, Workload]]:
+         short: Callable[[Workload], bool] | None = None,
+         memo: RankMemo | None = None) -> list[tuple[float, Workload]]:
     """Pending workloads in the order to consider them, each with its root-level key
     (non-decreasing along the list). Workloads of unknown projects are left out.
 
     ``short`` picks the *short lane*: work that is considered before everything else (the
     scheduler puts debug runs predicted to be short there), ranked by standing among itself
-    just like the rest; its keys are lowered by :data:`LANE_OFFSET`."""
+    just like the rest; its keys are lowered by :data:`LANE_OFFSET`.
+
+    ``memo``: the orders of the last call kept (:class:`RankMemo`), so that an account whose
+    inputs did not change is not ordered again; the same answer as without it."""
+    if memo is not None and memo.tree is not tree:
+        memo.clear(tree)
     if short is not None:
         lane = [w for w in pending if short(w)]
         if lane:
             rest = [w for w in pending if not short(w)]
-            first = [(k - LANE_OFFSET, w) for k, w in _rank(lane, tree, st, demand)]
-            return first + _rank(rest, tree, st, demand)
-    return _rank(pending, tree, st, demand)
+            first = _rank(lane, tree, st, demand, memo, True)
+            second = _rank(rest, tree, st, demand, memo, False)
+            if memo is not None:
+                hit = memo.top
+                if hit is not None and hit[0] is first and hit[1] is second:
+                    return hit[2]
+            out = [(k - LANE_OFFSET, w) for k, w in first] + second
+            if memo is not None:
+                memo.top = (first, second, out)
+            return out
+    return _rank(pending, tree, st, demand, memo, False)
+
+
+Item = tuple[float, Tie, Workload]
+
+
+class RankMemo:
+    """The orders of the last :func:`rank` kept per account (and per lane): an account's
+    stream of items is a function of its grant, its usage and its children's streams, a
+    project's of its pending work (the same objects, in the same order: a queued workload
+    is never changed in place, only replaced), their demands and its members' usage. Where
+    all of these equal the last call's, the stream kept is the answer; else it is worked
+    out afresh and kept."""
+
+    def __init__(self) -> None:
+        self.tree: AccountTree | None = None
+        #: per (lane?, account): (its grant, usage and (a project's) work, demands and
+        #: members' usage; its children's streams; its stream)
+        self.streams: dict[tuple[bool, str],
+                           tuple[tuple[object, ...], tuple[list[Item], ...], list[Item]]] = {}
+        #: per lane?: (the roots' streams, the answer)
+        self.roots: dict[bool, tuple[tuple[list[Item], ...], list[tuple[float, Workload]]]] = {}
+        #: the short lane's answer and the rest's, and rank's answer from them
+        self.top: tuple[list[tuple[float, Workload]], list[tuple[float, Workload]],
+                        list[tuple[float, Workload]]] | None = None
+        self.hits = 0  # streams reused (a figure for tests and benchmarks)
+
+    def clear(self, tree: AccountTree | None = None) -> None:
+        self.tree = tree
+        self.streams.clear()
+        self.roots.clear()
+        self.top = None
 
 
 def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
-          demand: Callable[[Workload], float]) -> list[tuple[float, Workload]]:
+          demand: Callable[[Workload], float], memo: RankMemo | None = None,
+          lane: bool = False) -> list[tuple[float, Workload]]:
     by_project: dict[str, list[Workload]] = {}
     need: dict[str, float] = {}
-    tie: dict[str, Tie] = {}  # each workload's tie-break: kind, submission, id
-    kinds = KIND_ORDER.get
     for w in pending:
         mine = by_project.get(w.project)
         if mine is None:
@@ -111,11 +155,14 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
                 continue
             mine = by_project[w.project] = []
         mine.append(w)
-        wid = w.id
-        need[wid] = demand(w)
-        tie[wid] = (kinds(w.kind, 2), w.submitted_at, wid)
-
-    Item = tuple[float, Tie, Workload]
+        need[w.id] = demand(w)
+    tie: dict[str, Tie] = {}  # each workload's tie-break: kind, submission, id
+    kinds = KIND_ORDER.get
+    members: dict[str, list[tuple[str, float]]] = {}
+    if memo is not None:
+        for (p, u), v in st.member_usage.items():
+            members.setdefault(p, []).append((u, v))
+    streams = memo.streams if memo is not None else {}
 
     def order(name: str) -> list[Item]:
         """The subtree's items in order, each keyed by *this* account's projected standing.
@@ -124,24 +171,54 @@ def _rank(pending: Sequence[Workload], tree: AccountTree, st: Standings,
         acc = tree.accounts[name]
         g = st.grant.get(name, 0.0)
         cum = st.usage.get(name, 0.0)
+        sig: tuple[object, ...] = ()
         if acc.children:
+            subs = tuple(order(c) for c in acc.children)
+            if memo is not None:
+                sig = (g, cum)
+                kept = streams.get((lane, name))
+                if kept is not None and kept[0] == sig and all(
+                        a is b for a, b in zip(kept[1], subs, strict=True)):
+                    memo.hits += 1
+                    return kept[2]
             # a k-way merge keeps each child's own order where keys tie (a sort would put
             # a child's later debug run ahead of its earlier gang when the gang's projected
             # demand is 0: Scheduler.demand)
-            items = [t[2] for t in heapq.merge(*(order(c) for c in acc.children))]
+            merged = [(t[1], t[2]) for t in heapq.merge(*subs)]
         else:
-            items = members_in_turn(name, by_project.get(name, []), st.member_usage, need, tie)
+            subs = ()
+            items = by_project.get(name, [])
+            if memo is not None:
+                sig = (g, cum, tuple(map(id, items)), tuple([need[w.id] for w in items]),
+                       tuple(members.get(name, ())))
+                kept = streams.get((lane, name))
+                if kept is not None and kept[0] == sig:
+                    memo.hits += 1
+                    return kept[2]
+            for w in items:
+                tie[w.id] = (kinds(w.kind, 2), w.submitted_at, w.id)
+            items = members_in_turn(name, items, st.member_usage, need, tie)
+            merged = [(tie[w.id], w) for w in items]
         out: list[Item] = []
         if g > 0:
-            for w in items:
-                wid = w.id
-                out.append((cum / g, tie[wid], w))
-                cum += need[wid]
+            for t, w in merged:
+                out.append((cum / g, t, w))
+                cum += need[w.id]
         else:
-            out = [(INF, tie[w.id], w) for w in items]
+            out = [(INF, t, w) for t, w in merged]
+        if memo is not None:
+            streams[(lane, name)] = (sig, subs, out)
         return out
 
-    return [(t[0], t[2]) for t in heapq.merge(*(order(r) for r in tree.roots))]
+    if memo is None:
+        return [(t[0], t[2]) for t in heapq.merge(*(order(r) for r in tree.roots))]
+    roots = tuple(order(r) for r in tree.roots)
+    hit = memo.roots.get(lane)
+    if hit is not None and all(a is b for a, b in zip(hit[0], roots, strict=True)):
+        return hit[1]
+    ranked = [(t[0], t[2]) for t in heapq.merge(*roots)]
+    memo.roots[lane] = (roots, ranked)
+    return ranked
 
 
 def members_in_turn(project: str, items: list[Workload],

@@ -25,7 +25,7 @@ from .accounts import AccountTree
 from .backfill import leasable, place_reserved, reserved_until
 from .backing import Backing
 from .capacity import Cluster
-from .cycle import CycleState, memo_key, preempt_for, reclaim, reserve_gang
+from .cycle import CycleState, idle_pass, memo_key, preempt_for, reclaim, reserve_gang
 from .drains import LOSS_WINDOW as LOSS_WINDOW  # the service asks its ledger for this window
 from .drains import LossBudget, drain_nodes
 from .holds import runnable
@@ -45,7 +45,7 @@ from .model import (
 from .predict import Predictor, RunningEnds, next_free
 from .preemption import preemption_cost
 from .preemption_search import take, victim_pool
-from .ranking import INF, Standings, rank
+from .ranking import RankMemo, Standings, rank
 from .reservations import Bookings
 from .state import ClusterState as ClusterState
 from .state import load_running, new_cluster, paused_gc
@@ -69,6 +69,7 @@ class Scheduler:
         self.history = history if history is not None else RuntimeHistory()
         self.unhealthy: set[str] = set(unhealthy)
         self.waiting = WorkQueue()  # pending work and its order
+        self.rank_memo = RankMemo()  # the orders of the last cycle's ranking, kept
         self.cluster = self._fresh_cluster(cluster)  # (or one kept from an earlier cycle)
         self.meter = UsageMeter(self.policy)
         self.running: dict[str, Workload] = {}
@@ -164,22 +165,20 @@ class Scheduler:
             s.running[w.id] = w
         s.cluster = load_running(s.cluster, s.running, s.inconsistent, s._fresh_cluster,
                                  s.unhealthy if kept is not None else None)
-        for w in runnable(state.pending, state.running, state.finished):  # holds.py
-            s._enqueue(w, key=INF, bulk=True)
-        s.waiting.order.sort()
+        s.waiting.add_all(runnable(state.pending, state.running, state.finished),  # holds.py
+                          s.running, s.policy)
         s.loss.losses.extend(sorted(state.recent_losses))
         s.bookings = Bookings(state.bookings)
         return s
 
-    def usage_hours(self, now: float) -> dict[str, float]:
-        """GPU-hours in the window per account (projects and their ancestors)."""
+    def usage_hours(self, now: float) -> dict[str, float]:  # per account, in the window
         return self.standings(now).usage
 
     def standings(self, now: float) -> Standings:
         """Where every account stands now (:meth:`Backing.stand`)."""
         return self.backing.stand(*self.meter.split(now), self.running.values(), now)
 
-    _standings = standings
+    _standings = standings  # its old name
 
     def next_free(self, req: SliceRequest, now: float) -> float:
         """Seconds until running work is predicted to free capacity ``req`` needs
@@ -404,8 +403,10 @@ class Scheduler:
     def _rank(self, st: Standings) -> list[tuple[float, Workload]]:
         """Pending work of known projects in rank order (ranking.py), which becomes the
         queue's order; work of unknown projects stays queued, last, and never starts."""
-        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short)
-        unranked = [w for w in self.pending.values() if not self.accounts.is_project(w.project)]
+        ranked = rank(list(self.pending.values()), self.accounts, st, self.demand, self.short,
+                      self.rank_memo)
+        unranked = [] if len(ranked) == len(self.pending) else [
+            w for w in self.pending.values() if not self.accounts.is_project(w.project)]
         self.waiting.rerank(ranked, unranked)
         return ranked
 
@@ -413,22 +414,23 @@ class Scheduler:
         """Consider backed work in rank order (:meth:`_consider`); unbacked work, and work
         that does not start, is left for :meth:`_idle_pass`."""
         now, pending, paths = cyc.now, self.pending, cyc.st.path_standing
+        backs, stand = self.backing.backs, lambda: self.standings(now)
         for _, w in ranked:
             if w.id not in pending or cyc.full():
+                continue
+            if not backs(w, stand):  # (whether its shape fits: the idle pass's question)
+                cyc.later.append((w, -1))
                 continue
             req = w.request
             end = now + self.predict_long(w)
             if memo_key(w, end, cyc.res_times, self.policy) in cyc.failed \
                     and not (req.kind == "gpu" and req.gpus >= 2
                              and len(self.reservations) < self.policy.max_reservations):
-                # its shape no longer fits; skip the backing check unless preemption may help
+                # its shape no longer fits; no need to consider it unless preemption may help
                 worst = cyc.preempt_failed.get(req.shape)
                 if not cyc.pool or (worst is not None and paths[w.project] >= worst):
                     cyc.later.append((w, cyc.memo_gen))
                     continue
-            if not self.is_backed(w, now):
-                cyc.later.append((w, -1))
-                continue
             if self.lane.held and req.kind == "gpu" and req.gpus > self.lane.room:
                 with self.lane.lifted():  # a gang that needs the kept GPUs to fit at all
                     self._consider(cyc, w)
@@ -438,23 +440,9 @@ class Scheduler:
                 cyc.later.append((w, cyc.memo_gen))
 
     def _idle_pass(self, cyc: CycleState) -> None:
-        """Unbacked work on whatever is idle (it never preempts), and anything whose shape
-        may fit again since a preemption or reservation reset the memo."""
-        now, pending, gen = cyc.now, self.pending, cyc.memo_gen
-        for w, known_gen in cyc.later:
-            if known_gen == gen or w.id not in pending or cyc.full():
-                continue
-            end = now + self.predict_long(w)
-            memo = memo_key(w, end, cyc.res_times, self.policy)
-            if memo in cyc.failed:
-                continue
-            p = self._place(w, end, now)
-            if p is None:
-                cyc.failed.add(memo)
-                continue
-            if w.id in self.reservations:  # it starts now instead: its reservation is moot
-                cyc.drop_reserve(w.id)
-            self._start(w, p, self.is_backed(w, now), now, cyc.out)
+        """Unbacked work on idle capacity, and work that may fit again (cycle.idle_pass)."""
+        idle_pass(cyc, self.pending, self.waiting.shape_count, self.predict_long, self._place,
+                  lambda w, p: self._start(w, p, self.is_backed(w, cyc.now), cyc.now, cyc.out))
 
     def _consider(self, cyc: CycleState, w: Workload) -> None:
         """Backed ``w``: start it where it fits; else reclaim overdue backfill for a gang,

@@ -9,7 +9,7 @@ by its sequence number and swept out once stale entries are the majority.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import replace
 
 from .accounts import AccountTree
@@ -54,6 +54,27 @@ class WorkQueue:
         self.mix[shape] = self.mix.get(shape, 0.0) + 1.0
         self.seq[w.id] = self.next_seq
         self.next_seq += 1
+
+    def add_all(self, ws: Iterable[Workload], running: Container[str], policy: Policy) -> None:
+        """Queue each of ``ws`` (``with_interconnect``) in turn at rank ``INF``, as :meth:`add`
+        and :meth:`put` would one by one; ValueError for one already queued or ``running``."""
+        pending, seq, order, count, mix = (self.pending, self.seq, self.order,
+                                           self.shape_count, self.mix)
+        n = self.next_seq
+        for w in ws:
+            wid = w.id
+            if wid in pending or wid in running:
+                raise ValueError(f"workload {wid} is already known")
+            w = with_interconnect(w, policy)
+            pending[wid] = w
+            shape = w.request.shape
+            count[shape] = count.get(shape, 0) + 1
+            mix[shape] = mix.get(shape, 0.0) + 1.0
+            seq[wid] = n
+            order.append((INF, n, wid))
+            n += 1
+        self.next_seq = n
+        order.sort()
 
     def put(self, wid: str, key: float, bulk: bool = False) -> None:
         """Put queued ``wid`` in the order at rank ``key``; with ``bulk`` at the end (the

@@ -221,10 +221,17 @@ class GpuBudgetService(Application):
                                 "record is charged up to its last checkpoint, so at most this "
                                 "much of its tail is lost. 0: every cycle.").tag(config=True)
     forecast_interval = Float(60.0, help="Seconds at most between two forecasts of when "
-                              "queued work starts (the core replays the queue; at scale it "
-                              "costs about one cycle).").tag(config=True)
+                              "queued work starts (the core replays the queue forward; at "
+                              "scale a whole replay costs about one cycle of CPU). Each "
+                              "forecast is replayed in the background after the cycle that "
+                              "made it, off the cycle, so quotes and the queue page find it "
+                              "ready; one asked before that waits only for what it needs. "
+                              "Leader and standby replicas both do it.").tag(config=True)
     forecast_min_interval = Float(2.0, help="Seconds at least between two forecasts when the "
-                                  "queue or the running set changed.").tag(config=True)
+                                  "queue or the running set changed: this bounds the CPU spent "
+                                  "replaying forecasts in the background. Until the next "
+                                  "forecast, quotes and the queue page read the last one."
+                                  ).tag(config=True)
     preemption_notice_lead = Float(600.0, help="Seconds ahead of a likely preemption (the "
                                    "core's outlook: backed work queued that would take the "
                                    "slice, or a drain, once protection ends) at which the owner "

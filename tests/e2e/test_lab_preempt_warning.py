@@ -11,8 +11,13 @@ document (its file on disk changes) and releases the session through the API. Th
 plays the hub spawner's part — it stops the session as preempted and requeues it as the
 resume of the first (the decisions the spawner and the loop write after a verified
 snapshot, which needs the real spawner's kernel) — and the restored session's sidebar shows
-its history and the total cost. Heartbeats are sent as the hub would. Screenshots:
-``lab-preempt-forecast.png``, ``lab-preempt-warning.png`` in ``$GPUBUDGET_ARTIFACTS``."""
+its history and the total cost. Heartbeats are sent as the hub would.
+
+The same forecast and notification ahead for backed work: a protected session of bob's, and
+erin's backed job (a project that stands lower) queued for every whole GPU, bob's too.
+
+Screenshots: ``lab-preempt-forecast.png``, ``lab-preempt-warning.png`` and
+``lab-preempt-forecast-backed.png`` in ``$GPUBUDGET_ARTIFACTS``."""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from tests.e2e.test_lab_sidebar import (  # noqa: F401
 from tests.fixtures.hub import http
 
 PROTECT_S = 120
+LEAD_S = 600  # the service's preemption_notice_lead (its default)
 
 
 def _heartbeats(svc, root: str, sid: str, stop: threading.Event) -> None:  # noqa: ANN001
@@ -173,7 +179,7 @@ def test_backed_work_queued_behind_a_protected_session_is_forecast_and_told_ahea
 
     hub, svc, root = cluster
     s1 = _session(svc, root, user="bob", project="lattice-qcd", slice="gpu:1",
-                  min_runtime=f"{2 * PROTECT_S}s")
+                  min_runtime=f"{LEAD_S - 60}s")  # its end is within the lead time at once
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeats, args=(svc, root, s1["id"], stop), daemon=True)
     beat.start()

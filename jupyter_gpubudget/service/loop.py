@@ -87,6 +87,24 @@ class View:
             return None
 
 
+def warm(fc: LazyForecast, keys: list[str], pending: list[str],
+         current: Callable[[], bool] = lambda: True) -> None:
+    """Replay forecast ``fc`` to its end as requests would ask it: the quotes' slice shapes
+    (``keys``) first, as a spawn form waits on one, then each queued workload's start in queue
+    order (``pending``), each asked on its own, so that between two answers the forecast's
+    lock is free for a request. Stops early once ``current()`` is false (a newer forecast)."""
+    for key in keys:
+        if not current():
+            return
+        fc.probe_start(key)
+    for wid in pending:
+        if not current():
+            return
+        fc.start_of(wid)
+    if current():
+        fc.result()  # (what is left of the replay, if anything)
+
+
 class SchedulingLoop:
     def __init__(self, ledger: Ledger, tree_fn: Callable, inventory,  # noqa: ANN001
                  policy_fn: Callable[[], Policy], backend: Backend,
@@ -876,19 +894,7 @@ class SchedulingLoop:
                     return
             fc, keys, pending = job
             try:
-                # the quotes' slice shapes first (a spawn form waits on one), then each
-                # queued workload's start in queue order, each asked on its own: between two
-                # answers the lock is free for a request, and a newer forecast ends this one
-                for key in keys:
-                    if self._forecast is not fc:
-                        break
-                    fc.probe_start(key)
-                for wid in pending:
-                    if self._forecast is not fc:
-                        break
-                    fc.start_of(wid)
-                if self._forecast is fc:
-                    fc.result()  # (what is left of the replay, if anything)
+                warm(fc, keys, pending, lambda fc=fc: self._forecast is fc)
                 self._warm_failed = False
             except Exception:  # noqa: BLE001 - a request replays what it needs itself
                 if not self._warm_failed:

@@ -13,6 +13,9 @@ overlapping windows, never more than the cluster has). In every cycle (:meth:`Bo
   what is free of the booking starts there, sessions first, then by submission;
 - after its window, the GPUs are ordinary again.
 
+A booking may hold MIG instances instead (core/booked_slices.py: chosen by
+:func:`~.booked_slices.choose_mig`, kept and filled by :func:`~.booked_slices.step_mig`).
+
 With no bookings nothing here changes a cycle's decisions.
 """
 
@@ -22,6 +25,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .booked_slices import (
+    MAX_GPUS,
+    MAX_WINDOW,
+    BookedMig,
+    BookingError,
+    Preempt,
+    Start,
+    choose_mig,
+    overlaps,
+    step_mig,
+)
 from .capacity import Cluster, Gpu
 from .inventory import Inventory
 from .model import Decision, Policy, Workload
@@ -35,13 +49,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Booking:
     """GPUs booked for ``project`` over ``[start, end)`` (epoch seconds); ``gpus`` are the
-    booked GPUs as (node, GPU index), chosen when it was booked (:func:`choose_gpus`)."""
+    booked GPUs as (node, GPU index), chosen when it was booked (:func:`choose_gpus`);
+    ``mig`` the booked MIG instances (:func:`~.booked_slices.choose_mig`)."""
 
     id: str
     project: str
     start: float
     end: float
     gpus: tuple[tuple[str, int], ...]
+    mig: tuple[BookedMig, ...] = ()
 
     def active(self, now: float) -> bool:
         return self.start <= now < self.end
@@ -50,18 +66,6 @@ class Booking:
         return self.start < end and start < self.end
 
 
-class BookingError(ValueError):
-    """A booking that cannot be made: ``field`` names what is wrong, the message why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-#: the most GPUs one booking may hold, and the longest window (a year): bigger numbers are
-#: mistakes, refused with their field rather than carried into the cycle
-MAX_GPUS = 100_000
-MAX_WINDOW = 366 * 86400.0
 
 
 def choose_gpus(inventory: Inventory, bookings: Iterable[Booking], gpus: int, start: float,
@@ -118,8 +122,6 @@ def choose_gpus(inventory: Inventory, bookings: Iterable[Booking], gpus: int, st
     return tuple(out)
 
 
-Start = Callable[[Workload, Placement, bool, float, list[Decision]], None]
-Preempt = Callable[[Workload, float, str, "str | None", list[Decision]], None]
 
 
 class Bookings:
@@ -128,9 +130,13 @@ class Bookings:
     def __init__(self, bookings: Sequence[Booking] = ()) -> None:
         self.all = tuple(sorted(bookings, key=lambda b: (b.start, b.id)))
         self.by_gpu: dict[tuple[str, int], list[Booking]] = {}
+        #: booked MIG instances by their GPU
+        self.by_mig: dict[tuple[str, int], list[tuple[Booking, BookedMig]]] = {}
         for b in self.all:
             for key in b.gpus:
                 self.by_gpu.setdefault(key, []).append(b)
+            for m in b.mig:
+                self.by_mig.setdefault((m.node, m.gpu), []).append((b, m))
 
     def __bool__(self) -> bool:
         return bool(self.all)
@@ -145,6 +151,10 @@ class Bookings:
         for sl in placement.slices:
             for b in self.by_gpu.get((sl.node, sl.gpu), ()):
                 if b.project != w.project and b.end > now and b.start < protected:
+                    protected = max(now, b.start)
+            for b, m in self.by_mig.get((sl.node, sl.gpu), ()):
+                if b.project != w.project and b.end > now and b.start < protected \
+                        and overlaps(Placement((sl,)), m):
                     protected = max(now, b.start)
         return protected
 
@@ -161,6 +171,8 @@ class Bookings:
             for g in self._gpus(cluster, b):
                 g.reserved_at = min(g.reserved_at, b.start)
         active = [b for b in live if b.active(now)]
+        if self.by_mig:
+            step_mig([b for b in active if b.mig], cyc, pending, start, preempt, backed)
         for b in active:
             for g in self._gpus(cluster, b):
                 for wid in list(g.tenants):
@@ -252,3 +264,7 @@ def _place_on(free: list[Gpu], w: Workload) -> Placement | None:
             cpu, mem = (req.cpu_milli, req.memory_mib) if k == 0 else (0, 0)
             slices.append(SliceAlloc(g.node.name, g.index, "gpu", MILLI, -1, None, 0, cpu, mem))
     return Placement(tuple(slices))
+
+
+__all__ = ["MAX_GPUS", "MAX_WINDOW", "BookedMig", "Booking", "BookingError", "Bookings",
+           "Preempt", "Start", "choose_gpus", "choose_mig"]

@@ -147,7 +147,9 @@ class RequeueHandler(OperatorHandler):
         c.require_admin()
         row = await self.db(self.svc.loop.requeue, wid, c.name)
         self.svc.kick()
-        self.send(workload_json(row, self.svc.loop.view, self.svc.clock(), self.tz()))
+        # its predicted start may replay the forecast as far as it needs: off the event loop
+        self.send(await self.db(workload_json, row, self.svc.loop.view, self.svc.clock(),
+                                self.tz()))
 
 
 _NAME = r"([^/]+)"

@@ -210,3 +210,39 @@ def test_mixed_layout_books_its_3g_instance_and_a_whole_gpu_booking_is_unchanged
     assert (m.node, m.gpu, m.profile, m.start, m.mask) == ("n0", 1, "3g.40gb", 0, 0b1111)
     with pytest.raises(BookingError, match="1 3g.40gb instances are free"):
         choose_mig(inv, [], "3g.40gb", 2, HOUR, 2 * HOUR)
+
+
+@given(scenario())
+@prop_settings(30)
+def test_a_kept_model_decides_as_a_model_from_scratch_with_booked_instances(sc):
+    """The instances a booking holds for the rest of a cycle are allocations no workload
+    has: the service's kept model (core/kept.py) releases them at the next cycle's resync,
+    so its decisions stay those of a model built from scratch."""
+    from jupyter_gpubudget.core.kept import KeptCycle
+    from jupyter_gpubudget.core.scheduler import Scheduler
+
+    inv, bookings, work, runtimes = sc
+    accounts, kept = tree(), KeptCycle()
+    running: dict[str, Workload] = {}
+    waiting = {w.id: w for w in work}
+    starts_at: dict[str, float] = {}
+    for i in range(24):
+        now = STEP * i
+        for wid in [wid for wid in running if now - starts_at[wid] >= runtimes[wid]]:
+            del running[wid]
+        state = ClusterState(accounts, inv, running=list(running.values()),
+                             pending=[w for w in waiting.values() if w.submitted_at <= now],
+                             bookings=bookings)
+        want = Scheduler.from_state(state).cycle(now)
+        _s, got, _lock = kept.cycle(state, now)
+        assert got == want, now
+        for d in got:
+            if isinstance(d, Start):
+                w = waiting.pop(d.workload)
+                running[w.id] = replace(w, placement=d.placement, started_at=now,
+                                        backed=d.backed, protected_until=d.protected_until)
+                starts_at[w.id] = now
+            elif isinstance(d, Preempt) and d.workload in running:
+                w = running.pop(d.workload)
+                waiting[w.id] = replace(w, placement=None, started_at=None, backed=False,
+                                        protected_until=None)

@@ -97,10 +97,12 @@ def warm(fc: LazyForecast, keys: list[str], pending: list[str],
         if not current():
             return
         fc.probe_start(key)
+        time.sleep(0)  # (a request waiting on the lock takes it now, not after the warming)
     for wid in pending:
         if not current():
             return
         fc.start_of(wid)
+        time.sleep(0)
     if current():
         fc.result()  # (what is left of the replay, if anything)
 

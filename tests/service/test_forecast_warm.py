@@ -68,3 +68,31 @@ def test_a_new_forecast_is_replayed_without_a_request_and_a_quote_then_replays_n
     assert quote["predicted_start"] is not None and not quote["starts_now"]
     assert sorted(starts.values()) == [starts[w] for w in queued]  # in queue order
 
+
+
+def test_a_failed_warming_is_logged_once_and_changes_nothing(setup, monkeypatch, caplog):
+    """A fake fault: the warming raises (a replay that fails cannot be made to happen on the
+    real core at will). The cycles go on, the failure is logged once for the two forecasts
+    whose warming failed, and a quote still replays what it needs itself."""
+    ledger, loop = setup
+    submit(ledger)
+    queued = submit(ledger)
+
+    def broken(*_args: object, **_kw: object) -> None:
+        raise RuntimeError("replay failed")
+
+    monkeypatch.setattr("jupyter_gpubudget.service.loop.warm", broken)
+    loop.forecast_interval = 0.0  # a new forecast each cycle
+    with caplog.at_level("ERROR", logger="gpubudget.loop"):
+        loop.cycle()
+        assert loop.wait_warmed(60)
+        loop.cycle()
+        assert loop.wait_warmed(60)
+    failed = [r for r in caplog.records if "warming the forecast failed" in r.getMessage()]
+    assert len(failed) == 1
+    fc = loop.view.quoter.forecast
+    assert not fc.done and fc.fills == 0  # nothing replayed by the warming
+    quote = loop.view.quoter.quote("alice", "lattice", "gpu:1", request_for("gpu:1"), 3600.0,
+                                   time.time())
+    assert quote["predicted_start"] is not None
+    assert loop.view.reservations[queued] >= loop.view.at

@@ -80,13 +80,26 @@ class BookedMig:
 
     @property
     def key(self) -> str:
-        """As the ledger stores it: ``node:gpu:profile@start``."""
+        """Its name: ``node:gpu:profile@start``."""
         return f"{self.node}:{self.gpu}:{self.profile}@{self.start}"
 
+    def stored(self) -> dict[str, object]:
+        """As the ledger stores it (the mask with it: a profile's name spans different
+        slots on different GPU models)."""
+        return {"node": self.node, "gpu": self.gpu, "profile": self.profile,
+                "start": self.start, "mask": self.mask}
 
-def span(model: str, profile: str, start: int) -> int:
-    p = migtab.profiles_for(model)[profile]
-    return ((1 << p.size) - 1) << start
+
+def from_stored(entry: object) -> BookedMig | None:
+    """A booked instance as :meth:`BookedMig.stored` wrote it; None for anything else (a
+    whole GPU's ``node:gpu``)."""
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return BookedMig(str(entry["node"]), int(entry["gpu"]), str(entry["profile"]),
+                         int(entry["start"]), int(entry["mask"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def choose_mig(inventory: Inventory, bookings: Iterable[Booked], profile: str, count: int,
@@ -167,21 +180,16 @@ def choose_mig(inventory: Inventory, bookings: Iterable[Booked], profile: str, c
     return tuple(out)
 
 
-def overlaps(placement: Placement, m: BookedMig) -> bool:
-    """Whether ``placement`` holds memory slots of booked instance ``m`` (a whole GPU or an
-    MPS share on its GPU takes them all)."""
+def overlaps(placement: Placement, m: BookedMig, model: str | None) -> bool:
+    """Whether ``placement`` holds memory slots of booked instance ``m`` on its GPU of
+    ``model`` (a whole GPU or an MPS share there takes them all; an unknown model or
+    profile counts as all of them)."""
+    table = migtab.profiles_for(model) if model is not None else {}
     for s in placement.slices:
         if s.node == m.node and s.gpu == m.gpu:
-            if s.kind != "mig":
+            p = table.get(s.profile or "") if s.kind == "mig" else None
+            if p is None or (((1 << p.size) - 1) << s.mig_start) & m.mask:
                 return True
-            if s.profile is not None:
-                p = None
-                for table in migtab.MIG_TABLES.values():
-                    p = table.get(s.profile)
-                    if p is not None:
-                        break
-                if p is None or (((1 << p.size) - 1) << s.mig_start) & m.mask:
-                    return True
     return False
 
 
@@ -201,7 +209,7 @@ def step_mig(active: Sequence[Booked], cyc: CycleState, pending: Mapping[str, Wo
                 v = running.get(wid)
                 if (v is not None and v.project != b.project and not v.stopping
                         and not v.is_protected(now) and v.placement is not None
-                        and overlaps(v.placement, m)):
+                        and overlaps(v.placement, m, g.model)):
                     preempt(v, now, f"booked: its MIG instance is booked for {b.project} "
                             f"({b.id})", None, out)
     mine: dict[str, list[Workload]] = {}

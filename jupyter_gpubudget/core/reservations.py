@@ -130,8 +130,9 @@ class Bookings:
     def __init__(self, bookings: Sequence[Booking] = ()) -> None:
         self.all = tuple(sorted(bookings, key=lambda b: (b.start, b.id)))
         self.by_gpu: dict[tuple[str, int], list[Booking]] = {}
-        #: booked MIG instances by their GPU
+        #: booked MIG instances by their GPU, and those GPUs' models (from the cycle's model)
         self.by_mig: dict[tuple[str, int], list[tuple[Booking, BookedMig]]] = {}
+        self.models: dict[tuple[str, int], str] = {}
         for b in self.all:
             for key in b.gpus:
                 self.by_gpu.setdefault(key, []).append(b)
@@ -154,7 +155,7 @@ class Bookings:
                     protected = max(now, b.start)
             for b, m in self.by_mig.get((sl.node, sl.gpu), ()):
                 if b.project != w.project and b.end > now and b.start < protected \
-                        and overlaps(Placement((sl,)), m):
+                        and overlaps(Placement((sl,)), m, self.models.get((sl.node, sl.gpu))):
                     protected = max(now, b.start)
         return protected
 
@@ -172,6 +173,11 @@ class Bookings:
                 g.reserved_at = min(g.reserved_at, b.start)
         active = [b for b in live if b.active(now)]
         if self.by_mig:
+            if not self.models:
+                for node, gpu in self.by_mig:
+                    n = cluster.by_name.get(node)
+                    if n is not None and 0 <= gpu < len(n.gpus):
+                        self.models[(node, gpu)] = n.gpus[gpu].model
             step_mig([b for b in active if b.mig], cyc, pending, start, preempt, backed)
         for b in active:
             for g in self._gpus(cluster, b):

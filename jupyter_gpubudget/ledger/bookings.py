@@ -15,8 +15,9 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import or_, select
 
+from ..core.booked_slices import BookedMig, from_stored
 from ..core.inventory import Inventory
-from ..core.reservations import Booking, BookingError, choose_gpus
+from ..core.reservations import Booking, BookingError, choose_gpus, choose_mig
 from . import rollups
 from .models import BookingRow, ChargeRow, DecisionRow, DeviceClaimRow, WorkloadRow
 from .store import Ledger, LedgerError
@@ -32,17 +33,33 @@ def gpu_keys(keys: Iterable[tuple[str, int]]) -> list[str]:
     return [f"{node}:{i}" for node, i in keys]
 
 
-def parse_keys(names: Iterable[str]) -> tuple[tuple[str, int], ...]:
+def parse_keys(names: Iterable[object]) -> tuple[tuple[str, int], ...]:
+    """The whole GPUs of a booking's keys (``node:index``; a MIG instance's entry, a
+    mapping, is :func:`parse_mig`'s)."""
     out = []
     for k in names:
+        if not isinstance(k, str):
+            continue
         node, _, i = str(k).rpartition(":")
         out.append((node, int(i)))
     return tuple(out)
 
 
+def parse_mig(names: Iterable[object]) -> tuple[BookedMig, ...]:
+    """The MIG instances of a booking's keys (``BookedMig.stored``'s mappings)."""
+    return tuple(m for k in names if (m := from_stored(k)) is not None)
+
+
+def key_node(key: object) -> str:
+    """The node a booking's key names."""
+    m = from_stored(key)
+    return m.node if m is not None else str(key).rpartition(":")[0]
+
+
 def as_core(rows: Iterable[BookingRow]) -> list[Booking]:
     """The core's bookings of ledger rows (cancelled ones left out)."""
-    return [Booking(r.id, r.project, r.start_at, r.end_at, parse_keys(r.gpus))
+    return [Booking(r.id, r.project, r.start_at, r.end_at, parse_keys(r.gpus),
+                    parse_mig(r.gpus))
             for r in rows if r.cancelled_at is None]
 
 
@@ -68,25 +85,35 @@ def live_bookings(ledger: Ledger, now: float) -> list[Booking]:
 
 def book(ledger: Ledger, inventory: Inventory, *, project: str, gpus: int, start: float,
          end: float, by: str, now: float, nodes: Sequence[str] = (),
-         gpu_model: str | None = None, cluster: str | None = None, note: str = "") -> BookingRow:
-    """Book ``gpus`` whole GPUs for ``project`` over ``[start, end)``; the row. Raises
-    :class:`LedgerError` 400 naming the field (nothing written) when it cannot be made."""
+         gpu_model: str | None = None, cluster: str | None = None, note: str = "",
+         mig_profile: str | None = None) -> BookingRow:
+    """Book ``gpus`` whole GPUs (with ``mig_profile``: that many MIG instances of it) for
+    ``project`` over ``[start, end)``; the row. Raises :class:`LedgerError` 400 naming the
+    field (nothing written) when it cannot be made."""
     if start < now - 60:
         raise LedgerError(400, "start: the window is in the past", "start")
     with _one_at_a_time, ledger.tx() as s:
         live = as_core(s.scalars(select(BookingRow).where(BookingRow.end_at > start,
                                                           BookingRow.cancelled_at.is_(None))))
         try:
-            chosen = choose_gpus(inventory, live, gpus, start, end, nodes=nodes,
-                                 gpu_model=gpu_model, cluster=cluster)
+            if mig_profile is not None:
+                keys: list = [m.stored() for m in choose_mig(inventory, live, mig_profile, gpus, start,
+                                                  end, nodes=nodes, cluster=cluster)]
+            else:
+                keys = gpu_keys(choose_gpus(inventory, live, gpus, start, end, nodes=nodes,
+                                            gpu_model=gpu_model, cluster=cluster))
         except BookingError as e:
-            raise LedgerError(400, str(e), e.field) from None
+            field = "gpus" if e.field == "count" else \
+                "mig_profile" if e.field == "profile" else e.field
+            raise LedgerError(400, field + str(e)[len(e.field):] if str(e).startswith(
+                e.field + ":") else str(e), field) from None
         row = BookingRow(id=f"bk-{secrets.token_hex(4)}", project=project, cluster=cluster,
-                         gpu_count=gpus, gpus=gpu_keys(chosen), start_at=start, end_at=end,
+                         gpu_count=gpus, gpus=keys, start_at=start, end_at=end,
                          note=note, created_by=by, created_at=now)
         s.add(row)
+        what = f"{mig_profile} MIG instances" if mig_profile else "GPUs"
         s.add(DecisionRow(at=now, kind="book", actor=by,
-                          reason=f"{gpus} GPUs booked for {project} ({row.id})",
+                          reason=f"{gpus} {what} booked for {project} ({row.id})",
                           detail={"booking": row.id, "project": project, "start": start,
                                   "end": end, "gpus": row.gpus}))
         s.flush()

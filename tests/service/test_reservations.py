@@ -77,6 +77,13 @@ def test_admins_and_managers_book_members_read_others_see_nothing(service, token
     (dict(project="lattice", gpus=1, start=40 * DAY, end=41 * DAY, colour="red"), "colour",
      "unknown field"),
     (dict(project="lattice", gpus=1, end=41 * DAY), "start", "required"),
+    # MIG instances: this service's nodes have no GPU in MIG mode
+    (dict(project="lattice", gpus=1, start=40 * DAY, end=41 * DAY, mig_profile="1g.10gb"),
+     "mig_profile", "no GPU there is in MIG mode"),
+    (dict(project="lattice", gpus=1, start=40 * DAY, end=41 * DAY, mig_profile=7),
+     "mig_profile", "a string"),
+    (dict(project="lattice", gpus=1, start=40 * DAY, end=41 * DAY, mig_profile="1g.10gb",
+          gpu_model="H100-80GB"), "gpu_model", "not with mig_profile"),
 ])
 def test_a_refused_booking_is_a_400_naming_its_field_and_books_nothing(service, tokens, body,
                                                                        field, words):

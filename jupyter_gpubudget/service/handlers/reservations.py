@@ -16,7 +16,8 @@ from ..auth import SCOPE_MANAGE, SCOPE_READ, Caller, Denied, needs_scope
 from ..base import ApiError, BaseHandler
 from .pages import PageHandler
 
-FIELDS = {"project", "gpus", "start", "end", "nodes", "gpu_model", "cluster", "note"}
+FIELDS = {"project", "gpus", "start", "end", "nodes", "gpu_model", "cluster", "note",
+          "mig_profile"}
 #: epoch seconds accepted (years 2000 to 2200): a bigger number is a mistake, not a time
 MIN_TIME, MAX_TIME = 946684800.0, 7258118400.0
 
@@ -25,7 +26,7 @@ def booking_json(r: BookingRow, now: float) -> dict[str, Any]:
     state = ("cancelled" if r.cancelled_at is not None else "ended" if r.end_at <= now
              else "active" if r.start_at <= now else "booked")
     return {"id": r.id, "project": r.project, "cluster": r.cluster, "gpus": r.gpu_count,
-            "devices": list(r.gpus), "nodes": sorted({k.rpartition(":")[0] for k in r.gpus}),
+            "devices": list(r.gpus), "nodes": sorted({store.key_node(k) for k in r.gpus}),
             "start": r.start_at, "end": r.end_at, "note": r.note, "state": state,
             "created_by": r.created_by, "created_at": r.created_at,
             "cancelled_at": r.cancelled_at, "cancelled_by": r.cancelled_by}
@@ -76,12 +77,15 @@ def parse_booking(body: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"project": project, "gpus": gpus, "nodes": nodes,
                            "start": parse_time("start", body["start"]),
                            "end": parse_time("end", body["end"])}
-    for key in ("gpu_model", "cluster", "note"):
+    for key in ("gpu_model", "cluster", "note", "mig_profile"):
         v = body.get(key)
         if v is not None and not (isinstance(v, str) and len(v) <= 1000):
             raise ApiError(400, f"{key}: a string", key)
         out[key] = v
     out["note"] = out["note"] or ""
+    if out["mig_profile"] is not None and out["gpu_model"] is not None:
+        raise ApiError(400, "gpu_model: not with mig_profile (a profile names its GPU's "
+                       "memory already)", "gpu_model")
     return out
 
 
@@ -124,7 +128,8 @@ class ReservationsHandler(BaseHandler):
         row = await self.db(lambda: store.book(
             self.svc.ledger, self.svc.inventory, project=spec["project"], gpus=spec["gpus"],
             start=spec["start"], end=spec["end"], by=c.name, now=now, nodes=spec["nodes"],
-            gpu_model=spec["gpu_model"], cluster=spec["cluster"], note=spec["note"]))
+            gpu_model=spec["gpu_model"], cluster=spec["cluster"], note=spec["note"],
+            mig_profile=spec["mig_profile"]))
         self.send(booking_json(row, now), 201)
 
 

@@ -70,13 +70,15 @@ HOLDER = "booking:"
 @dataclass(frozen=True, slots=True)
 class BookedMig:
     """One booked MIG instance: ``profile`` at memory slot ``start`` of GPU ``gpu`` of
-    ``node``; ``mask``: the memory slots it spans."""
+    ``node``; ``mask``: the memory slots it spans; ``milli``: what it is charged (its
+    compute slices' share of the GPU)."""
 
     node: str
     gpu: int
     profile: str
     start: int
     mask: int
+    milli: int = 0
 
     @property
     def key(self) -> str:
@@ -87,7 +89,7 @@ class BookedMig:
         """As the ledger stores it (the mask with it: a profile's name spans different
         slots on different GPU models)."""
         return {"node": self.node, "gpu": self.gpu, "profile": self.profile,
-                "start": self.start, "mask": self.mask}
+                "start": self.start, "mask": self.mask, "milli": self.milli}
 
 
 def from_stored(entry: object) -> BookedMig | None:
@@ -97,7 +99,7 @@ def from_stored(entry: object) -> BookedMig | None:
         return None
     try:
         return BookedMig(str(entry["node"]), int(entry["gpu"]), str(entry["profile"]),
-                         int(entry["start"]), int(entry["mask"]))
+                         int(entry["start"]), int(entry["mask"]), int(entry.get("milli", 0)))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -161,7 +163,7 @@ def choose_mig(inventory: Inventory, bookings: Iterable[Booked], profile: str, c
             if layout is None and sum(x.mask.bit_count() for x in got) + p.size > 8:
                 continue
             used |= m
-            got.append(BookedMig(n.name, g.index, profile, st, m))
+            got.append(BookedMig(n.name, g.index, profile, st, m, p.milli))
         if layout is None:  # carved freely: the compute slices bound them too
             got = got[:max(0, migtab.COMPUTE // max(1, p.compute))]
         if got:

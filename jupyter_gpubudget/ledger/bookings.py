@@ -182,14 +182,22 @@ def charge_idle(ledger: Ledger, now: float, fraction: float) -> list[str]:
     with ledger.tx() as s:
         for b in s.scalars(due_q).all():
             end = b.end_at if b.cancelled_at is None else min(b.end_at, b.cancelled_at)
-            gaps: list[tuple[float, float]] = []
-            for node, gpu in parse_keys(b.gpus):
-                claims = s.execute(select(DeviceClaimRow.start, DeviceClaimRow.end).where(
+            gaps: list[tuple[float, float, int]] = []  # (from, to, milli-GPU held idle)
+            held = [(node, gpu, None, 1000) for node, gpu in parse_keys(b.gpus)]
+            held += [(m.node, m.gpu, m.start, m.milli) for m in parse_mig(b.gpus)]
+            for node, gpu, mig_start, size in held:
+                q = select(DeviceClaimRow.start, DeviceClaimRow.end).where(
                     DeviceClaimRow.node == node, DeviceClaimRow.gpu == gpu,
                     DeviceClaimRow.start < end,
-                    or_(DeviceClaimRow.end.is_(None), DeviceClaimRow.end > b.start_at))).all()
-                gaps += idle_gaps([(c.start, c.end) for c in claims], b.start_at, end)
-            idle_h = sum(e - a for a, e in gaps) / 3600
+                    or_(DeviceClaimRow.end.is_(None), DeviceClaimRow.end > b.start_at))
+                if mig_start is not None:  # a MIG instance: the claims of that instance
+                    q = q.where(DeviceClaimRow.mig_start == mig_start)
+                claims = s.execute(q).all()
+                gaps += [(a, e, size) for a, e in
+                         idle_gaps([(c.start, c.end) for c in claims], b.start_at, end)]
+            idle_h = sum((e - a) * size / 1000 for a, e, size in gaps) / 3600
+            charged_h = sum((e - a) * round(milli * size / 1000) / 1000
+                            for a, e, size in gaps) / 3600
             user = f"booking:{b.id}"
             s.add(WorkloadRow(
                 id=b.id, name=f"idle part of booking {b.id}", project=b.project, user=user,
@@ -200,17 +208,18 @@ def charge_idle(ledger: Ledger, now: float, fraction: float) -> list[str]:
                 f"{milli / 1000:g} (policy reservation_idle_charge)"))
             s.flush()
             if milli:
-                for seq, (a, e) in enumerate(gaps, 1):
+                for seq, (a, e, size) in enumerate(gaps, 1):
+                    part = round(milli * size / 1000)
                     s.add(ChargeRow(workload=b.id, seq=seq, project=b.project, user=user,
-                                    milli=milli, start=a, end=e, checkpoint=e,
+                                    milli=part, start=a, end=e, checkpoint=e,
                                     closed_by=IDLE_CHARGE))
-                    rollups.add(s, b.project, milli, a, e)
+                    rollups.add(s, b.project, part, a, e)
             s.add(DecisionRow(at=now, kind="booking-charge", actor="scheduler",
                               workload=b.id,
                               reason=f"booking {b.id} of {b.project}: {idle_h:.4f} GPU-hours "
-                              f"booked and idle, {idle_h * milli / 1000:.4f} charged "
+                              f"booked and idle, {charged_h:.4f} charged "
                               f"(reservation_idle_charge {milli / 1000:g})",
                               detail={"booking": b.id, "idle_gpu_hours": round(idle_h, 6),
-                                      "charged_gpu_hours": round(idle_h * milli / 1000, 6)}))
+                                      "charged_gpu_hours": round(charged_h, 6)}))
             done.append(b.id)
     return done

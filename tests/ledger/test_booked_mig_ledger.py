@@ -51,3 +51,23 @@ def test_what_cannot_be_booked_is_a_400_naming_its_field(ledger, kw, field, matc
         store.book(ledger, INV, **args)
     assert (e.value.status, e.value.field) == (400, field)
     assert [r.id for r in store.bookings(ledger)] == before
+
+
+def test_the_idle_part_of_booked_instances_is_charged_at_their_size(ledger):  # noqa: F811
+    """Three 1g.10gb (each 143 milli-GPU) booked over [0, 2 h); the course's job holds the
+    first from 0:30 to 1:30. Idle: 1 h of the first, 2 h of each other: 5 instance-hours,
+    0.715 GPU-hours; at half, 72 milli-GPU (0.5 × 143, rounded) an hour: 0.36 GPU-hours."""
+    bk = store.book(ledger, INV, project="course", gpus=3, mig_profile="1g.10gb", start=T,
+                    end=T + 2 * H, by="root", now=T - H)
+    w = ledger.submit(project="course", user="ann", kind="batch", now=T,
+                      request={"kind": "mig", "gpus": 1, "profile": "1g.10gb"},
+                      command=["true"])
+    ledger.start(w.id, placement=[{"node": "n0", "gpu": 1, "kind": "mig", "milli": 143,
+                                   "mig_start": 0, "profile": "1g.10gb"}],
+                 milli=143, backed=True, protected_until=None, now=T + 0.5 * H)
+    ledger.stop(w.id, now=T + 1.5 * H, state="done", closed_by="exit")
+    assert store.charge_idle(ledger, T + 3 * H, 0.5) == [bk.id]
+    got = sorted((c.start - T, c.end - T, c.milli) for c in ledger.charges(workload=bk.id))
+    assert got == [(0.0, 0.5 * H, 72), (0.0, 2 * H, 72), (0.0, 2 * H, 72),
+                   (1.5 * H, 2 * H, 72)]
+    assert sum((e - a) * m for a, e, m in got) / 1000 / H == pytest.approx(0.36)

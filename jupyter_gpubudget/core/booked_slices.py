@@ -153,17 +153,17 @@ def choose_mig(inventory: Inventory, bookings: Iterable[Booked], profile: str, c
         got: list[BookedMig] = []
         used = 0
         for st in starts:
-            m = ((1 << p.size) - 1) << st
-            hit = [bid for mask, bid in held if mask & m]
+            slots = ((1 << p.size) - 1) << st
+            hit = [bid for mask, bid in held if mask & slots]
             if hit:
                 clash.update(hit)
                 continue
-            if m & used:
+            if slots & used:
                 continue
             if layout is None and sum(x.mask.bit_count() for x in got) + p.size > 8:
                 continue
-            used |= m
-            got.append(BookedMig(n.name, g.index, profile, st, m, p.milli))
+            used |= slots
+            got.append(BookedMig(n.name, g.index, profile, st, slots, p.milli))
         if layout is None:  # carved freely: the compute slices bound them too
             got = got[:max(0, migtab.COMPUTE // max(1, p.compute))]
         if got:
@@ -230,16 +230,16 @@ def step_mig(active: Sequence[Booked], cyc: CycleState, pending: Mapping[str, Wo
             probe = SliceAlloc(m.node, m.gpu, "mig", 0, m.start, m.profile, 0, 0, 0)
             if _problem(g, probe) is not None:
                 continue  # taken (by the booking's own work, or someone still stopping)
-            w = next((w for w in queue if w.request.profile == m.profile
-                      and _fits(w, g)), None)
+            pick = next((q for q in queue if q.request.profile == m.profile
+                         and _fits(q, g)), None)
             p = migtab.profiles_for(g.model)[m.profile]
-            if w is not None:
-                req = w.request
-                start(w, Placement((SliceAlloc(m.node, m.gpu, "mig", p.milli, m.start,
-                                               m.profile, 0, req.cpu_milli,
-                                               req.memory_mib),)),
-                      backed(w, now), now, out)
-                queue.remove(w)
+            if pick is not None:
+                req = pick.request
+                start(pick, Placement((SliceAlloc(m.node, m.gpu, "mig", p.milli, m.start,
+                                                  m.profile, 0, req.cpu_milli,
+                                                  req.memory_mib),)),
+                      backed(pick, now), now, out)
+                queue.remove(pick)
                 continue
             hid = f"{HOLDER}{b.id}:{m.key}"  # (one GPU holds a tenant once: one each)
             if hid not in cluster.allocations:

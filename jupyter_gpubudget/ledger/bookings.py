@@ -183,7 +183,8 @@ def charge_idle(ledger: Ledger, now: float, fraction: float) -> list[str]:
         for b in s.scalars(due_q).all():
             end = b.end_at if b.cancelled_at is None else min(b.end_at, b.cancelled_at)
             gaps: list[tuple[float, float, int]] = []  # (from, to, milli-GPU held idle)
-            held = [(node, gpu, None, 1000) for node, gpu in parse_keys(b.gpus)]
+            held: list[tuple[str, int, int | None, int]] = [
+                (node, gpu, None, 1000) for node, gpu in parse_keys(b.gpus)]
             held += [(m.node, m.gpu, m.start, m.milli) for m in parse_mig(b.gpus)]
             for node, gpu, mig_start, size in held:
                 q = select(DeviceClaimRow.start, DeviceClaimRow.end).where(

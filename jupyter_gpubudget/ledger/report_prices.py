@@ -124,7 +124,8 @@ def discounts(s: Session, off_peak: OffPeak | None, projects: list[str], only: s
         q = select(c.project, c.user, c.milli, c.start, c.end).where(
             c.end.is_not(None), c.project.in_(projects), c.start < hours[-1] + HOUR,
             c.end > hours[0], or_(*(and_(c.start < t + HOUR, c.end > t) for t in hours)))
-        for p, u, milli, a, b in s.execute(q):
+        rows: list[Any] = list(s.execute(q))
+        for p, u, milli, a, b in rows:
             for t in hours:
                 if a < t + HOUR and b > t:
                     ms = milli * _cut(off_peak, max(a, t), min(b, t + HOUR))

@@ -56,8 +56,9 @@ def ledger(tmp_path):
 
 
 #: a charge runs from the launcher's own start record, up to this much after the test's clock
-#: read at the cycle (the launch itself, on a loaded machine)
-LAUNCH_S = 2.0
+#: read at the cycle (the launch itself: seconds on a machine whose two cores run twenty
+#: tasks, where 2 s was once too little; the busy figures' 2 % is what the test is about)
+LAUNCH_S = 30.0
 
 
 def run_two_jobs(ledger, tmp_path, sampler, util_of):  # noqa: ANN001, ANN201

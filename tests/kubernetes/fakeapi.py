@@ -31,9 +31,13 @@ Controllers that run inside it:
   ``JOB_COMPLETION_INDEX`` and the completion-index annotation), ``backoffLimit`` (a failed
   pod over the limit fails the Job and terminates its other pods), Complete/Failed conditions.
 
-It is kept only for faults the real control plane of tests/fixtures/k8s.py cannot produce at a
-chosen moment (each test using it says which); what it does not emulate is listed in
-docs/backends.md.
+It is kept only for what the real control plane of tests/fixtures/k8s.py cannot do: kwok runs
+no container, so no preStop hook, no SIGTERM, no grace period (a deleted pod goes at once)
+and every pod of a Job ends alike. The tests that use it, each saying why:
+test_fake_api_jobs.py (one part of a gang failing while the others run; a pod that outlives
+its Job's deletion through SIGTERM, the grace period and SIGKILL) and
+test_fake_api_notebooks.py (every KubeSpawner watch dropped at one chosen moment).
+What it does not emulate is listed in docs/backends.md.
 """
 
 from __future__ import annotations

@@ -197,8 +197,8 @@ def charge_idle(ledger: Ledger, now: float, fraction: float) -> list[str]:
                 gaps += [(a, e, size) for a, e in
                          idle_gaps([(c.start, c.end) for c in claims], b.start_at, end)]
             idle_h = sum((e - a) * size / 1000 for a, e, size in gaps) / 3600
-            charged_h = sum((e - a) * round(milli * size / 1000) / 1000
-                            for a, e, size in gaps) / 3600
+            charged_h = idle_h * milli / 1000 if all(g[2] == 1000 for g in gaps) else sum(
+                (e - a) * round(milli * size / 1000) / 1000 for a, e, size in gaps) / 3600
             user = f"booking:{b.id}"
             s.add(WorkloadRow(
                 id=b.id, name=f"idle part of booking {b.id}", project=b.project, user=user,

@@ -342,6 +342,8 @@ class SlurmBackend(Backend):
                 except SlurmError as e:  # (past the cluster's MaxArraySize)
                     self.log.warning("slurm: %s as a one-task array: %s; submitted as a "
                                      "job", launch.workload, e)
+        elif after:  # a job after others: the Slurm job held for it since they started
+            job_id = self._release_held(launch)
         if job_id is None:
             job_id = self._sbatch(launch, [*args, *after])
         args = [*args, *after]
@@ -390,6 +392,119 @@ class SlurmBackend(Backend):
         if not ids:
             return []
         return [f"--dependency={row.after_kind or 'afterok'}:{':'.join(ids)}"]
+
+    def _held_name(self, workload: str) -> str:
+        """The name of the Slurm job held for a job that runs after others."""
+        return f"{self.job_name_prefix}.{workload}.after"
+
+    def _release_held(self, launch: Launch) -> str | None:
+        """The Slurm job held for this job while the jobs it runs after ran (see
+        :meth:`_sweep_held`), given this attempt's node, GRES, name and comment and released
+        (``scontrol update``, ``scontrol release``), as a task of a Slurm job array is. None:
+        there is none, or this attempt cannot be one (a gang, CPUs or memory of its own, on
+        lent GPUs): then it is cancelled and the attempt submitted as a job of its own."""
+        name = self._held_name(launch.workload)
+        try:
+            held = [j for j in self.queue(fresh=True) if j.name == name and j.state in ALIVE]
+        except SlurmError as e:
+            self.log.warning("slurm: %s: no held job found (%s)", launch.workload, e)
+            return None
+        if not held:
+            return None
+        comps = components(launch.placement, self.gpu_type, self.mig_types)
+        c = comps[0]
+        if launch.attempt == 1 and launch.due_at is None and len(held) == 1 \
+                and held[0].state == "PENDING" and len(comps) == 1 and len(c.nodes) == 1 \
+                and c.ntasks_per_node == 1 and not (c.cpus_per_task or c.mem_mib or c.gpu_bind):
+            jid = held[0].job_id
+            upd = ["scontrol", "update", f"JobId={jid}",
+                   f"JobName={job_name(self.job_name_prefix, launch.workload, launch.attempt)}",
+                   f"ReqNodeList={c.nodes[0]}",
+                   f"Comment=gpubudget:{launch.workload}:{launch.attempt}:{launch.project}"]
+            if c.gres:
+                upd.append(f"Gres={c.gres}")
+            try:
+                self._run(upd, user=launch.user)
+                self._run(["scontrol", "release", jid], user=launch.user)
+                return jid
+            except SlurmError as e:
+                self.log.warning("slurm: %s: its held job %s not released (%s); submitted "
+                                 "as a job of its own", launch.workload, jid, e)
+        for j in held:
+            try:
+                self._run(["scancel", j.job_id], user=j.user or None)
+            except SlurmError as e:
+                self.log.warning("slurm: scancel %s: %s", j.job_id, e)
+        return None
+
+    def _sweep_held(self, jobs: list[JobRecord]) -> None:
+        """Jobs that run after others wait in Slurm too, so that squeue shows them and
+        their dependency: a pending job whose predecessors all run (or ran) on Slurm, one at
+        least still running, is submitted held (``--hold``, ``--dependency=<kind>:<their
+        ids>``, named ``<prefix>.<workload>.after``), to be released when the core starts it
+        (:meth:`_release_held`). The core alone decides: a held job whose workload no longer
+        waits (cancelled, its condition no longer able to hold), or that is no longer held,
+        is cancelled."""
+        if self._ledger is None:
+            return
+        prefix, suffix = self.job_name_prefix + ".", ".after"
+        waiting = {r.id: r for r in self._ledger.live(backend=self.name, states=("pending",))
+                   if r.after and r.array_id is None}
+        held = set()
+        for j in jobs:
+            if j.state not in ALIVE or not j.name.startswith(prefix) \
+                    or not j.name.endswith(suffix):
+                continue
+            wid = j.name[len(prefix):-len(suffix)]
+            if wid in waiting and wid not in held and j.state == "PENDING" \
+                    and j.reason.startswith("JobHeld"):
+                held.add(wid)
+                continue
+            self.log.info("slurm: %s (%s) no longer waits held: cancelled", j.job_id, j.name)
+            try:
+                self._run(["scancel", j.job_id], user=j.user or None)
+            except SlurmError as e:
+                self.log.warning("slurm: scancel %s: %s", j.job_id, e)
+        for wid, r in waiting.items():
+            if wid in held:
+                continue
+            preds = [self._row(p) for p in str(r.after).split()]
+            if not preds or any(p is None or p.backend != self.name or not (
+                    p.backend_ref or "").replace("_", "").isdigit() for p in preds) \
+                    or not any(p.state == "running" for p in preds):
+                continue  # (not all on Slurm yet, or none runs: the core starts it soon)
+            row = self._row(wid)
+            if row is None:
+                continue
+            try:
+                self._submit_held(row)
+            except (SlurmError, SlurmMapError) as e:
+                self.log.warning("slurm: %s not submitted held: %s", wid, e)
+
+    def _submit_held(self, row: Any) -> str:
+        """Submit ``row`` (a pending job that runs after others) held, with its dependency:
+        the job's script and account, time and output; its node and GRES come when the core
+        starts it."""
+        launch = Launch(workload=row.id, attempt=1, user=row.user, project=row.project,
+                        command=list(row.command or []), placement=[],
+                        env=dict(row.env or {}), kind=row.kind, min_runtime=row.min_runtime,
+                        resumable=row.resumable, time_limit=row.time_limit)
+        home = self._home(row.user)
+        workdir = self.workdir_template.format(user=row.user, home=home)
+        output = self.output_template.format(user=row.user, home=home, workdir=workdir)
+        output = output.replace("%x", job_name(self.job_name_prefix, row.id, 1))
+        t = job_time(row.time_limit, row.min_runtime, self.time_headroom, self.default_time)
+        args = ["--parsable", f"--job-name={self._held_name(row.id)}", "--no-requeue",
+                "--export=NONE", f"--chdir={workdir}", f"--output={output}",
+                *self.extra_sbatch_args, f"--comment=gpubudget:{row.id}:after:{row.project}",
+                f"--partition={self.partition}", f"--account={self.account_for(row.project)}",
+                f"--time={slurm_time(t)}", "--nodes=1", *self._dependency(row), "--hold"]
+        sid = self._sbatch(launch, args)
+        with self._lock:
+            self._queue = None
+        self.log.info("slurm: %s waits in Slurm as held job %s (%s)", row.id, sid,
+                      " ".join(args))
+        return sid
 
     def _array_task(self, launch: Launch, row: Any) -> tuple[str, int] | None:
         """(array id, index) of a task of a job array run as a task of a Slurm job array:
@@ -634,6 +749,10 @@ class SlurmBackend(Backend):
             self._sweep_arrays(jobs)
         except Exception:  # noqa: BLE001 - the sweep must not stop the orphans' search
             self.log.exception("slurm: sweeping held array tasks failed")
+        try:
+            self._sweep_held(jobs)
+        except Exception:  # noqa: BLE001 - the sweep must not stop the orphans' search
+            self.log.exception("slurm: sweeping held jobs that run after others failed")
         for j in jobs:
             key = parse_job_name(self.job_name_prefix, j.name)
             if key is None or key[1] is None or j.state not in ALIVE:

@@ -12,7 +12,8 @@
   a **job array** is one Slurm job array (``sbatch --array=<indices>%<max_running> --hold``,
   submitted when its first task starts); each task the core starts is given its node, GRES
   and name (``scontrol update``) and released, so it runs as ``<id>_<index>``. A job that
-  runs after others names their Slurm jobs in ``--dependency``.
+  runs after others names their Slurm jobs in ``--dependency``; while they run it waits in
+  Slurm too, held with that dependency, and is released the same way when the core starts it.
 - **Status** from ``squeue`` (alive) and ``sacct`` (how and when it ended), found by job name,
   so a restarted service finds its jobs again. **Stop** (preemption, cancel) is ``scancel``
   as the user; a resumable job is requeued by the core and resubmitted as its next attempt

@@ -449,8 +449,10 @@ class SlurmBackend(Backend):
         if self._ledger is None:
             return
         prefix, suffix = self.job_name_prefix + ".", ".after"
-        waiting = {r.id: r for r in self._ledger.live(backend=self.name, states=("pending",))
-                   if r.after and r.array_id is None}
+        live = self._ledger.live(backend=self.name)
+        running = {r.id for r in live if r.state == "running"}
+        waiting = {r.id: r for r in live
+                   if r.state == "pending" and r.after and r.array_id is None}
         held = set()
         for j in jobs:
             if j.state not in ALIVE or not j.name.startswith(prefix) \
@@ -467,8 +469,8 @@ class SlurmBackend(Backend):
             except SlurmError as e:
                 self.log.warning("slurm: scancel %s: %s", j.job_id, e)
         for wid, r in waiting.items():
-            if wid in held:
-                continue
+            if wid in held or running.isdisjoint(str(r.after).split()):
+                continue  # (none of its predecessors runs: read no further)
             preds = [self._row(p) for p in str(r.after).split()]
             if not preds or any(p is None or p.backend != self.name or not (
                     p.backend_ref or "").replace("_", "").isdigit() for p in preds) \

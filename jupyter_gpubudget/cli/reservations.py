@@ -48,7 +48,8 @@ def _print(items: list[dict]) -> None:
     print(f"{'ID':<12} {'PROJECT':<14} {'GPUS':>4}  {'FROM':<16}  {'TO':<16}  {'STATE':<9} "
           f"NODES  (times in {zone})")
     for r in items:
-        print(f"{r['id']:<12} {r['project']:<14} {r['gpus']:>4}  {_when(r['start']):<16}  "
+        held = f"{r['gpus']}×{r['mig_profile']}" if r.get("mig_profile") else str(r["gpus"])
+        print(f"{r['id']:<12} {r['project']:<14} {held:>4}  {_when(r['start']):<16}  "
               f"{_when(r['end']):<16}  {r['state']:<9} {','.join(r['nodes'])}")
 
 
@@ -76,11 +77,15 @@ def cmd_create(args: argparse.Namespace) -> int:
         body["nodes"] = args.node
     if args.note:
         body["note"] = args.note
+    if args.mig_profile:
+        body["mig_profile"] = args.mig_profile
     out = _run(args, "POST", "/reservations", body)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"booked {out['id']}: {out['gpus']} GPUs for {out['project']}, "
+        what = (f"{out['gpus']} × MIG {out['mig_profile']}" if out.get("mig_profile")
+                else f"{out['gpus']} GPUs")
+        print(f"booked {out['id']}: {what} for {out['project']}, "
               f"{_when(out['start'])} – {_when(out['end'])} on {', '.join(out['nodes'])}")
     return 0
 
@@ -100,9 +105,13 @@ def register(sub: Any) -> None:
     lp.add_argument("--all", action="store_true", help="every booking, cancelled ones too")
     _client_args(lp)
     lp.set_defaults(func=cmd_list)
-    cp = rs.add_parser("create", help="book whole GPUs for a project over a window")
+    cp = rs.add_parser("create", help="book whole GPUs (or MIG instances) for a project "
+                                      "over a window")
     cp.add_argument("--project", required=True)
-    cp.add_argument("--gpus", type=int, required=True)
+    cp.add_argument("--gpus", type=int, required=True,
+                    help="how many whole GPUs (with --mig-profile: how many instances)")
+    cp.add_argument("--mig-profile", default="",
+                    help="book instances of this MIG profile (e.g. 1g.10gb) instead of whole GPUs")
     cp.add_argument("--start", required=True, help="'2026-12-07 10:00' (local), ISO, or epoch")
     cp.add_argument("--end", required=True, help="as --start")
     cp.add_argument("--node", action="append", default=[], help="on this node (repeatable)")

@@ -9,6 +9,7 @@ import pytest
 
 from jupyter_gpubudget.ledger import bookings as store
 from jupyter_gpubudget.ledger.store import LedgerError
+from jupyter_gpubudget.service.handlers.reservations import booking_json
 
 from ..core.test_booked_mig import mig_inventory
 from .test_booking_idle_charge import BUDGETS, H, T, ledger  # noqa: F401 - the fixture
@@ -30,6 +31,9 @@ def test_mig_instances_are_booked_stored_and_read_back(ledger):  # noqa: F811
     assert got[bk.id].mig[1].mask == 0b10
     assert got[whole.id].gpus == (("n0", 0),) and got[whole.id].mig == ()
     assert store.key_node(bk.gpus[0]) == "n0" and store.key_node("n0:0") == "n0"
+    # as the REST and the CLI show them: the profile, or none for whole GPUs
+    assert booking_json(bk, T)["mig_profile"] == "1g.10gb"
+    assert booking_json(whole, T)["mig_profile"] is None
 
 
 @pytest.mark.parametrize(("kw", "field", "match"), [

@@ -164,6 +164,12 @@ def test_cli_lists_creates_and_cancels(service, tokens, capsys):
         run("create", "--project", "genomics", "--gpus", "5", "--start", "2099-01-05 10:00",
             "--end", "2099-01-05 12:00")
     assert "over capacity" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # MIG instances: this service's nodes have none
+        run("create", "--project", "genomics", "--gpus", "2", "--mig-profile", "1g.10gb",
+            "--start", "2099-01-05 10:00", "--end", "2099-01-05 12:00")
+    assert "no GPU there is in MIG mode" in capsys.readouterr().err
+    rc, out, _ = run("list", "--json")
+    assert rc == 0 and all(b["mig_profile"] is None for b in json.loads(out)["reservations"])
     rc, out, _ = run("cancel", bid)
     assert rc == 0 and f"cancelled {bid}" in out
     rc, out, _ = run("list")

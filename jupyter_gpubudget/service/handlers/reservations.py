@@ -10,6 +10,7 @@ import math
 from datetime import datetime
 from typing import Any
 
+from ...core.booked_slices import from_stored
 from ...ledger import bookings as store
 from ...ledger.models import BookingRow
 from ..auth import SCOPE_MANAGE, SCOPE_READ, Caller, Denied, needs_scope
@@ -22,10 +23,17 @@ FIELDS = {"project", "gpus", "start", "end", "nodes", "gpu_model", "cluster", "n
 MIN_TIME, MAX_TIME = 946684800.0, 7258118400.0
 
 
+def mig_profile_of(r: BookingRow) -> str | None:
+    """The MIG profile a booking holds instances of; None for whole GPUs."""
+    first = from_stored(r.gpus[0]) if r.gpus else None
+    return first.profile if first is not None else None
+
+
 def booking_json(r: BookingRow, now: float) -> dict[str, Any]:
     state = ("cancelled" if r.cancelled_at is not None else "ended" if r.end_at <= now
              else "active" if r.start_at <= now else "booked")
     return {"id": r.id, "project": r.project, "cluster": r.cluster, "gpus": r.gpu_count,
+            "mig_profile": mig_profile_of(r),
             "devices": list(r.gpus), "nodes": sorted({store.key_node(k) for k in r.gpus}),
             "start": r.start_at, "end": r.end_at, "note": r.note, "state": state,
             "created_by": r.created_by, "created_at": r.created_at,

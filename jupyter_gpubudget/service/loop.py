@@ -42,6 +42,9 @@ from .leader import NotLeader
 from .preempt_warning import Foreseen, Outlooks, PreemptionWarner
 from .state import LiveWorkloads, build_state, placement_to_list
 
+#: ended workloads settled per ledger transaction (each in a savepoint of its own)
+SETTLE_BATCH = 32
+
 
 @dataclass
 class View:
@@ -254,6 +257,27 @@ class SchedulingLoop:
 
     def _settle(self, row: WorkloadRow, st: BackendStatus) -> None:
         """A local workload that is no longer alive: close its interval and decide its state."""
+        self._settle_many([(row, st)])
+
+    def _settle_many(self, ended: list[tuple[WorkloadRow, BackendStatus]]) -> None:
+        """Settle several ended workloads, :data:`SETTLE_BATCH` to a transaction, each in a
+        savepoint of its own (one the ledger refuses is logged and left out alone, as with
+        the batched Starts). What each is settled as is read before its transaction; its
+        charge ends at the backend's own end time, whatever transaction records it, and a
+        crash before a commit leaves those workloads running on the ledger, settled again
+        by the next cycle (or the next replica) exactly as they would have been."""
+        plans = [self._settle_plan(row, st) for row, st in ended]
+        for i in range(0, len(plans), SETTLE_BATCH):
+            with self.ledger.tx() as s:
+                for plan in plans[i:i + SETTLE_BATCH]:
+                    try:
+                        with s.begin_nested():
+                            self._settle_in(s, *plan)
+                    except LedgerError as e:
+                        self.log.info("settle %s: %s", plan[0].id, e.message)
+
+    def _settle_plan(self, row: WorkloadRow, st: BackendStatus) -> tuple:
+        """What an ended workload is settled as (read outside the settling transaction)."""
         intent = self._intent(row)
         if intent == "preempting":
             state, reason, by = ("pending" if row.resumable else "preempted"), "preempted", "preempt"
@@ -291,26 +315,28 @@ class SchedulingLoop:
         tell_timeout = by == "timeout" and not any(
             d.kind == "timeout" and d.at >= (row.started_at or 0)
             for d in self.ledger.decisions(workloads=[row.id], limit=5))
-        try:
-            with self.ledger.tx() as s:
-                self.ledger.stop(row.id, now=end, state=state, closed_by=by, reason=reason,
-                                 exit_code=st.exit_code, s=s,
-                                 actor="reconcile" if by == "reconcile" else "scheduler")
-                if by == "reconcile":  # no exit record: say how it was settled, for admins
-                    self.ledger.record_decision(
-                        now=self.clock(), kind="lost", workload=row.id, actor="reconcile",
-                        reason=reason, s=s,
-                        detail={"exit_code": None, "exit_code_known": False, "ended_at": end,
-                                "monitor_lost": st.unsupervised, "state": state})
-                if tell_timeout:
-                    self.ledger.record_decision(now=self.clock(), kind="timeout",
-                                                workload=row.id, reason=reason, s=s)
-                if intent == "preempting":  # the notice the interrupted preemption owed
-                    self.ledger.record_decision(now=self.clock(), kind="preempt",
-                                                workload=row.id, reason="preempted",
-                                                detail={"requeued": row.resumable}, s=s)
-        except LedgerError as e:
-            self.log.info("settle %s: %s", row.id, e.message)
+        return (row, st, state, reason, by, end, tell_timeout, intent)
+
+    def _settle_in(self, s: Session, row: WorkloadRow, st: BackendStatus, state: str,
+                   reason: str, by: str, end: float | None, tell_timeout: bool,
+                   intent: str | None) -> None:
+        """Record one settlement (see :meth:`_settle_plan`) in the transaction ``s``."""
+        self.ledger.stop(row.id, now=end, state=state, closed_by=by, reason=reason,
+                         exit_code=st.exit_code, s=s,
+                         actor="reconcile" if by == "reconcile" else "scheduler")
+        if by == "reconcile":  # no exit record: say how it was settled, for admins
+            self.ledger.record_decision(
+                now=self.clock(), kind="lost", workload=row.id, actor="reconcile",
+                reason=reason, s=s,
+                detail={"exit_code": None, "exit_code_known": False, "ended_at": end,
+                        "monitor_lost": st.unsupervised, "state": state})
+        if tell_timeout:
+            self.ledger.record_decision(now=self.clock(), kind="timeout",
+                                        workload=row.id, reason=reason, s=s)
+        if intent == "preempting":  # the notice the interrupted preemption owed
+            self.ledger.record_decision(now=self.clock(), kind="preempt",
+                                        workload=row.id, reason="preempted",
+                                        detail={"requeued": row.resumable}, s=s)
 
     def _never_launched(self, row: WorkloadRow) -> float | None:
         """When its open attempt was opened, if no launch of it ever returned (its backend
@@ -324,6 +350,7 @@ class SchedulingLoop:
     def _reap(self, now: float) -> list[str]:
         """Settle ended local workloads; return the ids still alive."""
         alive: list[str] = []
+        ended: list[tuple[WorkloadRow, BackendStatus]] = []
         # (the cycle's own reads, shared with build_state: reread only what changed)
         with self._live.lock:  # (request threads read through it too)
             open_iv = {c.workload: c for c in self._live.open_charges(self.ledger)[0]}
@@ -356,7 +383,8 @@ class SchedulingLoop:
             else:
                 if st.launched and (row.id, iv.seq) not in self._launch_known:
                     self._adopt_start(row, iv)  # (a short job may end before it is seen)
-                self._settle(row, st)
+                ended.append((row, st))
+        self._settle_many(ended)  # (a few transactions for the lot, not one each)
         return alive
 
     def _adopt_start(self, row: WorkloadRow, iv) -> None:  # noqa: ANN001

@@ -104,6 +104,26 @@ def from_stored(entry: object) -> BookedMig | None:
         return None
 
 
+def check_booking(field: str, count: object, start: float, end: float, inventory: Inventory,
+                  nodes: Sequence[str], cluster: str | None) -> None:
+    """What every booking is checked for, whole GPUs or MIG instances: ``count`` (named
+    ``field``) a whole number in range, a window that ends after it starts and is at most a
+    year long, named nodes and cluster that exist. Raises :class:`BookingError`."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS:
+        raise BookingError(field, f"{field}: a whole number from 1 to {MAX_GPUS}, "
+                                  f"got {count!r}")
+    if not end > start:
+        raise BookingError("end", "end: the window must end after it starts")
+    if end - start > MAX_WINDOW:
+        raise BookingError("end", "end: a window is at most a year long")
+    known = {n.name for n in inventory.nodes}
+    for name in nodes:
+        if name not in known:
+            raise BookingError("nodes", f"nodes: no node {name!r} in the inventory")
+    if cluster is not None and not any(n.cluster == cluster for n in inventory.nodes):
+        raise BookingError("cluster", f"cluster: no cluster {cluster!r}")
+
+
 def choose_mig(inventory: Inventory, bookings: Iterable[Booked], profile: str, count: int,
                start: float, end: float, *, nodes: Sequence[str] = (),
                cluster: str | None = None) -> tuple[BookedMig, ...]:
@@ -111,18 +131,7 @@ def choose_mig(inventory: Inventory, bookings: Iterable[Booked], profile: str, c
     and in ``cluster`` when named), none that overlaps an instance another booking holds in
     an overlapping window; on as few GPUs as possible. Raises ``BookingError`` (the window
     and the names are checked by :func:`~.reservations.choose_gpus`'s rules)."""
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS:
-        raise BookingError("count", f"count: a whole number from 1 to {MAX_GPUS}, got {count!r}")
-    if not end > start:
-        raise BookingError("end", "end: the window must end after it starts")
-    if end - start > MAX_WINDOW:
-        raise BookingError("end", "end: a window is at most a year long")
-    by_name = {n.name: n for n in inventory.nodes}
-    for name in nodes:
-        if name not in by_name:
-            raise BookingError("nodes", f"nodes: no node {name!r} in the inventory")
-    if cluster is not None and not any(n.cluster == cluster for n in inventory.nodes):
-        raise BookingError("cluster", f"cluster: no cluster {cluster!r}")
+    check_booking("count", count, start, end, inventory, nodes, cluster)
     mig_gpus = [(n, g) for n in inventory.nodes for g in n.gpus if g.mig
                 and (not nodes or n.name in nodes) and (cluster is None or n.cluster == cluster)]
     def offered(g: Any) -> set[str]:  # a fixed layout's instances, else the model's table

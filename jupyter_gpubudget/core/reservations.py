@@ -32,6 +32,7 @@ from .booked_slices import (
     BookingError,
     Preempt,
     Start,
+    check_booking,
     choose_mig,
     overlaps,
     step_mig,
@@ -75,18 +76,8 @@ def choose_gpus(inventory: Inventory, bookings: Iterable[Booking], gpus: int, st
     named (else anywhere), of ``gpu_model`` and in ``cluster`` when named: none that another
     booking holds in an overlapping window, and on as few nodes as possible (one that holds
     them all first, then the nodes with the most free GPUs). Raises :class:`BookingError`."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-        raise BookingError("gpus", f"gpus: a whole number from 1 to {MAX_GPUS}, got {gpus!r}")
-    if not end > start:
-        raise BookingError("end", "end: the window must end after it starts")
-    if end - start > MAX_WINDOW:
-        raise BookingError("end", "end: a window is at most a year long")
+    check_booking("gpus", gpus, start, end, inventory, nodes, cluster)
     by_name = {n.name: n for n in inventory.nodes}
-    for name in nodes:
-        if name not in by_name:
-            raise BookingError("nodes", f"nodes: no node {name!r} in the inventory")
-    if cluster is not None and not any(n.cluster == cluster for n in inventory.nodes):
-        raise BookingError("cluster", f"cluster: no cluster {cluster!r}")
     taken: dict[tuple[str, int], Booking] = {}
     for b in bookings:
         if b.overlaps(start, end):

@@ -754,8 +754,9 @@ def test_a_manager_sets_a_members_limit_on_the_accounts_page_and_a_member_may_no
             assert projects == ["lattice-qcd", "astro"], projects  # not biology's
             bob = limit_row(page, "lattice-qcd", "bob")
             assert limit_row(page, "lattice-qcd", "alice").count() == 1
-            # bob's 80 GPU-h of past work in the window and his running GPUs (his demo job's
-            # one, or none once an earlier test of this module drained its node), no limit
+            # bob's 80 GPU-h of past work in the window and his running GPUs (his job's one,
+            # or none once its `sleep 600` ended: the module's earlier tests may take longer
+            # under load), no limit
             assert re.search(r"\b8\d\.\d GPU-h · no limit\s+[01] · no limit",
                              bob.inner_text()), bob.inner_text()
             # alice's 24 GPU-h in the project, carol's 240 in astro

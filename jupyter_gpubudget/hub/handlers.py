@@ -64,6 +64,24 @@ class _Base(APIHandler):
             raise web.HTTPError(403, "the hub's XSRF token is missing or wrong (X-XSRFToken)")
 
 
+def service_error(e: ServiceError) -> web.HTTPError:
+    """The service's refusal as the hub's answer (its own status; 503 for its failures)."""
+    return web.HTTPError(e.status if e.status < 500 else 503,
+                         e.message.removeprefix("gpubudget service: "))
+
+
+def default_spawner(handler: _Base, user_name: str):  # noqa: ANN201
+    """``(user, the default server's spawner)`` of a user whose servers BudgetSpawner starts
+    (the spawner is made if the server never started); 404 otherwise."""
+    user = handler.find_user(user_name)
+    if user is None:
+        raise web.HTTPError(404, f"no user {user_name!r}")
+    spawner = user.spawners[""]
+    if not callable(getattr(spawner, "api", None)):
+        raise web.HTTPError(404, "this server is not started by BudgetSpawner")
+    return user, spawner
+
+
 class QuoteHandler(_Base):
     """One quote for the project, slice and minimum runtime the form has selected."""
 
@@ -96,8 +114,7 @@ class QuoteHandler(_Base):
                                          args.get("min_runtime", "1h"),
                                          args.get("cluster", ""))
         except ServiceError as e:
-            raise web.HTTPError(e.status if e.status < 500 else 503,
-                                e.message.removeprefix("gpubudget service: ")) from None
+            raise service_error(e) from None
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(answer))
 
@@ -108,20 +125,14 @@ class EndedHandler(_Base):
     @needs_scope("read:servers")
     async def get(self, user_name: str) -> None:
         self.check_xsrf_always()
-        user = self.find_user(user_name)
-        if user is None:
-            raise web.HTTPError(404, f"no user {user_name!r}")
-        spawner = user.spawners[""]  # (the default server's spawner: made if never started)
-        if not callable(getattr(spawner, "api", None)):
-            raise web.HTTPError(404, "this server is not started by BudgetSpawner")
+        user, spawner = default_spawner(self, user_name)
         limit = self.get_argument("limit", "3")
         try:
             answer = await spawner.api(
                 "GET", f"/workloads/me/ended?user={quote(user.name, safe='')}"
                        f"&limit={quote(limit, safe='')}")
         except ServiceError as e:
-            raise web.HTTPError(e.status if e.status < 500 else 503,
-                                e.message.removeprefix("gpubudget service: ")) from None
+            raise service_error(e) from None
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(answer))
 
@@ -132,12 +143,7 @@ class HistoryHandler(_Base):
     @needs_scope("read:servers")
     async def get(self, user_name: str) -> None:
         self.check_xsrf_always()
-        user = self.find_user(user_name)
-        if user is None:
-            raise web.HTTPError(404, f"no user {user_name!r}")
-        default = user.spawners[""]  # (the default server's spawner: made if never started)
-        if not callable(getattr(default, "api", None)):
-            raise web.HTTPError(404, "this server is not started by BudgetSpawner")
+        user, default = default_spawner(self, user_name)
         servers = []
         try:
             for name in sorted(user.orm_user.orm_spawners):
@@ -153,8 +159,7 @@ class HistoryHandler(_Base):
                 last = {"session": last["id"], "history": await default.api(
                     "GET", f"/sessions/{quote(last['id'], safe='')}/history")}
         except ServiceError as e:
-            raise web.HTTPError(e.status if e.status < 500 else 503,
-                                e.message.removeprefix("gpubudget service: ")) from None
+            raise service_error(e) from None
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps({"servers": servers, "last": last}))
 
